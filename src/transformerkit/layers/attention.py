@@ -1,0 +1,214 @@
+"""Multi-head attention (paper section 3.2) with fused head projections and a key/value cache.
+
+Layout used throughout: ``(batch, time, heads, head_dim)``, the layout of
+``keras.ops.dot_product_attention`` (which maps to PyTorch's fused
+``scaled_dot_product_attention`` and to XLA's attention on JAX).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from transformerkit.layers.masks import attention_mask
+
+_MASKED_SCORE = -1e9  # finite: an all-masked row can never turn into NaN
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, dropout=None,
+                                 training=False, return_scores=False):
+    """softmax(Q K^T / sqrt(d_k)) V  (paper equation 1) for many heads at once.
+
+    This is the single attention core of the package. It uses the backend's fused kernel
+    when nothing forbids it (no score output, no attention dropout while training), and
+    the explicit formula otherwise; both give the same numbers.
+
+    Args:
+        query: ``(batch, query_len, heads, key_dim)``.
+        key: ``(batch, key_len, heads, key_dim)``.
+        value: ``(batch, key_len, heads, value_dim)``.
+        mask: bool ``(batch|1, query_len, key_len)``, True = may attend, or None.
+        is_causal: apply a causal mask (only used when ``mask`` is None; otherwise fold the
+            causal part into ``mask`` with :func:`transformerkit.layers.masks.attention_mask`).
+        dropout: a ``keras.layers.Dropout`` applied to the attention weights, or None.
+        training: whether dropout is active.
+        return_scores: also return the attention weights ``(batch, heads, query_len, key_len)``.
+
+    Returns:
+        ``(batch, query_len, heads, value_dim)`` and, if asked, the weights. Query rows whose
+        keys are all masked get a zero output (never NaN).
+    """
+    key_dim = ops.shape(query)[-1]
+    scale = 1.0 / math.sqrt(key_dim)
+    rows_with_keys = None
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        rows_with_keys = ops.any(mask, axis=-1, keepdims=True)  # (b, q, 1)
+        mask = ops.logical_or(mask, ops.logical_not(rows_with_keys))  # open empty rows
+        mask = ops.expand_dims(mask, 1)  # (b, 1, q, k): broadcast over heads
+        is_causal = False
+    use_dropout = dropout is not None and dropout.rate > 0 and training
+    same_width = query.shape[-1] == value.shape[-1]
+    if not return_scores and not use_dropout and same_width:
+        output = ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
+                                           is_causal=is_causal)
+        scores = None
+    else:
+        logits = ops.einsum("bqhd,bkhd->bhqk", query, key) * ops.cast(scale, query.dtype)
+        if is_causal:
+            q_len, k_len = ops.shape(query)[1], ops.shape(key)[1]
+            mask = ops.expand_dims(attention_mask(causal=True, query_len=q_len, key_len=k_len), 1)
+        if mask is not None:
+            logits = ops.where(mask, logits, ops.cast(_MASKED_SCORE, logits.dtype))
+        scores = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), query.dtype)
+        weights = dropout(scores, training=training) if use_dropout else scores
+        output = ops.einsum("bhqk,bkhd->bqhd", weights, value)
+    if rows_with_keys is not None:
+        keep = ops.cast(ops.expand_dims(rows_with_keys, -1), output.dtype)  # (b, q, 1, 1)
+        output = output * keep
+        if scores is not None:
+            scores = scores * ops.cast(ops.expand_dims(rows_with_keys, 1), scores.dtype)
+    return (output, scores) if return_scores else output
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, "Attention Is All You Need" section 3.2.2.
+
+    MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K,
+    V W_i^V). The heads are fused: one ``(d_model, heads * key_dim)`` projection each for
+    queries and keys, one ``(d_model, heads * value_dim)`` for values.
+
+    Args:
+        num_heads: int, number of heads ``h``.
+        key_dim: int, width of each query/key head ``d_k``.
+        value_dim: int or None, width of each value head ``d_v`` (default ``key_dim``).
+        output_dim: int or None, width of the output (default: the query's last dimension).
+        dropout: float, dropout on the attention weights (default 0.0: the paper applies
+            dropout to sub-layer outputs only, and the fused kernel stays usable).
+        use_bias: bool, biases in the four projections (default True).
+        kernel_initializer: initializer of the projections (default "glorot_uniform").
+
+    Call arguments:
+        query: ``(batch, query_len, d_query)``.
+        value: ``(batch, key_len, d_value)`` or None when ``cache`` holds a cross-attention
+            key/value pair.
+        key: ``(batch, key_len, d_key)``, default ``value``.
+        query_mask, value_mask, key_mask: ``(batch, len)`` bool padding masks; Keras fills
+            them from the inputs' Keras masks. ``key_mask`` defaults to ``value_mask``.
+        attention_mask: bool ``(batch, query_len, key_len)``, True = may attend.
+        use_causal_mask: bool, queries may not see later keys.
+        cache: None, or a ``(key, value)`` pair of ``(batch, cache_len, heads, dim)`` tensors.
+            With ``cache_index=None`` the pair is used as is (cross-attention over a
+            precomputed source, see :meth:`compute_key_value`); with ``cache_index`` the new
+            keys/values of ``value`` are written at ``cache_index`` and attention runs over
+            the whole cache (self-attention during incremental decoding).
+        cache_index: int or scalar tensor, absolute position of the first query.
+        return_attention_scores: also return ``(batch, heads, query_len, key_len)`` weights.
+
+    Returns:
+        ``output`` of shape ``(batch, query_len, output_dim)``, followed by the weights if
+        asked and by the updated cache if one was given.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> mha(np.ones((1, 3, 8)), np.ones((1, 5, 8))).shape
+    (1, 3, 8)
+
+    References: Vaswani et al. 2017, https://arxiv.org/abs/1706.03762
+    """
+
+    def __init__(self, num_heads, key_dim, value_dim=None, output_dim=None, dropout=0.0,
+                 use_bias=True, kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if int(num_heads) < 1 or int(key_dim) < 1:
+            raise ValueError(f"num_heads and key_dim must be positive, got {num_heads}, {key_dim}")
+        self.num_heads = int(num_heads)
+        self.key_dim = int(key_dim)
+        self.value_dim = int(value_dim) if value_dim else self.key_dim
+        self.output_dim = output_dim
+        self.dropout = float(dropout)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        dense = dict(use_bias=self.use_bias, kernel_initializer=self.kernel_initializer,
+                     dtype=self.dtype_policy)
+        self.query_dense = keras.layers.Dense(self.num_heads * self.key_dim, name="query", **dense)
+        self.key_dense = keras.layers.Dense(self.num_heads * self.key_dim, name="key", **dense)
+        self.value_dense = keras.layers.Dense(self.num_heads * self.value_dim, name="value",
+                                              **dense)
+        self.output_dense = keras.layers.Dense(self.output_dim or query_shape[-1], name="output",
+                                               **dense)
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build((None, None, self.num_heads * self.value_dim))
+        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def _split_heads(self, x, width):
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (batch, length, self.num_heads, width))  # (b, t, h, width)
+
+    def compute_key_value(self, value, key=None):
+        """Project a sequence into ``(key, value)`` heads: two ``(batch, len, heads, dim)``."""
+        key = value if key is None else key
+        return (self._split_heads(self.key_dense(key), self.key_dim),
+                self._split_heads(self.value_dense(value), self.value_dim))
+
+    def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
+             attention_mask=None, use_causal_mask=False, cache=None, cache_index=None,
+             return_attention_scores=False, training=None):
+        q = self._split_heads(self.query_dense(query), self.key_dim)  # (b, q, h, dk)
+        key_mask = value_mask if key_mask is None else key_mask
+        query_offset = 0
+        if cache is None:
+            k, v = self.compute_key_value(query if value is None else value, key)
+            new_cache = None
+        elif cache_index is None:  # precomputed cross-attention keys/values
+            k, v = cache
+            new_cache = cache
+        else:  # incremental self-attention: write the new positions into the cache
+            new_k, new_v = self.compute_key_value(query if value is None else value, key)
+            start = [0, cache_index, 0, 0]
+            k = ops.slice_update(cache[0], start, ops.cast(new_k, cache[0].dtype))
+            v = ops.slice_update(cache[1], start, ops.cast(new_v, cache[1].dtype))
+            new_cache = (k, v)
+            query_offset = cache_index
+        mask = _build_mask(key_mask, use_causal_mask, attention_mask, q, k, query_offset)
+        causal_only = use_causal_mask and mask is None
+        out = scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal_only, dropout=self.attention_dropout,
+            training=training, return_scores=return_attention_scores)
+        out, scores = out if return_attention_scores else (out, None)
+        batch, length = ops.shape(out)[0], ops.shape(out)[1]
+        out = self.output_dense(ops.reshape(out, (batch, length, self.num_heads * self.value_dim)))
+        results = (out,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (new_cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_mask(self, query, value=None, key=None, query_mask=None, value_mask=None,
+                     key_mask=None, **kwargs):
+        return query_mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, key_dim=self.key_dim, value_dim=self.value_dim,
+                      output_dim=self.output_dim, dropout=self.dropout, use_bias=self.use_bias,
+                      kernel_initializer=keras.initializers.serialize(self.kernel_initializer))
+        return config
+
+
+def _build_mask(key_mask, causal, explicit, q, k, query_offset):
+    """Mask for ``scaled_dot_product_attention``; None when a plain causal flag suffices."""
+    if key_mask is None and explicit is None and (not causal or query_offset == 0):
+        return None
+    return attention_mask(key_mask=key_mask, causal=causal, explicit_mask=explicit,
+                          query_len=ops.shape(q)[1], key_len=ops.shape(k)[1],
+                          query_offset=query_offset)

@@ -1,0 +1,50 @@
+"""Position-wise feed-forward network, paper section 3.3."""
+
+import keras
+
+ACTIVATIONS = ("relu", "gelu")
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class FeedForward(keras.layers.Layer):
+    """FFN(x) = act(x W1 + b1) W2 + b2 (paper equation 2), applied to every position.
+
+    Args:
+        d_model: int, input and output width.
+        d_ff: int, inner width (2048 in the base model).
+        activation: "relu" (the paper) or "gelu" (exact erf form, as in BERT).
+        dropout: float, dropout on the inner activations (tensor2tensor's relu_dropout).
+
+    Shapes: ``(batch, length, d_model)`` -> ``(batch, length, d_model)``; masks pass through.
+    """
+
+    def __init__(self, d_model, d_ff, activation="relu", dropout=0.0,
+                 kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.d_model, self.d_ff = int(d_model), int(d_ff)
+        self.activation = activation
+        self.dropout = float(dropout)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.inner = keras.layers.Dense(self.d_ff, activation=self.activation,
+                                        kernel_initializer=self.kernel_initializer,
+                                        dtype=self.dtype_policy, name="inner")
+        self.outer = keras.layers.Dense(self.d_model, kernel_initializer=self.kernel_initializer,
+                                        dtype=self.dtype_policy, name="outer")
+        self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.inner.build(input_shape)
+        self.outer.build((*input_shape[:-1], self.d_ff))
+
+    def call(self, inputs, training=None):
+        return self.outer(self.inner_dropout(self.inner(inputs), training=training))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, d_ff=self.d_ff, activation=self.activation,
+                      dropout=self.dropout,
+                      kernel_initializer=keras.initializers.serialize(self.kernel_initializer))
+        return config

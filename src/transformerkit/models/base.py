@@ -1,0 +1,171 @@
+"""Pieces shared by the three models: input checks, embedding, the block stacks, caches."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from transformerkit.layers import (DecoderBlock, EncoderBlock, PositionalEncoding,
+                                   TokenEmbedding, padding_mask)
+from transformerkit.layers.blocks import NORM_POSITIONS
+from transformerkit.layers.embeddings import POSITIONAL_KINDS
+from transformerkit.layers.feedforward import ACTIVATIONS
+
+TIE_OPTIONS = ("none", "decoder", "all")
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def check_choice(name, value, choices):
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
+    """Validate ``(batch, length)`` token ids where they enter a model.
+
+    Always checks rank, integer dtype and length <= ``max_length``; checks that every id is
+    in ``[0, vocab_size)`` whenever the values are concrete (eager calls, NumPy input), i.e.
+    everywhere except inside a compiled graph. Raises ``TypeError``/``ValueError`` naming
+    the problem instead of failing deep inside a backend (or, on JAX, silently clipping).
+    """
+    if isinstance(ids, (list, tuple)):
+        ids = np.asarray(ids)
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if dtype not in _INT_DTYPES:
+        raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
+    if len(ids.shape) != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(ids.shape)}")
+    length = ids.shape[1]
+    if length is not None and length > max_length:
+        raise ValueError(f"{name} has length {length}, longer than max_length={max_length} of "
+                         "this model; truncate the input or build the model with a larger "
+                         "max_length")
+    values = _concrete_numpy(ids)
+    if values is not None and values.size:
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} contains id {bad}, outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def _concrete_numpy(x):
+    """NumPy value of ``x`` if it is concrete (not symbolic or traced), else None."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, keras.KerasTensor):
+        return None
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):
+            return None
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly() or not hasattr(x, "numpy"):
+            return None
+    elif backend == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
+    return keras.ops.convert_to_numpy(x)
+
+
+class TransformerBase(keras.Model):
+    """Shared constructor checks and building blocks of ``Transformer``, ``GPT``, ``Encoder``."""
+
+    def _check_common(self, d_model, num_heads, key_dim, norm_position, activation, positional,
+                      max_length):
+        check_choice("norm_position", norm_position, NORM_POSITIONS)
+        check_choice("activation", activation, ACTIVATIONS)
+        check_choice("positional", positional, POSITIONAL_KINDS)
+        if key_dim is None and d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                             "choose another num_heads or set key_dim explicitly")
+        if int(max_length) < 1:
+            raise ValueError(f"max_length must be positive, got {max_length}")
+
+    def _block_kwargs(self):
+        return dict(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
+                    dropout=self.dropout, norm_position=self.norm_position,
+                    activation=self.activation, key_dim=self.key_dim, value_dim=self.value_dim,
+                    attention_dropout=self.attention_dropout,
+                    layer_norm_epsilon=self.layer_norm_epsilon)
+
+    def _token_embedding(self, vocab_size, pretrained, name, scale=True):
+        embedding = TokenEmbedding(vocab_size, self.d_model, scale=scale, pretrained=pretrained,
+                                   name=name)
+        embedding.trainable = self.embeddings_trainable
+        return embedding
+
+    def _positions(self, name):
+        return PositionalEncoding(self.max_length, self.d_model, self.positional, name=name)
+
+    def _encoder_stack(self, num_layers, prefix="encoder"):
+        return [EncoderBlock(**self._block_kwargs(), name=f"{prefix}_block_{i}")
+                for i in range(num_layers)]
+
+    def _decoder_stack(self, num_layers, cross_attention, prefix="decoder"):
+        return [DecoderBlock(**self._block_kwargs(), cross_attention=cross_attention,
+                             name=f"{prefix}_block_{i}") for i in range(num_layers)]
+
+    def _final_norm(self, name):
+        if self.norm_position != "pre":
+            return None
+        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name=name)
+
+    def _embed(self, ids, token_embedding, positions, start_index=0, training=None):
+        """ids ``(batch, len)`` -> ``(batch, len, d_model)``: scaled embedding + position, dropout."""
+        x = positions(token_embedding(ids), start_index=start_index)
+        return self.embedding_dropout(x, training=training)
+
+    def _run_encoder(self, x, mask, blocks, final_norm, training=None,
+                     return_attention_scores=False):
+        """Encoder stack over ``(batch, len, d_model)`` with ``(batch, len)`` padding mask."""
+        scores = []
+        for block in blocks:
+            out = block(x, mask=mask, return_attention_scores=return_attention_scores,
+                        training=training)
+            x, s = out if return_attention_scores else (out, None)
+            scores.append(s)
+        if final_norm is not None:
+            x = final_norm(x)
+        return (x, scores) if return_attention_scores else x
+
+    def _run_decoder(self, x, mask, blocks, final_norm, context=None, context_mask=None,
+                     caches=None, cache_index=None, training=None,
+                     return_attention_scores=False):
+        """Decoder stack; returns hidden states, then per-layer scores and new caches if used."""
+        scores, new_caches = [], []
+        for i, block in enumerate(blocks):
+            kwargs = {}
+            if caches is not None:
+                kwargs.update(cache=caches[i], cache_index=cache_index)
+            out = block(x, context, inputs_mask=mask, context_mask=context_mask,
+                        return_attention_scores=return_attention_scores, training=training,
+                        **kwargs)
+            out = out if isinstance(out, tuple) else (out,)
+            x = out[0]
+            if return_attention_scores:
+                scores.append(out[1])
+            if caches is not None:
+                new_caches.append(out[-1])
+        if final_norm is not None:
+            x = final_norm(x)
+        results = (x,)
+        if return_attention_scores:
+            results += (scores,)
+        if caches is not None:
+            results += (new_caches,)
+        return results[0] if len(results) == 1 else results
+
+    @staticmethod
+    def _padding_mask(ids):
+        return padding_mask(ids)
+
+    def components(self):
+        """Mapping of component name -> list of layers, for :func:`parameter_summary`."""
+        raise NotImplementedError

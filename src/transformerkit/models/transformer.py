@@ -1,0 +1,215 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (paper figure 1)."""
+
+import keras
+from keras import ops
+
+from transformerkit.models.base import TIE_OPTIONS, TransformerBase, check_choice, check_token_ids
+from transformerkit.models.heads import LogitsProjection
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class Transformer(TransformerBase):
+    """Encoder-decoder Transformer for sequence-to-sequence tasks.
+
+    Args:
+        source_vocab_size, target_vocab_size: int vocabulary sizes (id 0 is padding).
+        num_layers: int, encoder and decoder layers (6 in the paper).
+        d_model: int, model width (512). num_heads: int (8). d_ff: int, inner FFN width (2048).
+        dropout: float, residual/embedding dropout (0.1).
+        max_length: int, longest source or target sequence accepted.
+        norm_position: "post" (paper) or "pre". activation: "relu" (paper) or "gelu".
+        positional: "sinusoidal" (paper), "t2t" or "learned".
+        tie_embeddings: "none"; "decoder" (target embedding = output projection, paper
+            section 3.4); "all" (source and target embeddings and the projection share one
+            matrix, which needs one shared vocabulary).
+        key_dim, value_dim: per-head widths (default d_model // num_heads).
+        num_decoder_layers: int, default ``num_layers``.
+        attention_dropout: float, dropout on attention weights (0.0, as in the paper).
+        layer_norm_epsilon: float (1e-6, as in the reference implementation).
+        source_embeddings, target_embeddings: optional pretrained ``(vocab, d_model)`` arrays.
+        embeddings_trainable: bool, False freezes the embedding matrices.
+
+    Call: ``model((source_ids, target_input_ids))`` with ``(batch, source_len)`` and
+    ``(batch, target_len)`` int ids -> logits ``(batch, target_len, target_vocab_size)``
+    in float32, carrying no Keras mask.
+
+    Example:
+    >>> m = Transformer(100, 100, num_layers=2, d_model=32, num_heads=4, d_ff=64)
+    >>> m((np.array([[5, 6, 0]]), np.array([[1, 7]]))).shape
+    (1, 2, 100)
+    """
+
+    def __init__(self, source_vocab_size, target_vocab_size, num_layers=6, d_model=512,
+                 num_heads=8, d_ff=2048, dropout=0.1, max_length=256, norm_position="post",
+                 activation="relu", positional="sinusoidal", tie_embeddings="none",
+                 key_dim=None, value_dim=None, num_decoder_layers=None, attention_dropout=0.0,
+                 layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
+                 embeddings_trainable=True, **kwargs):
+        super().__init__(**kwargs)
+        self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
+                           max_length)
+        check_choice("tie_embeddings", tie_embeddings, TIE_OPTIONS)
+        if tie_embeddings == "all" and source_vocab_size != target_vocab_size:
+            raise ValueError(
+                "tie_embeddings='all' shares one matrix between source and target, so it needs "
+                f"one shared vocabulary, but source_vocab_size={source_vocab_size} != "
+                f"target_vocab_size={target_vocab_size}")
+        self.source_vocab_size, self.target_vocab_size = int(source_vocab_size), int(
+            target_vocab_size)
+        self.num_layers = int(num_layers)
+        self.num_decoder_layers = int(num_decoder_layers or num_layers)
+        self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
+        self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
+        self.max_length = int(max_length)
+        self.norm_position, self.activation, self.positional = norm_position, activation, positional
+        self.tie_embeddings = tie_embeddings
+        self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
+        self.value_dim = int(value_dim) if value_dim else self.key_dim
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.embeddings_trainable = bool(embeddings_trainable)
+
+        self.source_embedding = self._token_embedding(self.source_vocab_size, source_embeddings,
+                                                      "source_embedding")
+        if tie_embeddings == "all":
+            if target_embeddings is not None:
+                raise ValueError("tie_embeddings='all' uses one matrix: pass source_embeddings "
+                                 "only")
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = self._token_embedding(self.target_vocab_size,
+                                                          target_embeddings, "target_embedding")
+        self.source_positions = self._positions("source_positions")
+        self.target_positions = self._positions("target_positions")
+        self.embedding_dropout = keras.layers.Dropout(self.dropout)
+        self.encoder_blocks = self._encoder_stack(self.num_layers)
+        self.decoder_blocks = self._decoder_stack(self.num_decoder_layers, cross_attention=True)
+        self.encoder_norm = self._final_norm("encoder_norm")
+        self.decoder_norm = self._final_norm("decoder_norm")
+        self.output_projection = (None if tie_embeddings != "none" else
+                                  LogitsProjection(self.target_vocab_size, name="output_projection"))
+
+    def build(self, input_shape=None):
+        hidden = (None, None, self.d_model)
+        for layer in (self.source_embedding, self.target_embedding, self.source_positions,
+                      self.target_positions):
+            if not layer.built:
+                layer.build(None)
+        for block in self.encoder_blocks:
+            block.build(hidden)
+        for block in self.decoder_blocks:
+            block.build(hidden, hidden)
+        for norm in (self.encoder_norm, self.decoder_norm, self.output_projection):
+            if norm is not None:
+                norm.build(hidden)
+        self.built = True
+
+    # -- the two halves -------------------------------------------------------------------
+    def encode(self, source_ids, training=None, return_attention_scores=False):
+        """``(batch, source_len)`` ids -> memory ``(batch, source_len, d_model)`` (+ scores)."""
+        source_ids = check_token_ids(source_ids, self.source_vocab_size, self.max_length,
+                                     "source_ids")
+        mask = self._padding_mask(source_ids)
+        x = self._embed(source_ids, self.source_embedding, self.source_positions,
+                        training=training)
+        return self._run_encoder(x, mask, self.encoder_blocks, self.encoder_norm, training,
+                                 return_attention_scores)
+
+    def decode(self, target_ids, memory, source_mask, caches=None, cache_index=None,
+               training=None, return_attention_scores=False):
+        """Decoder pass -> logits ``(batch, target_len, target_vocab_size)`` float32.
+
+        Args:
+            target_ids: ``(batch, target_len)`` decoder input ids; with ``caches``, the new
+                positions only (usually one), starting at ``cache_index``.
+            memory: ``(batch, source_len, d_model)`` from :meth:`encode`, or None when the
+                caches hold the cross-attention keys/values.
+            source_mask: ``(batch, source_len)`` bool, True at real source tokens.
+            caches: list of per-layer caches from :meth:`init_caches`, or None.
+            cache_index: position of ``target_ids[:, 0]`` (int or scalar tensor).
+
+        Returns logits, then per-layer score dicts if asked, then the updated caches.
+        """
+        if caches is None:
+            target_ids = check_token_ids(target_ids, self.target_vocab_size, self.max_length,
+                                         "target_ids")
+        start = 0 if cache_index is None else cache_index
+        x = self._embed(target_ids, self.target_embedding, self.target_positions,
+                        start_index=start, training=training)
+        mask = None if caches is not None else self._padding_mask(target_ids)
+        out = self._run_decoder(x, mask, self.decoder_blocks, self.decoder_norm, memory,
+                                source_mask, caches, cache_index, training,
+                                return_attention_scores)
+        out = out if isinstance(out, tuple) else (out,)
+        logits = self._logits(out[0])
+        return (logits, *out[1:]) if len(out) > 1 else logits
+
+    def init_caches(self, memory, max_length):
+        """Per-layer key/value caches for incremental decoding of up to ``max_length`` tokens.
+
+        The cross-attention keys/values of ``memory`` are computed here, once per source.
+        """
+        if max_length > self.max_length:
+            raise ValueError(f"cannot decode {max_length} tokens: max_length={self.max_length}")
+        batch = ops.shape(memory)[0]
+        return [block.init_cache(batch, max_length, memory, dtype=memory.dtype)
+                for block in self.decoder_blocks]
+
+    def _logits(self, hidden):
+        if self.output_projection is not None:
+            logits = self.output_projection(hidden)
+        else:
+            logits = self.target_embedding(hidden, reverse=True)
+        return ops.cast(logits, "float32")
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = _unpack_pair(inputs)
+        memory = self.encode(source_ids, training=training)
+        return self.decode(target_ids, memory, self._padding_mask(source_ids), training=training)
+
+    def attention_scores(self, source_ids, target_ids):
+        """Attention weights for plotting: dict of lists (one per layer) of
+        ``(batch, heads, query_len, key_len)``: "encoder", "decoder_self", "cross"."""
+        memory, encoder_scores = self.encode(source_ids, return_attention_scores=True)
+        _, decoder_scores = self.decode(target_ids, memory, self._padding_mask(source_ids),
+                                        return_attention_scores=True)
+        return {"encoder": encoder_scores,
+                "decoder_self": [s["self"] for s in decoder_scores],
+                "cross": [s["cross"] for s in decoder_scores]}
+
+    def components(self):
+        embeddings = [self.source_embedding, self.source_positions, self.target_positions]
+        if self.target_embedding is not self.source_embedding:
+            embeddings.insert(1, self.target_embedding)
+        return {
+            "embeddings": embeddings,
+            "encoder": self.encoder_blocks + [n for n in [self.encoder_norm] if n],
+            "decoder": self.decoder_blocks + [n for n in [self.decoder_norm] if n],
+            "output_head": [self.output_projection] if self.output_projection else [],
+        }
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            source_vocab_size=self.source_vocab_size, target_vocab_size=self.target_vocab_size,
+            num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
+            d_ff=self.d_ff, dropout=self.dropout, max_length=self.max_length,
+            norm_position=self.norm_position, activation=self.activation,
+            positional=self.positional, tie_embeddings=self.tie_embeddings,
+            key_dim=self.key_dim, value_dim=self.value_dim,
+            num_decoder_layers=self.num_decoder_layers, attention_dropout=self.attention_dropout,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            embeddings_trainable=self.embeddings_trainable)
+        return config
+
+
+def _unpack_pair(inputs):
+    if isinstance(inputs, dict):
+        try:
+            return inputs["source"], inputs["target"]
+        except KeyError as err:
+            raise ValueError("Transformer inputs as a dict need keys 'source' and 'target'; "
+                             f"got {sorted(inputs)}") from err
+    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        return inputs
+    raise ValueError("Transformer expects inputs (source_ids, target_input_ids); got "
+                     f"{type(inputs).__name__}")

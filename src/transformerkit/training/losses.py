@@ -1,0 +1,88 @@
+"""Masked loss and accuracy for padded token sequences (padding id 0)."""
+
+import keras
+from keras import ops
+
+from transformerkit.layers.masks import padding_mask
+
+
+def masked_cross_entropy(labels, logits, label_smoothing=0.0):
+    """Mean cross-entropy over the real (non-padding) tokens of a batch.
+
+    loss = sum_{real tokens} CE(label, logits) / number of real tokens
+
+    This divides by the number of real tokens, not by batch x length (the classic Keras
+    pitfall that makes the loss depend on how much padding a batch has).
+
+    Label smoothing (paper section 5.4) mixes the one-hot target with the uniform
+    distribution over the vocabulary: target = (1 - eps) * onehot + eps / vocab, the
+    convention of PyTorch's ``CrossEntropyLoss`` and Keras' ``categorical_crossentropy``.
+
+    Args:
+        labels: ``(batch, length)`` int ids, 0 = padding (ignored).
+        logits: ``(batch, length, vocab)`` unnormalised scores (any float dtype; computed in
+            float32).
+        label_smoothing: float in [0, 1).
+
+    Returns:
+        A float32 scalar. 0 when the batch has no real token.
+    """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    labels = ops.cast(labels, "int32")
+    logits = ops.cast(logits, "float32")
+    log_probs = ops.log_softmax(logits, axis=-1)  # (b, t, V)
+    nll = -ops.squeeze(ops.take_along_axis(log_probs, labels[..., None], axis=-1), -1)  # (b, t)
+    if label_smoothing:
+        uniform = -ops.mean(log_probs, axis=-1)  # cross-entropy against the uniform target
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+    mask = ops.cast(padding_mask(labels), "float32")
+    return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class MaskedCrossEntropy(keras.losses.Loss):
+    """Keras loss wrapper of :func:`masked_cross_entropy` for ``model.compile``.
+
+    The reduction is done by :func:`masked_cross_entropy` itself (token mean); the models
+    return logits without a Keras mask, so ``Loss.__call__`` adds no second masking.
+    """
+
+    def __init__(self, label_smoothing=0.0, name="masked_cross_entropy", **kwargs):
+        kwargs.pop("reduction", None)
+        super().__init__(name=name, reduction="sum", **kwargs)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        return masked_cross_entropy(y_true, y_pred, self.label_smoothing)
+
+    def get_config(self):
+        return {"name": self.name, "label_smoothing": self.label_smoothing}
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class MaskedAccuracy(keras.metrics.Metric):
+    """Fraction of real (non-padding) tokens whose arg-max prediction equals the label,
+    counted over all tokens seen since the last reset (not an average of batch averages)."""
+
+    def __init__(self, name="masked_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        labels = ops.cast(y_true, "int32")
+        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        mask = ops.cast(padding_mask(labels), "float32")
+        if sample_weight is not None:
+            mask = mask * ops.cast(sample_weight, "float32")
+        hits = ops.cast(ops.equal(labels, predictions), "float32") * mask
+        self.correct.assign_add(ops.sum(hits))
+        self.total.assign_add(ops.sum(mask))
+
+    def result(self):
+        return self.correct / ops.maximum(self.total, 1.0)
+
+    def reset_state(self):
+        self.correct.assign(0.0)
+        self.total.assign(0.0)
