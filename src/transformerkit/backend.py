@@ -1,12 +1,12 @@
 """Choose the Keras backend before Keras is imported.
 
-Order: an explicit ``KERAS_BACKEND`` (or ``--backend`` on the CLI, which sets it), then a
-backend named in ``~/.keras/keras.json``, then the fastest installed one on this kind of
-machine by our measurements (``bench/``): PyTorch, then JAX, then TensorFlow.
+An explicit ``KERAS_BACKEND`` (or ``--backend`` on the CLI, which sets it) wins. Otherwise
+we pick the fastest installed backend on a CPU by our measurements (``bench/``): PyTorch,
+then JAX, then TensorFlow. (``~/.keras/keras.json`` is not consulted: Keras writes
+"tensorflow" there by itself on first import, so it says nothing about the user's choice.)
 """
 
 import importlib.util
-import json
 import os
 import sys
 
@@ -21,15 +21,6 @@ def choose_default_backend():
         import keras
 
         return keras.backend.backend()
-    config = os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")),
-                          "keras.json")
-    try:
-        with open(config) as f:
-            configured = json.load(f).get("backend")
-    except (OSError, ValueError):
-        configured = None
-    if configured:
-        return configured
     for name in PREFERRED:
         if importlib.util.find_spec(name) is not None:
             os.environ["KERAS_BACKEND"] = name

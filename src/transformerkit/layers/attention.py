@@ -102,7 +102,9 @@ class MultiHeadAttention(keras.layers.Layer):
             With ``cache_index=None`` the pair is used as is (cross-attention over a
             precomputed source, see :meth:`compute_key_value`); with ``cache_index`` the new
             keys/values of ``value`` are written at ``cache_index`` and attention runs over
-            the whole cache (self-attention during incremental decoding).
+            the whole cache (self-attention during incremental decoding); then padding of
+            cached keys is given as a ``(batch, cache_len)`` ``key_mask``, and a mask that
+            covers only the new positions is ignored.
         cache_index: int or scalar tensor, absolute position of the first query.
         return_attention_scores: also return ``(batch, heads, query_len, key_len)`` weights.
 
@@ -164,7 +166,7 @@ class MultiHeadAttention(keras.layers.Layer):
              return_attention_scores=False, training=None):
         q = self._split_heads(self.query_dense(query), self.key_dim)  # (b, q, h, dk)
         key_mask = value_mask if key_mask is None else key_mask
-        query_offset = 0
+        query_offset = None
         if cache is None:
             k, v = self.compute_key_value(query if value is None else value, key)
             new_cache = None
@@ -178,6 +180,8 @@ class MultiHeadAttention(keras.layers.Layer):
             v = ops.slice_update(cache[1], start, ops.cast(new_v, cache[1].dtype))
             new_cache = (k, v)
             query_offset = cache_index
+            if key_mask is not None and key_mask.shape[1] != k.shape[1]:
+                key_mask = None  # a mask of the new positions only (Keras' auto-filled one)
         mask = _build_mask(key_mask, use_causal_mask, attention_mask, q, k, query_offset)
         causal_only = use_causal_mask and mask is None
         out = scaled_dot_product_attention(
@@ -206,9 +210,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
 
 def _build_mask(key_mask, causal, explicit, q, k, query_offset):
-    """Mask for ``scaled_dot_product_attention``; None when a plain causal flag suffices."""
-    if key_mask is None and explicit is None and (not causal or query_offset == 0):
+    """Mask for ``scaled_dot_product_attention``; None when a plain causal flag suffices.
+
+    ``query_offset`` is None without a cache (queries and keys are the same positions) and
+    the cache write index with one; then the causal part is always an explicit mask.
+    """
+    if key_mask is None and explicit is None and query_offset is None:
         return None
     return attention_mask(key_mask=key_mask, causal=causal, explicit_mask=explicit,
                           query_len=ops.shape(q)[1], key_len=ops.shape(k)[1],
-                          query_offset=query_offset)
+                          query_offset=0 if query_offset is None else query_offset)

@@ -117,6 +117,11 @@ class TransformerBase(keras.Model):
             return None
         return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name=name)
 
+    def _ensure_built(self):
+        """Methods other than ``call`` (``encode``, ``init_caches``) may run first."""
+        if not self.built:
+            self.build(None)
+
     def _embed(self, ids, token_embedding, positions, start_index=0, training=None):
         """ids ``(batch, len)`` -> ``(batch, len, d_model)``: scaled embedding + position, dropout."""
         x = positions(token_embedding(ids), start_index=start_index)

@@ -96,6 +96,7 @@ class GPT(TransformerBase):
         """Empty per-layer key/value caches for up to ``max_length`` positions."""
         if max_length > self.max_length:
             raise ValueError(f"cannot decode {max_length} tokens: max_length={self.max_length}")
+        self._ensure_built()
         return [block.init_cache(batch_size, max_length, dtype=dtype) for block in self.blocks]
 
     def attention_scores(self, ids):

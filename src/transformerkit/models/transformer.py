@@ -106,6 +106,7 @@ class Transformer(TransformerBase):
     # -- the two halves -------------------------------------------------------------------
     def encode(self, source_ids, training=None, return_attention_scores=False):
         """``(batch, source_len)`` ids -> memory ``(batch, source_len, d_model)`` (+ scores)."""
+        self._ensure_built()
         source_ids = check_token_ids(source_ids, self.source_vocab_size, self.max_length,
                                      "source_ids")
         mask = self._padding_mask(source_ids)
@@ -129,6 +130,7 @@ class Transformer(TransformerBase):
 
         Returns logits, then per-layer score dicts if asked, then the updated caches.
         """
+        self._ensure_built()
         if caches is None:
             target_ids = check_token_ids(target_ids, self.target_vocab_size, self.max_length,
                                          "target_ids")

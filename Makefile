@@ -1,0 +1,36 @@
+# transformerkit: `make demo` (train Multi30k de->en, print BLEU), `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export TRANSFORMERKIT_DATA ?= $(abspath ../shared/data)
+
+.PHONY: install demo test test-slow bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[all-backends,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/transformerkit train configs/multi30k_de_en.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -n 2 -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow -q
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[hf]"
+	$(BIN)/python bench/train_step.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

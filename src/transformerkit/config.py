@@ -1,0 +1,176 @@
+"""Run configuration: three YAML sections (``model``, ``data``, ``train``), validated.
+
+Every key has a default and a type here; unknown keys and wrong types are errors that
+name the key. ``--set section.key=value`` overrides parse ``value`` as YAML
+(``--set train.epochs=3``, ``--set model.norm_position=pre``).
+"""
+
+import copy
+import os
+import re
+
+import yaml
+
+MODEL_TYPES = ("transformer", "gpt", "encoder")
+
+# key: (default, allowed types). None default = "not set".
+_MODEL = {
+    "type": ("transformer", str),
+    "num_layers": (6, int), "num_decoder_layers": (None, int), "d_model": (512, int),
+    "num_heads": (8, int), "d_ff": (2048, int), "dropout": (0.1, float),
+    "attention_dropout": (0.0, float), "max_length": (256, int),
+    "norm_position": (None, str), "activation": (None, str), "positional": (None, str),
+    "tie_embeddings": ("none", str), "key_dim": (None, int), "value_dim": (None, int),
+    "layer_norm_epsilon": (None, float), "embeddings_trainable": (True, bool),
+    "pretrained_embeddings": (None, str),
+}
+_DATA = {
+    "dataset": ("multi30k", str),  # multi30k | parallel | tsv | text | ted_hrlr
+    "data_dir": (None, str), "source_lang": ("de", str), "target_lang": ("en", str),
+    "train_source": (None, str), "train_target": (None, str),
+    "val_source": (None, str), "val_target": (None, str),
+    "train_tsv": (None, str), "val_tsv": (None, str), "text": (None, str),
+    "tokenizer": ("bpe", str),  # bpe | wordpiece | unigram | char | path to a HF folder
+    "vocab_size": (8000, int), "lowercase": (False, bool), "shared_vocab": (True, bool),
+    "max_length": (None, int), "tokens_per_batch": (4096, int), "batch_size": (None, int),
+    "bucket": (True, bool), "train_limit": (None, int), "val_limit": (None, int),
+    "block_size": (64, int), "val_fraction": (0.1, float), "steps_per_epoch": (None, int),
+}
+_TRAIN = {
+    "epochs": (10, int), "max_steps": (None, int), "time_budget": (None, str),
+    "seed": (0, int), "warmup_steps": (4000, int), "lr_scale": (1.0, float),
+    "learning_rate": (None, float), "label_smoothing": (0.1, float),
+    "jit_compile": ("auto", (bool, str)), "mixed_precision": (False, bool),
+    "samples": (5, int), "eval_max_sentences": (None, int), "decode_max_length": (None, int),
+    "checkpoints_to_keep": (2, int), "verbose": ("auto", (int, str)),
+}
+SCHEMA = {"model": _MODEL, "data": _DATA, "train": _TRAIN}
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key or file."""
+
+
+def defaults():
+    return {section: {k: v[0] for k, v in keys.items()} for section, keys in SCHEMA.items()}
+
+
+def load_config(path=None, overrides=()):
+    """Read a YAML config (or start from defaults), apply ``section.key=value`` overrides,
+    validate and return the resolved dict."""
+    raw = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from err
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must be a mapping with sections model/data/train")
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        section, key, value = _parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"section {section!r} must be a mapping")
+        raw[section][key] = value
+    return resolve(raw, source=path or "config")
+
+
+def resolve(raw, source="config"):
+    """Validate ``raw`` against :data:`SCHEMA` and fill defaults."""
+    unknown_sections = set(raw) - set(SCHEMA)
+    if unknown_sections:
+        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown_sections)}; "
+                          f"expected {sorted(SCHEMA)}")
+    config = defaults()
+    for section, values in raw.items():
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping")
+        for key, value in values.items():
+            if key not in SCHEMA[section]:
+                close = [k for k in SCHEMA[section] if k.split("_")[0] == str(key).split("_")[0]]
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
+            config[section][key] = _check_type(f"{section}.{key}", value,
+                                               SCHEMA[section][key][1])
+    _check_values(config, source)
+    return config
+
+
+def _check_type(name, value, types):
+    if value is None:
+        return None
+    types = types if isinstance(types, tuple) else (types,)
+    if float in types and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if bool not in types and isinstance(value, bool):
+        raise ConfigError(f"{name} must be {_names(types)}, got {value!r}")
+    if not isinstance(value, types):
+        raise ConfigError(f"{name} must be {_names(types)}, got {value!r} "
+                          f"({type(value).__name__})")
+    return value
+
+
+def _names(types):
+    return " or ".join({int: "an integer", float: "a number", str: "a string",
+                        bool: "true/false"}[t] for t in types)
+
+
+def _check_values(config, source):
+    model, data, train = config["model"], config["data"], config["train"]
+    if model["type"] not in MODEL_TYPES:
+        raise ConfigError(f"{source}: model.type must be one of {MODEL_TYPES}, "
+                          f"got {model['type']!r}")
+    for section, key in [("model", "num_layers"), ("model", "d_model"), ("model", "num_heads"),
+                         ("model", "d_ff"), ("model", "max_length"), ("data", "vocab_size"),
+                         ("train", "epochs"), ("train", "warmup_steps")]:
+        if config[section][key] < 1:
+            raise ConfigError(f"{source}: {section}.{key} must be positive, "
+                              f"got {config[section][key]}")
+    if data["batch_size"] is not None and data["batch_size"] < 1:
+        raise ConfigError(f"{source}: data.batch_size must be positive")
+    if train["max_steps"] is not None and train["max_steps"] < 1:
+        raise ConfigError(f"{source}: train.max_steps must be positive")
+    if train["time_budget"] is not None:
+        parse_duration(train["time_budget"], "train.time_budget")
+    if not 0.0 <= train["label_smoothing"] < 1.0:
+        raise ConfigError(f"{source}: train.label_smoothing must be in [0, 1)")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")
+
+
+def parse_duration(text, name="duration"):
+    """``"90s"``, ``"10m"``, ``"1.5h"`` or a bare number of seconds -> seconds (float)."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"{name} must look like 90s, 10m or 1.5h; got {text!r}")
+    value, unit = float(match.group(1)), (match.group(2) or "s")[0]
+    return value * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def _parse_override(item):
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError(f"--set expects section.key=value, got {item!r}")
+    dotted, value = item.split("=", 1)
+    section, key = dotted.split(".", 1)
+    if section not in SCHEMA:
+        raise ConfigError(f"--set {item!r}: unknown section {section!r}; "
+                          f"expected one of {sorted(SCHEMA)}")
+    try:
+        parsed = yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError:
+        parsed = value
+    return section, key, parsed
+
+
+def save_config(config, path):
+    """Write the resolved config as YAML, atomically."""
+    from transformerkit.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
