@@ -88,12 +88,9 @@ def _summary(args):
     from transformerkit.training.summary import format_summary, parameter_summary
 
     if os.path.isdir(args.target):
-        import keras
+        from transformerkit.saving import load_model
 
-        path = os.path.join(args.target, "model.keras")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{args.target} has no model.keras")
-        model = keras.saving.load_model(path)
+        model = load_model(os.path.join(args.target, "model.keras"), compile=False)
     else:
         config = load_config(args.target, args.overrides)
         vocab = args.vocab_size or config["data"]["vocab_size"]

@@ -14,6 +14,7 @@ def atomic_path(path):
     suffix = os.path.splitext(path)[1]  # keep the extension: Keras checks ".keras"
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -28,3 +29,9 @@ def atomic_path(path):
 def atomic_write_text(path, text):
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,5 +1,6 @@
 """Callbacks of ``transformerkit train``: atomic checkpoints and stopping rules."""
 
+import base64
 import json
 import math
 import os
@@ -42,7 +43,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             with atomic_path(os.path.join(self.directory, "best.keras")) as tmp:
                 self.model.save(tmp)
         state = {"epoch": epoch + 1, "step": int(self.model.optimizer.iterations.numpy()),
-                 "checkpoint": name, "best": self.best, "monitor": self.monitor}
+                 "checkpoint": name, "best": self.best, "monitor": self.monitor,
+                 "global_rng": global_rng_state()}
         atomic_write_text(os.path.join(self.directory, STATE_FILE), json.dumps(state, indent=1))
         self._prune()
 
@@ -51,6 +53,44 @@ class RunCheckpoint(keras.callbacks.Callback):
                         if f.startswith("epoch-") and f.endswith(".keras"))
         for old in epochs[: -self.keep]:
             os.remove(os.path.join(self.directory, old))
+
+
+def global_rng_state():
+    """The backend's global RNG state, base64 text, or None.
+
+    Keras layers keep their random state in seed-generator variables, which the ``.keras``
+    checkpoint stores, except for one fast path: unseeded dropout on the PyTorch backend
+    draws from torch's global generator. Saving that generator makes resume exact.
+    """
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
+
+
+def restore_global_rng(state):
+    """Undo :func:`global_rng_state` (no-op when ``state`` is None)."""
+    if state is None or keras.backend.backend() != "torch":
+        return
+    import numpy as np
+    import torch
+
+    raw = np.frombuffer(base64.b64decode(state), dtype=np.uint8).copy()
+    torch.set_rng_state(torch.from_numpy(raw))
+
+
+class RestoreGlobalRNG(keras.callbacks.Callback):
+    """On resume, restores the saved global RNG right before the first resumed epoch (after
+    anything ``fit`` does at start-up), where the straight run had it."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_begin(self, epoch, logs=None):
+        restore_global_rng(self.state)
+        self.state = None
 
 
 def read_checkpoint_state(directory):
@@ -103,3 +143,15 @@ class NonFiniteLoss(keras.callbacks.Callback):
         if loss is not None and not math.isfinite(float(loss)):
             self.failed_step = int(self.model.optimizer.iterations.numpy())
             self.model.stop_training = True
+
+
+class DataEpoch(keras.callbacks.Callback):
+    """Tells an epoch-aware dataset (``set_epoch``) which epoch ``fit`` is starting, so the
+    data order of epoch ``e`` is the same in a straight run and in a resumed one."""
+
+    def __init__(self, dataset):
+        super().__init__()
+        self.dataset = dataset
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.dataset.set_epoch(epoch)

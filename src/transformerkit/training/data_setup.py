@@ -162,7 +162,7 @@ def _prepare_language_model(config, run_dir, reuse):
     steps = data["steps_per_epoch"] or max(1, len(train_ids) // (block * batch))
     train = LanguageModelBatches(train_ids, block, batch, steps_per_epoch=steps, seed=seed)
     val = LanguageModelBatches(val_ids, block, batch, steps_per_epoch=max(1, min(20, steps // 5)),
-                               seed=seed + 1, shuffle=False)
+                               seed=seed + 1)
     info = {"train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids))}
     return PreparedData(train, val, tokenizer, tokenizer, [val_text[:200]], [], info)
 

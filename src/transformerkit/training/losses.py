@@ -27,8 +27,7 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
     Returns:
         A float32 scalar. 0 when the batch has no real token.
     """
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    _check_label_smoothing(label_smoothing)
     labels = ops.cast(labels, "int32")
     logits = ops.cast(logits, "float32")
     log_probs = ops.log_softmax(logits, axis=-1)  # (b, t, V)
@@ -40,6 +39,11 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
     return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)
 
 
+def _check_label_smoothing(label_smoothing):
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+
+
 @keras.saving.register_keras_serializable(package="transformerkit")
 class MaskedCrossEntropy(keras.losses.Loss):
     """Keras loss wrapper of :func:`masked_cross_entropy` for ``model.compile``.
@@ -49,6 +53,7 @@ class MaskedCrossEntropy(keras.losses.Loss):
     """
 
     def __init__(self, label_smoothing=0.0, name="masked_cross_entropy", **kwargs):
+        _check_label_smoothing(label_smoothing)  # at construction, not at the first batch
         kwargs.pop("reduction", None)
         super().__init__(name=name, reduction="sum", **kwargs)
         self.label_smoothing = float(label_smoothing)
@@ -75,7 +80,10 @@ class MaskedAccuracy(keras.metrics.Metric):
         predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
         mask = ops.cast(padding_mask(labels), "float32")
         if sample_weight is not None:
-            mask = mask * ops.cast(sample_weight, "float32")
+            sample_weight = ops.cast(sample_weight, "float32")
+            while len(sample_weight.shape) < len(mask.shape):  # (batch,) -> (batch, 1)
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            mask = mask * sample_weight
         hits = ops.cast(ops.equal(labels, predictions), "float32") * mask
         self.correct.assign_add(ops.sum(hits))
         self.total.assign_add(ops.sum(mask))

@@ -16,8 +16,9 @@ import keras
 from transformerkit.config import parse_duration, save_config
 from transformerkit.files import atomic_path, atomic_write_text
 from transformerkit.models.factory import build_model
-from transformerkit.training.callbacks import (NonFiniteLoss, RunCheckpoint, StopConditions,
-                                               read_checkpoint_state)
+from transformerkit.saving import load_model
+from transformerkit.training.callbacks import (DataEpoch, NonFiniteLoss, RunCheckpoint, StopConditions,
+                                               RestoreGlobalRNG, read_checkpoint_state)
 from transformerkit.training.data_setup import prepare_data
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.reports import write_final_reports
@@ -48,16 +49,16 @@ def train(config, run_dir, resume=False):
         compile_model(model, config)
         initial_epoch, best = 0, None
     else:  # exact resume: weights, optimizer moments and step, dropout RNG state
-        model = keras.saving.load_model(os.path.join(checkpoints, state["checkpoint"]))
+        model = load_model(os.path.join(checkpoints, state["checkpoint"]))
         initial_epoch, best = state["epoch"], state["best"]
         log.info("resuming from %s (epoch %d, step %d)", state["checkpoint"], initial_epoch,
                  state["step"])
-    data.train.set_epoch(initial_epoch)
 
     stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
     non_finite = NonFiniteLoss()
     callbacks = [
-        stop, non_finite,
+        DataEpoch(data.train), stop, non_finite,
+        *([RestoreGlobalRNG(state.get("global_rng"))] if state else []),
         RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
                       monitor="val_loss" if data.val is not None else "loss", best=best),
         keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=resume),
@@ -67,8 +68,11 @@ def train(config, run_dir, resume=False):
     started = time.monotonic()
     history = None
     if initial_epoch < epochs:
+        # shuffle=False: the dataset orders its own batches as a function of (seed, epoch);
+        # Keras' own batch shuffling would draw from NumPy's global RNG and break resume.
+        data.train.set_epoch(initial_epoch)
         history = model.fit(data.train, validation_data=data.val, epochs=epochs,
-                            initial_epoch=initial_epoch, callbacks=callbacks,
+                            initial_epoch=initial_epoch, callbacks=callbacks, shuffle=False,
                             verbose=train_cfg["verbose"])
     if non_finite.failed_step is not None:
         raise FloatingPointError(
@@ -139,8 +143,10 @@ def _epochs(train_cfg, steps_per_epoch):
 
 def _tensorboard(run_dir):
     """Keras' TensorBoard callback writes through ``tf.summary``: only when TF is installed."""
-    if importlib.util.find_spec("tensorflow") is None:
-        log.info("TensorFlow is not installed: no TensorBoard logs (history.csv is written)")
+    if importlib.util.find_spec("tensorflow") is None or \
+            importlib.util.find_spec("tensorboard") is None:
+        log.info("tensorflow/tensorboard not installed: no TensorBoard logs (history.csv is "
+                 "written)")
         return []
     return [keras.callbacks.TensorBoard(os.path.join(run_dir, "logs"))]
 

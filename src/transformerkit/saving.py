@@ -1,0 +1,27 @@
+"""Loading saved models with every transformerkit class registered, and clear errors."""
+
+import os
+import zipfile
+
+
+def load_model(path, compile=True):
+    """Load a ``.keras`` file written by transformerkit (Keras safe mode: no pickles or lambdas).
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
+    a truncated or corrupt one, instead of an error from deep inside Keras.
+    """
+    import keras
+
+    import transformerkit.layers  # noqa: F401  (registers the classes a .keras file names)
+    import transformerkit.models  # noqa: F401
+    import transformerkit.training  # noqa: F401
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no model file at {path}")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a valid .keras file (truncated or corrupt)")
+    try:
+        return keras.saving.load_model(path, compile=compile, safe_mode=True)
+    except (zipfile.BadZipFile, OSError, KeyError, EOFError) as err:
+        raise ValueError(f"{path} could not be read (truncated or corrupt): {err}") from err
