@@ -33,7 +33,8 @@ _DATA = {
     "tokenizer": ("bpe", str),  # bpe | wordpiece | unigram | char | path to a HF folder
     "vocab_size": (8000, int), "lowercase": (False, bool), "shared_vocab": (True, bool),
     "max_length": (None, int), "tokens_per_batch": (4096, int), "batch_size": (None, int),
-    "bucket": (True, bool), "train_limit": (None, int), "val_limit": (None, int),
+    "bucket": (True, bool), "pad_to_multiple": (None, int), "train_limit": (None, int),
+    "val_limit": (None, int),
     "block_size": (64, int), "val_fraction": (0.1, float), "steps_per_epoch": (None, int),
 }
 _TRAIN = {

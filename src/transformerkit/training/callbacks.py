@@ -144,14 +144,3 @@ class NonFiniteLoss(keras.callbacks.Callback):
             self.failed_step = int(self.model.optimizer.iterations.numpy())
             self.model.stop_training = True
 
-
-class DataEpoch(keras.callbacks.Callback):
-    """Tells an epoch-aware dataset (``set_epoch``) which epoch ``fit`` is starting, so the
-    data order of epoch ``e`` is the same in a straight run and in a resumed one."""
-
-    def __init__(self, dataset):
-        super().__init__()
-        self.dataset = dataset
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.dataset.set_epoch(epoch)

@@ -6,10 +6,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transformerkit.data import corpora
-from transformerkit.data.pipeline import (EncodedPairs, LanguageModelBatches, TranslationBatches,
-                                          encode_pairs, split_train_val)
-from transformerkit.data.tokenizers import (CharTokenizer, SubwordTokenizer, load_hf_tokenizer,
-                                            load_tokenizer)
+from transformerkit.data.pipeline import (
+    EncodedPairs,
+    LanguageModelBatches,
+    TranslationBatches,
+    encode_pairs,
+    split_train_val,
+)
+from transformerkit.data.tokenizers import (
+    CharTokenizer,
+    SubwordTokenizer,
+    load_hf_tokenizer,
+    load_tokenizer,
+)
 
 SUBWORD_KINDS = ("bpe", "wordpiece", "unigram")
 
@@ -114,9 +123,15 @@ def _tokenizers(config, run_dir, reuse, source_texts, target_texts):
 
 
 def _batching(data, seed):
+    pad = data["pad_to_multiple"]
+    if pad is None:  # compiled backends recompile per shape: fewer shapes there
+        import keras
+
+        pad = 1 if keras.backend.backend() == "torch" else 8
+    common = dict(seed=seed, bucket=data["bucket"], pad_to_multiple=pad)
     if data["batch_size"] is not None:
-        return dict(batch_size=data["batch_size"], seed=seed, bucket=data["bucket"])
-    return dict(tokens_per_batch=data["tokens_per_batch"], seed=seed, bucket=data["bucket"])
+        return dict(batch_size=data["batch_size"], **common)
+    return dict(tokens_per_batch=data["tokens_per_batch"], **common)
 
 
 def _prepare_translation(config, run_dir, reuse):

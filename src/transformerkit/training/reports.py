@@ -25,7 +25,7 @@ def translate_texts(model, source_tokenizer, target_tokenizer, texts, batch_size
             batch[row, :len(encoded[i])] = encoded[i]
         outputs = greedy_translate(model, batch, target_tokenizer.bos_id,
                                    target_tokenizer.eos_id, max_new_tokens)
-        for i, ids in zip(chunk, outputs):
+        for i, ids in zip(chunk, outputs, strict=True):
             results[i] = target_tokenizer.decode(ids)
     return results
 
@@ -42,7 +42,7 @@ def write_final_reports(model, data, config, run_dir, summary):
                                      sources, max_new_tokens=train_cfg["decode_max_length"])
         metrics.update({f"val_{k}": v for k, v in corpus_scores(hypotheses, references).items()})
         metrics["val_sentences_scored"] = len(sources)
-        for src, ref, hyp in list(zip(sources, references, hypotheses))[: train_cfg["samples"]]:
+        for src, ref, hyp in list(zip(sources, references, hypotheses, strict=True))[: train_cfg["samples"]]:
             lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
     elif config["model"]["type"] == "gpt":
         from transformerkit.decoding.sampling import generate_text

@@ -14,11 +14,17 @@ import time
 import keras
 
 from transformerkit.config import parse_duration, save_config
+from transformerkit.data.pipeline import EpochSync
 from transformerkit.files import atomic_path, atomic_write_text
 from transformerkit.models.factory import build_model
 from transformerkit.saving import load_model
-from transformerkit.training.callbacks import (DataEpoch, NonFiniteLoss, RunCheckpoint, StopConditions,
-                                               RestoreGlobalRNG, read_checkpoint_state)
+from transformerkit.training.callbacks import (
+    NonFiniteLoss,
+    RestoreGlobalRNG,
+    RunCheckpoint,
+    StopConditions,
+    read_checkpoint_state,
+)
 from transformerkit.training.data_setup import prepare_data
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.reports import write_final_reports
@@ -57,7 +63,7 @@ def train(config, run_dir, resume=False):
     stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
     non_finite = NonFiniteLoss()
     callbacks = [
-        DataEpoch(data.train), stop, non_finite,
+        EpochSync(data.train), stop, non_finite,
         *([RestoreGlobalRNG(state.get("global_rng"))] if state else []),
         RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
                       monitor="val_loss" if data.val is not None else "loss", best=best),

@@ -1,0 +1,112 @@
+"""Shared benchmark plumbing: Multi30k batches, FLOP counts, result files, matmul peak."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+
+def data_dir():
+    path = os.environ.get("TRANSFORMERKIT_DATA") or os.path.join(HERE, "..", "..", "shared",
+                                                                 "data")
+    return os.path.abspath(path)
+
+
+def multi30k_batches(num_batches, tokens_per_batch=4096, vocab_size=8000, seed=0, cache=None):
+    """``num_batches`` length-bucketed Multi30k de->en training batches of about
+    ``tokens_per_batch`` tokens with a shared BPE vocabulary, cached as ``.npz``.
+
+    Returns a list of ``(source, decoder_input, labels)`` int32 arrays.
+    """
+    cache = cache or os.path.join(RESULTS, "tmp")
+    path = os.path.join(cache, f"batches-{num_batches}-{tokens_per_batch}-{vocab_size}.npz")
+    if not os.path.exists(path):
+        os.environ.setdefault("KERAS_BACKEND", "torch")
+        from transformerkit.data.corpora import load_multi30k
+        from transformerkit.data.pipeline import TranslationBatches, encode_pairs
+        from transformerkit.data.tokenizers import SubwordTokenizer
+
+        src, tgt = load_multi30k("train", "de", "en", data_dir=data_dir())
+        tok = SubwordTokenizer.train(src + tgt, kind="bpe", vocab_size=vocab_size)
+        batches = TranslationBatches(encode_pairs(src, tgt, tok, tok, 128),
+                                     tokens_per_batch=tokens_per_batch, seed=seed)
+        batches.set_epoch(0)
+        rng = np.random.default_rng(seed)
+        chosen = rng.choice(len(batches), size=num_batches, replace=False)
+        arrays = {}
+        for k, i in enumerate(chosen):
+            (s, d), y = batches[int(i)]
+            arrays.update({f"s{k}": s, f"d{k}": d, f"y{k}": y})
+        os.makedirs(cache, exist_ok=True)
+        np.savez(path, **arrays)
+    data = np.load(path)
+    return [(data[f"s{k}"], data[f"d{k}"], data[f"y{k}"]) for k in range(num_batches)]
+
+
+def transformer_flops(batch, layers, d_model, d_ff, vocab, decoder_layers=None):
+    """Forward+backward FLOPs (3x forward) of an encoder-decoder Transformer on one padded
+    batch, counting matrix products only (projections, attention, output layer)."""
+    source, decoder_input, _ = batch
+    b, s = source.shape
+    t = decoder_input.shape[1]
+    decoder_layers = decoder_layers or layers
+    d, f = d_model, d_ff
+    ns, nt = b * s, b * t
+    encoder = layers * (2 * ns * 4 * d * d + 2 * ns * 2 * d * f + 2 * 2 * b * s * s * d)
+    decoder = decoder_layers * (
+        2 * nt * 4 * d * d + 2 * nt * 2 * d * d + 2 * ns * 2 * d * d + 2 * nt * 2 * d * f
+        + 2 * 2 * b * t * t * d + 2 * 2 * b * t * s * d)
+    output = 2 * nt * d * vocab
+    return 3 * (encoder + decoder + output)
+
+
+def real_target_tokens(batch):
+    return int(np.count_nonzero(batch[2]))
+
+
+def matmul_peak(seconds=5.0, n=2048):
+    """float32 matrix-product GFLOP/s of this machine (PyTorch, all threads)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * n ** 3 * count / (time.perf_counter() - start) / 1e9
+
+
+def machine():
+    import torch
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def run_worker(script, args, env_extra=None, timeout=1800):
+    """Run ``script`` in a subprocess and return the JSON it prints on its last line."""
+    env = dict(os.environ, **(env_extra or {}))
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                            env=env, timeout=timeout)
+    if result.returncode != 0:
+        return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def write_results(name, payload, table):
+    """Write ``results/NAME.json`` and ``results/NAME.md`` (the table the README quotes)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
+        json.dump(payload, f, indent=2)
+    with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)

@@ -1,0 +1,168 @@
+"""Training-step throughput: transformerkit on each Keras backend vs Hugging Face Marian.
+
+Everything runs in one invocation on this machine, on the same length-bucketed Multi30k
+de->en batches of about 4096 target tokens (shared BPE vocabulary of 8000):
+
+(a) the classic small Multi30k Transformer (3+3 layers, d_model 256, 8 heads, d_ff 512,
+    tied embeddings) on torch, jax and tensorflow, next to ``transformers``' MarianMTModel of
+    the same size trained eagerly with torch.optim.Adam;
+(b) the paper's base model (6+6, 512, 8 heads, 2048, shared vocabulary 37000) on the default
+    backend, next to this machine's float32 matmul peak measured in the same run.
+
+Reported: real (non-padding) target tokens per second of forward+backward+update, and the
+achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward).
+
+    python bench/train_step.py            # writes bench/results/train_step.{json,md}
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+SMALL = dict(layers=3, d_model=256, heads=8, d_ff=512, vocab=8000)
+BASE = dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=37000)
+
+
+def keras_worker(size, num_batches, repeats):
+    import keras
+    import numpy as np
+
+    from transformerkit.models import Transformer
+    from transformerkit.training import MaskedCrossEntropy, paper_optimizer
+
+    spec = SMALL if size == "small" else BASE
+    batches = common.multi30k_batches(num_batches)
+    keras.utils.set_random_seed(0)
+    model = Transformer(spec["vocab"], spec["vocab"], num_layers=spec["layers"],
+                        d_model=spec["d_model"], num_heads=spec["heads"], d_ff=spec["d_ff"],
+                        max_length=256, tie_embeddings="all")
+    model.compile(optimizer=paper_optimizer(spec["d_model"], 4000),
+                  loss=MaskedCrossEntropy(label_smoothing=0.1))
+
+    def step(batch):
+        source, decoder_input, labels = batch
+        return model.train_on_batch((source, decoder_input), labels)
+
+    return _time_steps(step, batches, repeats, spec, keras.backend.backend(), np)
+
+
+def marian_worker(num_batches, repeats):
+    import numpy as np
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    spec = SMALL
+    batches = common.multi30k_batches(num_batches)
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=spec["vocab"], decoder_vocab_size=spec["vocab"], d_model=spec["d_model"],
+        encoder_layers=spec["layers"], decoder_layers=spec["layers"],
+        encoder_attention_heads=spec["heads"], decoder_attention_heads=spec["heads"],
+        encoder_ffn_dim=spec["d_ff"], decoder_ffn_dim=spec["d_ff"], dropout=0.1,
+        attention_dropout=0.0, activation_dropout=0.0, activation_function="relu",
+        max_position_embeddings=256, pad_token_id=0, eos_token_id=2, decoder_start_token_id=1,
+        scale_embedding=True, share_encoder_decoder_embeddings=True)
+    model = MarianMTModel(config)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+    tensors = [tuple(torch.from_numpy(a.astype("int64")) for a in b) for b in batches]
+
+    def step(batch):
+        source, decoder_input, labels = batch
+        logits = model(input_ids=source, attention_mask=source != 0,
+                       decoder_input_ids=decoder_input,
+                       decoder_attention_mask=decoder_input != 0).logits
+        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    result = _time_steps(step, tensors, repeats, spec, "torch (eager)", np, numpy_batches=batches)
+    result["attention"] = getattr(model.config, "_attn_implementation", "unknown")
+    return result
+
+
+def _time_steps(step, batches, repeats, spec, backend, np, numpy_batches=None):
+    numpy_batches = numpy_batches or batches
+    for batch in batches:  # warm-up: every shape once (JAX/TF compile per shape)
+        step(batch)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for batch in batches:
+            step(batch)
+    seconds = time.perf_counter() - start
+    tokens = repeats * sum(common.real_target_tokens(b) for b in numpy_batches)
+    flops = repeats * sum(common.transformer_flops(b, spec["layers"], spec["d_model"],
+                                                   spec["d_ff"], spec["vocab"])
+                          for b in numpy_batches)
+    return {"backend": backend, "steps": repeats * len(batches), "seconds": round(seconds, 2),
+            "target_tokens_per_s": round(tokens / seconds, 1),
+            "gflops_per_s": round(flops / seconds / 1e9, 1)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", choices=("keras", "marian"))
+    parser.add_argument("--size", choices=("small", "base"), default="small")
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--base-batches", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--backends", default="torch,jax,tensorflow")
+    args = parser.parse_args()
+    if args.worker == "keras":
+        print(json.dumps(keras_worker(args.size, args.batches, args.repeats)))
+        return
+    if args.worker == "marian":
+        print(json.dumps(marian_worker(args.batches, args.repeats)))
+        return
+
+    common.multi30k_batches(args.batches)  # build the shared batches once
+    script = os.path.abspath(__file__)
+    rows = []
+    for backend in args.backends.split(","):
+        r = common.run_worker(script, ["--worker", "keras", "--batches", str(args.batches),
+                                       "--repeats", str(args.repeats)],
+                              {"KERAS_BACKEND": backend})
+        rows.append({"system": f"transformerkit ({backend})", "model": "small", **r})
+        print(rows[-1], flush=True)
+    r = common.run_worker(script, ["--worker", "marian", "--batches", str(args.batches),
+                                   "--repeats", str(args.repeats)])
+    rows.append({"system": "HF transformers MarianMTModel", "model": "small", **r})
+    print(rows[-1], flush=True)
+    peak = round(common.matmul_peak(), 1)
+    common.multi30k_batches(args.base_batches)
+    r = common.run_worker(script, ["--worker", "keras", "--size", "base", "--batches",
+                                   str(args.base_batches), "--repeats", "1"],
+                          {"KERAS_BACKEND": "torch"})
+    rows.append({"system": "transformerkit (torch)", "model": "base", **r})
+    print(rows[-1], flush=True)
+
+    marian = next((r for r in rows if "Marian" in r["system"] and "error" not in r), None)
+    lines = ["| model | system | target tokens/s | GFLOP/s | vs Marian | % of matmul peak |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['system']} | error: {r['error']} | | | |")
+            continue
+        ratio = (f"{r['target_tokens_per_s'] / marian['target_tokens_per_s']:.2f}x"
+                 if marian and r["model"] == "small" else "")
+        lines.append(f"| {r['model']} | {r['system']} | {r['target_tokens_per_s']:,.0f} | "
+                     f"{r['gflops_per_s']:.1f} | {ratio} | {100 * r['gflops_per_s'] / peak:.0f}% |")
+    lines.append(f"\nfloat32 matmul peak (torch, 2048x2048): {peak} GFLOP/s. "
+                 f"small = 3+3 layers, d_model 256, 8 heads, d_ff 512, vocab 8000; "
+                 f"base = 6+6, 512, 8 heads, 2048, vocab 37000. Batches: "
+                 f"{args.batches} (small) / {args.base_batches} (base) Multi30k batches of "
+                 "~4096 tokens, warm-up pass excluded.")
+    common.write_results("train_step", {"machine": common.machine(), "matmul_peak_gflops": peak,
+                                        "rows": rows}, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
