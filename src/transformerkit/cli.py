@@ -1,4 +1,5 @@
-"""Command line: ``transformerkit train | summary``.
+"""Command line: ``transformerkit train | summary | translate | generate | evaluate |
+attention | plot``.
 
 Keras is imported only after ``--backend`` is read, because the backend is fixed at import.
 """
@@ -32,7 +33,71 @@ def _parser():
                          metavar="SECTION.KEY=VALUE")
     summary.add_argument("--vocab-size", type=int, default=None,
                          help="vocabulary size for a config (default: data.vocab_size)")
+    _add_use_commands(sub)
     return parser
+
+
+def _add_use_commands(sub):
+    """The subcommands that use a trained run directory."""
+    def run_parser(name, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("run_dir", help="run directory written by `transformerkit train`")
+        p.add_argument("--checkpoint", default="model",
+                       help="model (final, default), best (lowest val loss) or a .keras path")
+        return p
+
+    def search_options(p, beam):
+        p.add_argument("--beam", type=int, default=beam, help=f"beam size; 1 = greedy ({beam})")
+        p.add_argument("--alpha", type=float, default=0.6,
+                       help="length penalty of beam search, GNMT ((5+len)/6)^alpha (0.6)")
+        p.add_argument("--max-new-tokens", type=int, default=None,
+                       help="longest output in tokens (default: the model's max_length)")
+        p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
+
+    translate = run_parser("translate", "translate sentences with a trained model")
+    translate.add_argument("texts", nargs="*", metavar="TEXT",
+                           help="sentences to translate; none: read stdin, one per line, "
+                                "printing each translation as soon as it is ready")
+    search_options(translate, 4)
+    translate.add_argument("--n-best", type=int, default=1,
+                           help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
+
+    generate = run_parser("generate", "continue a prompt with a trained GPT")
+    generate.add_argument("--prompt", required=True, help="text to continue")
+    generate.add_argument("--max-new-tokens", type=int, default=200)
+    generate.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (1.0)")
+    generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--top-p", type=float, default=None)
+    generate.add_argument("--seed", type=int, default=None,
+                          help="the same seed gives the same text")
+
+    evaluate = run_parser("evaluate", "BLEU and chrF (sacrebleu) on a split or on files; "
+                                      "stored in the run's metrics.json under evaluate.NAME")
+    where = evaluate.add_mutually_exclusive_group()
+    where.add_argument("--split", choices=("val", "test2016"), default=None,
+                       help="split of the run's dataset (default: test2016 for Multi30k, "
+                            "else val)")
+    where.add_argument("--source", help="file of source sentences, one per line")
+    evaluate.add_argument("--reference", help="file of reference translations (with --source)")
+    evaluate.add_argument("--max-sentences", type=int, default=None)
+    evaluate.add_argument("--data-dir", help="data directory (default: the run's config, "
+                                             "else $TRANSFORMERKIT_DATA)")
+    evaluate.add_argument("--output", help="also write the translations to this file")
+    search_options(evaluate, 4)
+
+    attention = run_parser("attention", "attention heatmaps, one per head of a layer")
+    attention.add_argument("source", help="the source sentence (GPT: the text)")
+    attention.add_argument("--target", help="the target sentence (default: the model's "
+                                            "greedy translation)")
+    attention.add_argument("--out", required=True, help="PNG file to write")
+    attention.add_argument("--kind", choices=("cross", "decoder_self", "encoder"),
+                           default="cross", help="which attention (Transformer; default cross)")
+    attention.add_argument("--layer", type=int, default=-1,
+                           help="layer index, negative from the end (default -1: the last)")
+
+    plot = sub.add_parser("plot", help="training curves from a run's history.csv")
+    plot.add_argument("run_dir")
+    plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png)")
 
 
 def main(argv=None):
@@ -43,7 +108,10 @@ def main(argv=None):
     from transformerkit.config import ConfigError
 
     try:
-        return {"train": _train, "summary": _summary}[args.command](args)
+        commands = {"train": _train, "summary": _summary, "translate": _translate,
+                    "generate": _generate, "evaluate": _evaluate, "attention": _attention,
+                    "plot": _plot}
+        return commands[args.command](args)
     except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
             FloatingPointError) as err:
         print(f"transformerkit {args.command}: error: {err}", file=sys.stderr)
@@ -97,6 +165,203 @@ def _summary(args):
         model = build_model(config["model"], vocab, vocab)
     print(f"{type(model).__name__}")
     print(format_summary(parameter_summary(model)))
+    return 0
+
+
+# -- using a trained run ------------------------------------------------------------------------
+def _load(args):
+    from transformerkit.api import load
+
+    return load(args.run_dir, checkpoint=args.checkpoint)
+
+
+def _print(text=""):
+    print(text, flush=True)
+
+
+def _stdin_chunks(stream, max_lines):
+    """Lines of ``stream`` in chunks: as many as are already available (at most
+    ``max_lines``), so a pipe is translated in full batches and a terminal line by line."""
+    import select
+
+    chunk = []
+    while True:
+        line = stream.readline()
+        if not line:
+            break
+        chunk.append(line.rstrip("\r\n"))
+        try:
+            more = len(chunk) < max_lines and bool(select.select([stream], [], [], 0)[0])
+        except (OSError, ValueError):  # not selectable (e.g. a StringIO in tests)
+            more = len(chunk) < max_lines
+        if not more:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _translate(args):
+    run = _load(args)
+    if args.n_best > max(1, args.beam):
+        args.beam = args.n_best
+    options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
+                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    chunks = [args.texts] if args.texts else _stdin_chunks(sys.stdin, args.batch_size)
+    offset = 0
+    for chunk in chunks:
+        _translate_chunk(run, chunk, offset, options)
+        offset += len(chunk)
+    return 0
+
+
+def _translate_chunk(run, texts, offset, options):
+    """Translate ``texts`` and print them in order as soon as each is ready; empty lines
+    stay empty lines."""
+    real = [i for i, t in enumerate(texts) if t.strip()]
+    ready, next_out = {}, 0
+
+    def flush():
+        nonlocal next_out
+        while next_out < len(texts) and (next_out in ready or not texts[next_out].strip()):
+            result = ready.pop(next_out, "")
+            if options["n_best"] > 1:
+                for text, score in result:
+                    _print(f"{offset + next_out}\t{score:.4f}\t{text}")
+            else:
+                _print(result)
+            next_out += 1
+
+    flush()
+    if real:
+        for indices, results in run.translate_batches([texts[i] for i in real], **options):
+            for i, result in zip(indices, results, strict=True):
+                ready[real[i]] = result
+            flush()
+    flush()
+
+
+def _generate(args):
+    run = _load(args)
+    _print(run.generate(args.prompt, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed))
+    return 0
+
+
+def _evaluation_data(args, run):
+    """``(name, sources, references)`` from ``--source/--reference`` or a split."""
+    from transformerkit.data import corpora
+
+    if args.source or args.reference:
+        if not (args.source and args.reference):
+            raise ValueError("--source and --reference go together")
+        sources, references = corpora.read_parallel(args.source, args.reference)
+        return os.path.splitext(os.path.basename(args.source))[0], sources, references
+    data = dict(run.config["data"])
+    if args.data_dir:
+        data["data_dir"] = args.data_dir
+    split = args.split or ("test2016" if data["dataset"] == "multi30k" else "val")
+    if data["dataset"] == "multi30k":
+        sources, references = corpora.load_multi30k(split, data["source_lang"],
+                                                    data["target_lang"], data["data_dir"])
+    elif split == "val":
+        from transformerkit.training.data_setup import _load_pairs
+
+        pairs = _load_pairs(data, "val")
+        if pairs is None:
+            raise ValueError("the run's config names no validation data; use --source and "
+                             "--reference")
+        sources, references = pairs
+    else:
+        raise ValueError(f"--split {split} exists for Multi30k only; use --source and "
+                         "--reference for this run")
+    return split, sources, references
+
+
+def _evaluate(args):
+    import json
+
+    from rich.progress import Progress
+
+    from transformerkit.evaluation import corpus_scores
+    from transformerkit.files import atomic_write_text
+
+    run = _load(args)
+    if run.kind != "transformer":
+        raise ValueError(f"evaluate needs a translation run; {args.run_dir} holds a {run.kind}")
+    name, sources, references = _evaluation_data(args, run)
+    if args.max_sentences:
+        sources, references = sources[: args.max_sentences], references[: args.max_sentences]
+    hypotheses = [None] * len(sources)
+    with Progress(transient=True, console=_stderr_console()) as progress:
+        task = progress.add_task(f"translating {name}", total=len(sources))
+        for indices, results in run.translate_batches(
+                sources, beam_size=args.beam, alpha=args.alpha,
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
+            for i, text in zip(indices, results, strict=True):
+                hypotheses[i] = text
+            progress.advance(task, len(indices))
+    scores = corpus_scores(hypotheses, references)
+    if args.output:
+        atomic_write_text(args.output, "\n".join(hypotheses) + "\n")
+    _print(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}")
+    _print(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
+    _print(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
+    path = os.path.join(args.run_dir, "metrics.json")
+    metrics = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            metrics = json.load(f)
+    metrics.setdefault("evaluate", {})[name] = dict(
+        scores, sentences=len(sources), beam_size=args.beam, alpha=args.alpha,
+        checkpoint=args.checkpoint)
+    atomic_write_text(path, json.dumps(metrics, indent=2))
+    _print(f"stored in {path}")
+    return 0
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _attention(args):
+    from transformerkit.plotting import plot_attention
+
+    run = _load(args)
+    target = args.target
+    if run.kind == "transformer" and target is None:
+        target = run.translate(args.source, beam_size=1,
+                               max_new_tokens=run.model.max_length - 1)
+        _print(f"target (greedy translation): {target}")
+    weights = run.attention(args.source, target)
+    if run.kind == "gpt":
+        kind, queries, keys = "self", weights["tokens"], weights["tokens"]
+    else:
+        kind = args.kind
+        queries = {"cross": weights["target_output_tokens"],
+                   "decoder_self": weights["target_output_tokens"],
+                   "encoder": weights["source_tokens"]}[kind]
+        keys = {"cross": weights["source_tokens"], "decoder_self": weights["target_input_tokens"],
+                "encoder": weights["source_tokens"]}[kind]
+    layers = weights[kind].shape[0]
+    if not -layers <= args.layer < layers:
+        raise ValueError(f"--layer {args.layer} does not exist: the model has {layers} layers")
+    layer = args.layer % layers
+    out = plot_attention(weights[kind][layer], queries, keys, args.out,
+                         title=f"{kind} attention, layer {layer}")
+    _print(f"wrote {out}")
+    return 0
+
+
+def _plot(args):
+    from transformerkit.plotting import plot_history
+
+    out = args.out or os.path.join(args.run_dir, "history.png")
+    out = plot_history(os.path.join(args.run_dir, "history.csv"), out, title=args.run_dir)
+    _print(f"wrote {out}")
     return 0
 
 

@@ -18,7 +18,7 @@ _MODEL = {
     "type": ("transformer", str),
     "num_layers": (6, int), "num_decoder_layers": (None, int), "d_model": (512, int),
     "num_heads": (8, int), "d_ff": (2048, int), "dropout": (0.1, float),
-    "attention_dropout": (0.0, float), "max_length": (256, int),
+    "attention_dropout": (0.0, float), "activation_dropout": (0.0, float), "max_length": (256, int),
     "norm_position": (None, str), "activation": (None, str), "positional": (None, str),
     "tie_embeddings": ("none", str), "key_dim": (None, int), "value_dim": (None, int),
     "layer_norm_epsilon": (None, float), "embeddings_trainable": (True, bool),
@@ -44,6 +44,9 @@ _TRAIN = {
     "jit_compile": ("auto", (bool, str)), "mixed_precision": (False, bool),
     "samples": (5, int), "eval_max_sentences": (None, int), "decode_max_length": (None, int),
     "checkpoints_to_keep": (2, int), "verbose": ("auto", (int, str)),
+    # monitors (training/monitors.py): sample outputs every N epochs|steps, validation BLEU
+    "sample_every": (None, int), "sample_unit": ("epoch", str),
+    "bleu_every": (None, int), "bleu_max_sentences": (200, int), "eval_beam_size": (1, int),
 }
 SCHEMA = {"model": _MODEL, "data": _DATA, "train": _TRAIN}
 
@@ -139,6 +142,12 @@ def _check_values(config, source):
         raise ConfigError(f"{source}: train.max_steps must be positive")
     if train["time_budget"] is not None:
         parse_duration(train["time_budget"], "train.time_budget")
+    if train["sample_unit"] not in ("epoch", "step"):
+        raise ConfigError(f"{source}: train.sample_unit must be 'epoch' or 'step', "
+                          f"got {train['sample_unit']!r}")
+    for key in ("sample_every", "bleu_every", "bleu_max_sentences", "eval_beam_size"):
+        if train[key] is not None and train[key] < 1:
+            raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
     if not 0.0 <= train["label_smoothing"] < 1.0:
         raise ConfigError(f"{source}: train.label_smoothing must be in [0, 1)")
 

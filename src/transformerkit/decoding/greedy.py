@@ -1,46 +1,139 @@
-"""Greedy decoding with the key/value cache (one new position per step)."""
+"""Greedy decoding, and the token-by-token loop it shares with sampling.
+
+Each step costs one new position (the key/value cache, :mod:`.steps`); the loop stops as
+soon as every row has produced the end token or its token budget, and the whole loop is
+one compiled function per shape bucket on JAX and TensorFlow (:mod:`.compiled`).
+"""
 
 import numpy as np
 from keras import ops
 
-from transformerkit.layers.masks import padding_mask
+from transformerkit.decoding.common import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    check_max_new_tokens,
+    cut_at_eos,
+    forbid_tokens,
+    prepare_sources,
+)
+from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
+from transformerkit.decoding.steps import make_steps, token_at
 
 
-def greedy_translate(model, source_ids, bos_id, eos_id, max_new_tokens):
+def argmax_choice(logits, index):
+    """Greedy choice: the most likely id of each row, ``(rows,)`` int32."""
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
+def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
+                 choose, eos_id, active, collect_logits=False):
+    """Extend each row of ``buffer`` one token per step until EOS or ``max_new`` tokens.
+
+    Args:
+        steps, static, state: a step adapter from :mod:`.steps` and what its ``start`` gave.
+        buffer: ``(rows, width)`` int32, the prompt (BOS for translation) then zeros.
+        first_index: first position fed to the model (earlier ones are in the cache).
+        prompt_lengths: ``(rows,)`` int32; positions below it are copied, not chosen.
+        max_new, min_new: int32 scalars: at most / at least this many new tokens (EOS
+            counts; it is forbidden until ``min_new`` tokens exist).
+        choose: ``(logits (rows, vocab), index) -> (rows,)`` int32 ids.
+        eos_id: end token, or -1 for none.
+        active: ``(rows,)`` bool; inactive rows (bucket padding) count as finished.
+        collect_logits: also return the raw logits of every step ``(rows, width - 1, vocab)``.
+
+    Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
+    """
+    rows, width = buffer.shape
+
+    def cond(s):
+        return ops.logical_and(ops.less(s["index"] + 1, width),
+                               ops.logical_not(ops.all(s["finished"])))
+
+    def body(s):
+        index, buf = s["index"], s["buffer"]
+        logits, new_state = steps.step(buf, index, s["state"], static)
+        logits = ops.cast(logits, "float32")
+        position = index + 1
+        made = position - prompt_lengths  # tokens generated before this one, per row
+        choice = choose(forbid_tokens(logits, eos_id, ops.less(made, min_new)), index)
+        in_prompt = ops.less(position, prompt_lengths)
+        token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), choice)
+        token = ops.where(s["finished"], PAD_ID, token)
+        out = dict(index=index + 1, state=new_state, buffer=ops.slice_update(
+            buf, [0, position], ops.expand_dims(ops.cast(token, "int32"), 1)))
+        ends = ops.logical_or(ops.equal(token, eos_id), ops.greater_equal(made + 1, max_new))
+        out["finished"] = ops.logical_or(s["finished"],
+                                         ops.logical_and(ops.logical_not(in_prompt), ends))
+        if collect_logits:
+            out["logits"] = ops.slice_update(s["logits"], [0, index, 0],
+                                             ops.expand_dims(logits, 1))
+        return out
+
+    init = dict(index=start_index(first_index), state=state,
+                buffer=ops.convert_to_tensor(buffer, "int32"),
+                finished=ops.logical_not(ops.convert_to_tensor(active, "bool")))
+    if collect_logits:
+        vocab = steps.vocab_size
+        init["logits"] = ops.zeros((rows, width - 1, vocab), "float32")
+    final = while_loop(cond, body, init)
+    return final["buffer"], final.get("logits")
+
+
+def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
+                  make_choose=None, bos_id=BOS_ID, eos_id=EOS_ID, min_new_tokens=0,
+                  use_cache=True, return_logits=False):
+    """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling."""
+    max_new = check_max_new_tokens(max_new_tokens, model.max_length)
+    source, active = prepare_sources(model, source_ids)
+    batch = np.asarray(source_ids).shape[0]
+    steps = make_steps(model, use_cache)
+
+    def decode(source, active, min_new, *extra):
+        state, static = steps.start(source, max_new)
+        rows = source.shape[0]
+        buffer = ops.concatenate([ops.full((rows, 1), bos_id, "int32"),
+                                  ops.zeros((rows, max_new), "int32")], axis=1)
+        chooser = make_choose(*extra) if make_choose is not None else choose
+        return token_search(steps, static, state, buffer, 0, ops.ones((rows,), "int32"),
+                            max_new, min_new, chooser, eos_id, active, return_logits)
+
+    full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits)
+    buffer, logits = run_decoder(model, full_key, decode, source, active,
+                                 np.int32(min_new_tokens), *extra_args)
+    ids = [cut_at_eos(row[1:], eos_id) for row in buffer[:batch]]
+    if return_logits:
+        return ids, logits[:batch]
+    return ids
+
+
+def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
+                     min_new_tokens=0, use_cache=True, return_logits=False):
     """Translate a batch greedily with a ``Transformer``.
 
     Args:
-        model: a built ``transformerkit.models.Transformer``.
-        source_ids: ``(batch, source_len)`` int ids (0 = padding).
-        bos_id, eos_id: start and end token ids of the target vocabulary.
-        max_new_tokens: stop after this many tokens (the end token included).
+        model: a ``transformerkit.models.Transformer``.
+        source_ids: ``(batch, source_len)`` int ids, 0 = padding (sentences of different
+            lengths padded at the end).
+        bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
+        max_new_tokens: at most this many tokens per sentence, EOS included (default and
+            upper limit: the model's ``max_length``; more is cut with a warning).
+        min_new_tokens: EOS is forbidden before this many tokens (``bench/decode.py``
+            forces fixed-length outputs with ``min_new_tokens = max_new_tokens``).
+        use_cache: True (the key/value cache, fastest path for the backend), ``"keras"``
+            (the model's own Keras cache API) or False (recompute the whole prefix every
+            step: the baseline of ``bench/decode.py``; same output).
+        return_logits: also return the raw logits ``(batch, max_new_tokens, vocab)`` of
+            every step (steps after a sentence ended, or after the loop stopped, are 0).
 
     Returns:
-        List of ``batch`` lists of generated ids, each without BOS and cut after EOS (EOS
-        itself dropped). The loop stops as soon as every sentence has produced EOS.
+        ``batch`` lists of ids, without BOS, cut before EOS; with ``return_logits``, the
+        pair ``(ids, logits)``. PAD and BOS are never produced.
+
+    Example:
+    >>> greedy_translate(model, np.array([[45, 7, 2], [9, 2, 0]]), max_new_tokens=20)
+    [[12, 88, 5], [31, 4]]
     """
-    source_ids = np.asarray(source_ids, dtype="int32")
-    batch = source_ids.shape[0]
-    max_new_tokens = min(int(max_new_tokens), model.max_length)
-    memory = model.encode(source_ids)
-    source_mask = padding_mask(source_ids)
-    caches = model.init_caches(memory, max_new_tokens)
-    tokens = np.full((batch, 1), bos_id, dtype="int32")
-    finished = np.zeros(batch, dtype=bool)
-    outputs = []
-    for step in range(max_new_tokens):
-        logits, caches = model.decode(tokens, None, source_mask, caches=caches, cache_index=step)
-        next_ids = ops.convert_to_numpy(ops.argmax(logits[:, -1, :], axis=-1)).astype("int32")
-        next_ids = np.where(finished, 0, next_ids)
-        outputs.append(next_ids)
-        finished |= next_ids == eos_id
-        if finished.all():
-            break
-        tokens = next_ids[:, None]
-    generated = np.stack(outputs, axis=1) if outputs else np.zeros((batch, 0), "int32")
-    return [_cut_at_eos(row, eos_id) for row in generated]
-
-
-def _cut_at_eos(row, eos_id):
-    ids = row.tolist()
-    return ids[: ids.index(eos_id)] if eos_id in ids else [i for i in ids if i != 0]
+    return translate_ids(model, source_ids, max_new_tokens, argmax_choice, "greedy",
+                         bos_id=bos_id, eos_id=eos_id, min_new_tokens=min_new_tokens,
+                         use_cache=use_cache, return_logits=return_logits)

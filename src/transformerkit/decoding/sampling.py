@@ -1,68 +1,171 @@
-"""Sampling from a GPT with the key/value cache: temperature, top-k, top-p, seed."""
+"""Sampling with temperature, top-k and top-p (nucleus), reproducible with a seed.
+
+A draw from ``softmax(logits / T)`` restricted to the top-k ids and/or the nucleus is taken
+with the Gumbel-max trick, ``argmax(logits / T + g)`` with ``g = -log(-log(u))``, ``u``
+uniform, so it runs inside compiled loops and top-k = 1 is exactly greedy search.
+Translation (``sample_translate``, a ``Transformer``) and text generation
+(``generate_ids`` / ``generate_text``, a ``GPT``) use the same token loop as greedy search.
+"""
+
+import warnings
 
 import numpy as np
 from keras import ops
 
+from transformerkit.decoding.common import (
+    BOS_ID,
+    EOS_ID,
+    NEG_INF,
+    PAD_ID,
+    check_max_new_tokens,
+    cut_at_eos,
+)
+from transformerkit.decoding.compiled import UniformNoise, bucket, run_decoder
+from transformerkit.decoding.greedy import argmax_choice, token_search, translate_ids
+from transformerkit.decoding.steps import make_steps
 
-def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
-    """Draw one id per row from ``(batch, vocab)`` float logits (NumPy).
+PROMPT_BUCKET = 16  # GPT buffer widths are rounded up to a multiple of this on JAX/TF
 
-    ``temperature`` 0 means arg-max. ``top_k`` keeps the k most likely ids, ``top_p`` the
-    smallest set whose probability reaches p (nucleus sampling). Padding id 0 is never drawn.
-    """
-    logits = np.asarray(logits, dtype="float64").copy()
-    logits[:, 0] = -np.inf
+
+def filter_logits(logits, temperature, top_k=None, top_p=None):
+    """``(rows, vocab)`` logits / ``temperature`` with ids outside the top ``top_k`` and
+    outside the nucleus of probability ``top_p`` set to -inf (the order of Hugging Face's
+    ``generate``: temperature, top-k, top-p). The most likely id always survives."""
+    x = logits / ops.cast(temperature, logits.dtype)
+    vocab = x.shape[-1]
+    if top_k is not None and top_k < vocab:
+        kth = ops.top_k(x, top_k)[0][:, -1:]  # (rows, 1)
+        x = ops.where(ops.less(x, kth), NEG_INF, x)
+    if top_p is not None:
+        probs = ops.softmax(x, axis=-1)
+        ranked = ops.top_k(probs, vocab)[0]  # (rows, vocab), descending
+        before = ops.cumsum(ranked, axis=-1) - ranked  # probability of the better ids
+        kept = ops.where(ops.less(before, ops.cast(top_p, ranked.dtype)), ranked, 2.0)
+        cutoff = ops.min(kept, axis=-1, keepdims=True)  # smallest kept probability
+        x = ops.where(ops.less(probs, cutoff), NEG_INF, x)
+    return x
+
+
+def sampling_choice(seed, temperature, top_k, top_p):
+    """A ``choose(logits, index)`` for :func:`token_search` that samples (Gumbel-max)."""
+    noise = UniformNoise(seed)
+
+    def choose(logits, index):
+        x = filter_logits(logits, temperature, top_k, top_p)
+        gumbel = -ops.log(-ops.log(noise(index, tuple(x.shape))))
+        return ops.cast(ops.argmax(x + ops.cast(gumbel, x.dtype), axis=-1), "int32")
+
+    return choose
+
+
+def _check_sampling(temperature, top_k, top_p, seed):
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and int(top_k) < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2 ** 31))
+    return (None if top_k is None else int(top_k)), (None if top_p in (None, 1.0) else top_p), \
+        np.int32(int(seed) % (2 ** 31))
+
+
+def _choice_args(temperature, top_k, top_p, seed):
+    """``(key, extra args, make_choose)`` for the sampling or (temperature 0) greedy choice."""
+    top_k, top_p, seed = _check_sampling(temperature, top_k, top_p, seed)
     if temperature == 0:
-        return logits.argmax(-1)
-    logits /= temperature
-    if top_k:
-        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-        logits[logits < kth] = -np.inf
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    if top_p is not None and top_p < 1.0:
-        order = np.argsort(-probs, axis=-1)
-        sorted_probs = np.take_along_axis(probs, order, -1)
-        keep_sorted = np.cumsum(sorted_probs, -1) - sorted_probs < top_p  # always keeps the top
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, -1)
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum(-1, keepdims=True)
-    return np.array([rng.choice(len(p), p=p) for p in probs])
+        return "greedy", (), None
+    key = ("sample", top_k, top_p is not None)
+    args = (seed, np.float32(temperature), np.float32(top_p or 1.0))
+
+    def make_choose(seed, temperature, top_p_value):
+        return sampling_choice(seed, temperature, top_k, top_p_value if top_p else None)
+
+    return key, args, make_choose
 
 
-def generate_ids(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, eos_id=None):
-    """Continue one prompt ``(length,)`` of ids with a ``GPT``; returns the new ids.
+def sample_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
+                     temperature=1.0, top_k=None, top_p=None, seed=None, min_new_tokens=0,
+                     use_cache=True):
+    """Sampled translations of a batch (arguments as :func:`greedy_translate`, plus
+    ``temperature`` (0 = greedy), ``top_k``, ``top_p`` and ``seed``: the same seed gives
+    the same output on the same backend). Returns ``batch`` lists of ids."""
+    key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
+    return translate_ids(model, source_ids, max_new_tokens, argmax_choice, key, args,
+                         make_choose, bos_id=bos_id, eos_id=eos_id,
+                         min_new_tokens=min_new_tokens, use_cache=use_cache)
 
-    The prompt is run once to fill the cache, then each new token costs one position.
-    Generation stops at ``eos_id`` or at the model's ``max_length``.
+
+def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=None,
+                 top_p=None, seed=None, eos_id=None, min_new_tokens=0, use_cache=True):
+    """Continue prompts with a ``GPT``; returns the new ids of each prompt.
+
+    Args:
+        model: a ``transformerkit.models.GPT``.
+        prompt_ids: one prompt (a list of ids) or a list of prompts of any lengths.
+        max_new_tokens: at most this many new tokens per prompt (fewer if the model's
+            ``max_length`` is reached first).
+        temperature: 0 means greedy (arg-max); otherwise softmax temperature.
+        top_k, top_p: keep the k most likely ids / the smallest set with probability p.
+        seed: int; the same seed gives the same output (on the same backend).
+        eos_id: stop a prompt's continuation at this id (included in the result), or None.
+        min_new_tokens: ``eos_id`` is forbidden before this many new tokens.
+
+    Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
+    longer than ``max_length - 1`` tokens keep their last tokens, with a warning.
     """
-    prompt = np.asarray(prompt_ids, dtype="int32")[None, :]
-    if prompt.shape[1] == 0:
+    single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
+    prompts = [list(map(int, p)) for p in ([prompt_ids] if single else prompt_ids)]
+    if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("the prompt is empty: give at least one token")
-    if prompt.shape[1] >= model.max_length:
-        raise ValueError(f"the prompt has {prompt.shape[1]} tokens; the model accepts at most "
-                         f"{model.max_length - 1} before generating")
-    total = min(prompt.shape[1] + max_new_tokens, model.max_length)
-    rng = np.random.default_rng(seed)
-    caches = model.init_caches(1, total)
-    logits, caches = model(prompt, caches=caches, cache_index=0)
-    position, generated = prompt.shape[1], []
-    while True:
-        next_id = int(sample_next(ops.convert_to_numpy(logits[:, -1, :]), rng, temperature,
-                                  top_k, top_p)[0])
-        generated.append(next_id)
-        if next_id == eos_id or position + 1 >= total:
-            break
-        logits, caches = model(np.array([[next_id]], dtype="int32"), caches=caches,
-                               cache_index=position)
-        position += 1
-    return generated
+    limit = model.max_length - 1
+    for i, p in enumerate(prompts):
+        if len(p) > limit:
+            warnings.warn(f"prompt {i} has {len(p)} tokens; the model reads at most "
+                          f"{model.max_length}, so only its last {limit} are used",
+                          stacklevel=2)
+            prompts[i] = p[-limit:]
+    lengths = np.array([len(p) for p in prompts], dtype="int32")
+    max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
+    total = min(int(lengths.max()) + max_new, model.max_length)
+    width = bucket(total, PROMPT_BUCKET, model.max_length)
+    buffer = np.zeros((len(prompts), width), dtype="int32")
+    for row, p in enumerate(prompts):
+        buffer[row, : len(p)] = p
+    prefill = int(lengths.min()) - 1
+    if width != total:  # compiling backends: a prefill bucket too, not one per prompt length
+        prefill = prefill // PROMPT_BUCKET * PROMPT_BUCKET
+    key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
+    steps = make_steps(model, use_cache)
+    eos = -1 if eos_id is None else int(eos_id)
+
+    def decode(buffer, lengths, max_new, min_new, *extra):
+        state, static = steps.start(buffer, prefill, width)
+        chooser = make_choose(*extra) if make_choose is not None else argmax_choice
+        active = ops.ones((buffer.shape[0],), "bool")
+        return token_search(steps, static, state, buffer, prefill, lengths, max_new, min_new,
+                            chooser, eos, active)[0]
+
+    out = run_decoder(model, ("generate", key, prefill, eos, use_cache), decode, buffer,
+                      lengths, np.int32(max_new), np.int32(min_new_tokens), *args)
+    results = []
+    for row, n in enumerate(lengths):
+        new = [int(i) for i in out[row, n:total] if i != PAD_ID]
+        if eos in new:
+            new = new[: new.index(eos) + 1]
+        results.append(new)
+    return results[0] if single else results
 
 
 def generate_text(model, tokenizer, prompt, max_new_tokens=200, **kwargs):
     """Text continuation of ``prompt`` (the prompt included in the result)."""
     ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one character or token")
     new = generate_ids(model, ids, max_new_tokens, eos_id=tokenizer.eos_id, **kwargs)
-    return tokenizer.decode(list(ids) + new)
+    return tokenizer.decode(list(ids) + [i for i in new if i != tokenizer.eos_id])
+
+
+__all__ = ["cut_at_eos", "filter_logits", "generate_ids", "generate_text", "sample_translate",
+           "sampling_choice"]

@@ -197,9 +197,9 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (new_cache,)
         return results[0] if len(results) == 1 else results
 
-    def compute_mask(self, query, value=None, key=None, query_mask=None, value_mask=None,
-                     key_mask=None, **kwargs):
-        return query_mask
+    def compute_mask(self, query, previous_mask=None):
+        # Keras calls compute_mask(first input, its mask): the output keeps the query's mask.
+        return previous_mask
 
     def get_config(self):
         config = super().get_config()

@@ -19,6 +19,7 @@ class _Block(keras.layers.Layer):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_position="post",
                  activation="relu", key_dim=None, value_dim=None, attention_dropout=0.0,
+                 activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         if norm_position not in NORM_POSITIONS:
@@ -34,6 +35,7 @@ class _Block(keras.layers.Layer):
         self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
         self.value_dim = int(value_dim) if value_dim else self.key_dim
         self.attention_dropout = float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.supports_masking = True
         FeedForward(d_model, d_ff, activation)  # validates ``activation`` now, not at build
@@ -48,7 +50,8 @@ class _Block(keras.layers.Layer):
                                                dtype=self.dtype_policy, name=name)
 
     def _build_feedforward(self, input_shape):
-        self.feedforward = FeedForward(self.d_model, self.d_ff, self.activation, self.dropout,
+        self.feedforward = FeedForward(self.d_model, self.d_ff, self.activation,
+                                       self.activation_dropout,
                                        dtype=self.dtype_policy, name="feedforward")
         self.feedforward.build(input_shape)
         self.feedforward_norm = self._norm("feedforward_norm")
@@ -63,8 +66,9 @@ class _Block(keras.layers.Layer):
         x = x + self.residual_dropout(out, training=training)
         return (x if self.norm_position == "pre" else norm(x)), extras
 
-    def compute_mask(self, inputs, *args, mask=None, inputs_mask=None, **kwargs):
-        return inputs_mask if inputs_mask is not None else mask
+    def compute_mask(self, inputs, previous_mask=None):
+        # Keras calls compute_mask(inputs, mask of inputs): the output keeps the padding mask.
+        return previous_mask
 
     def get_config(self):
         config = super().get_config()
@@ -72,6 +76,7 @@ class _Block(keras.layers.Layer):
                       dropout=self.dropout, norm_position=self.norm_position,
                       activation=self.activation, key_dim=self.key_dim,
                       value_dim=self.value_dim, attention_dropout=self.attention_dropout,
+                      activation_dropout=self.activation_dropout,
                       layer_norm_epsilon=self.layer_norm_epsilon)
         return config
 
@@ -82,7 +87,8 @@ class EncoderBlock(_Block):
 
     Args: see :class:`_Block` (``d_model``, ``num_heads``, ``d_ff``, ``dropout``,
     ``norm_position`` "post"|"pre", ``activation`` "relu"|"gelu", ``key_dim``,
-    ``value_dim``, ``attention_dropout``, ``layer_norm_epsilon``).
+    ``value_dim``, ``attention_dropout``, ``activation_dropout`` (inside the feed-forward
+    network; 0.0 as in the paper), ``layer_norm_epsilon``).
 
     Call arguments:
         inputs: ``(batch, length, d_model)``.

@@ -86,6 +86,11 @@ class TokenEmbedding(keras.layers.Layer):
             return (*input_shape[:-1], self.vocab_size)
         return (*input_shape, self.d_model)
 
+    def compute_output_spec(self, inputs, reverse=False):
+        # Keras cannot pass ``reverse`` to compute_output_shape for symbolic inputs.
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape, reverse),
+                                 dtype=self.compute_dtype)
+
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, d_model=self.d_model, scale=self.scale,
@@ -170,8 +175,13 @@ class PositionalEncoding(keras.layers.Layer):
         if isinstance(start_index, int) and start_index == 0:
             positions = self.table[:length]
         else:
-            positions = ops.slice(self.table, [start_index, 0], [length, self.d_model])
+            # the variable's tensor: JAX cannot slice a Keras variable at a traced index
+            table = ops.convert_to_tensor(self.table)
+            positions = ops.slice(table, [start_index, 0], [length, self.d_model])
         return inputs + ops.cast(positions, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
     def get_config(self):
         config = super().get_config()

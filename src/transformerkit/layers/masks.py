@@ -19,7 +19,8 @@ def padding_mask(token_ids):
 
 
 def causal_mask(query_len, key_len, query_offset=0):
-    """Lower-triangular mask: query ``i`` (at absolute position ``query_offset + i``) sees keys ``<= i``.
+    """Lower-triangular mask: query ``i``, at absolute position ``query_offset + i``, sees keys
+    ``<= query_offset + i``.
 
     ``query_offset`` may be a tensor (the write index of a key/value cache). Returns a
     ``(1, query_len, key_len)`` boolean tensor.

@@ -2,10 +2,14 @@
 
 import keras
 import numpy as np
-from keras import ops
 
-from transformerkit.layers import (DecoderBlock, EncoderBlock, PositionalEncoding,
-                                   TokenEmbedding, padding_mask)
+from transformerkit.layers import (
+    DecoderBlock,
+    EncoderBlock,
+    PositionalEncoding,
+    TokenEmbedding,
+    padding_mask,
+)
 from transformerkit.layers.blocks import NORM_POSITIONS
 from transformerkit.layers.embeddings import POSITIONAL_KINDS
 from transformerkit.layers.feedforward import ACTIVATIONS
@@ -93,6 +97,7 @@ class TransformerBase(keras.Model):
                     dropout=self.dropout, norm_position=self.norm_position,
                     activation=self.activation, key_dim=self.key_dim, value_dim=self.value_dim,
                     attention_dropout=self.attention_dropout,
+                    activation_dropout=self.activation_dropout,
                     layer_norm_epsilon=self.layer_norm_epsilon)
 
     def _token_embedding(self, vocab_size, pretrained, name, scale=True):
@@ -123,7 +128,7 @@ class TransformerBase(keras.Model):
             self.build(None)
 
     def _embed(self, ids, token_embedding, positions, start_index=0, training=None):
-        """ids ``(batch, len)`` -> ``(batch, len, d_model)``: scaled embedding + position, dropout."""
+        """``(batch, len)`` ids -> ``(batch, len, d_model)``: embed, add positions, dropout."""
         x = positions(token_embedding(ids), start_index=start_index)
         return self.embedding_dropout(x, training=training)
 

@@ -39,6 +39,7 @@ class Encoder(TransformerBase):
     def __init__(self, vocab_size, num_layers=6, d_model=512, num_heads=8, d_ff=2048,
                  dropout=0.1, max_length=512, norm_position="post", activation="relu",
                  positional="sinusoidal", key_dim=None, value_dim=None, attention_dropout=0.0,
+                 activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, type_vocab_size=0, embedding_norm=False,
                  scale_embeddings=True, pooling=None, num_classes=None, embeddings=None,
                  embeddings_trainable=True, **kwargs):
@@ -51,6 +52,7 @@ class Encoder(TransformerBase):
         self.vocab_size, self.num_layers = int(vocab_size), int(num_layers)
         self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
         self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
         self.max_length = int(max_length)
         self.norm_position, self.activation, self.positional = norm_position, activation, positional
         self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
@@ -101,6 +103,7 @@ class Encoder(TransformerBase):
     def encode(self, ids, token_type_ids=None, training=None, return_attention_scores=False):
         """Hidden states ``(batch, length, d_model)`` (and per-layer scores if asked)."""
         ids = check_token_ids(ids, self.vocab_size, self.max_length, "ids")
+        self._ensure_built()
         mask = self._padding_mask(ids)
         x = self.positions(self.token_embedding(ids))
         if self.type_embedding is not None:
@@ -157,6 +160,7 @@ class Encoder(TransformerBase):
             max_length=self.max_length, norm_position=self.norm_position,
             activation=self.activation, positional=self.positional, key_dim=self.key_dim,
             value_dim=self.value_dim, attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
             layer_norm_epsilon=self.layer_norm_epsilon, type_vocab_size=self.type_vocab_size,
             embedding_norm=self.embedding_norm, scale_embeddings=self.scale_embeddings,
             pooling=self.pooling, num_classes=self.num_classes,

@@ -10,6 +10,7 @@ from transformerkit.models.transformer import Transformer
 
 # Config keys that every model type accepts; None means "use the model's own default".
 _COMMON = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
+           "activation_dropout",
            "max_length", "norm_position", "activation", "positional", "key_dim", "value_dim",
            "layer_norm_epsilon", "embeddings_trainable")
 

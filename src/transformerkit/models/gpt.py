@@ -34,7 +34,8 @@ class GPT(TransformerBase):
     def __init__(self, vocab_size, num_layers=4, d_model=128, num_heads=4, d_ff=512,
                  dropout=0.0, max_length=256, norm_position="pre", activation="gelu",
                  positional="learned", tie_embeddings="none", key_dim=None, value_dim=None,
-                 attention_dropout=0.0, layer_norm_epsilon=1e-5, embeddings=None,
+                 attention_dropout=0.0, activation_dropout=0.0, layer_norm_epsilon=1e-5,
+                 embeddings=None,
                  embeddings_trainable=True, **kwargs):
         super().__init__(**kwargs)
         self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
@@ -43,6 +44,7 @@ class GPT(TransformerBase):
         self.vocab_size, self.num_layers = int(vocab_size), int(num_layers)
         self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
         self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
         self.max_length = int(max_length)
         self.norm_position, self.activation, self.positional = norm_position, activation, positional
         self.tie_embeddings = tie_embeddings
@@ -118,6 +120,7 @@ class GPT(TransformerBase):
             activation=self.activation, positional=self.positional,
             tie_embeddings=self.tie_embeddings, key_dim=self.key_dim, value_dim=self.value_dim,
             attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
             embeddings_trainable=self.embeddings_trainable)
         return config

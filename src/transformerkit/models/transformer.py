@@ -25,6 +25,8 @@ class Transformer(TransformerBase):
         key_dim, value_dim: per-head widths (default d_model // num_heads).
         num_decoder_layers: int, default ``num_layers``.
         attention_dropout: float, dropout on attention weights (0.0, as in the paper).
+        activation_dropout: float, dropout inside the feed-forward network (0.0, as in the
+            paper; tensor2tensor's relu_dropout).
         layer_norm_epsilon: float (1e-6, as in the reference implementation).
         source_embeddings, target_embeddings: optional pretrained ``(vocab, d_model)`` arrays.
         embeddings_trainable: bool, False freezes the embedding matrices.
@@ -43,6 +45,7 @@ class Transformer(TransformerBase):
                  num_heads=8, d_ff=2048, dropout=0.1, max_length=256, norm_position="post",
                  activation="relu", positional="sinusoidal", tie_embeddings="none",
                  key_dim=None, value_dim=None, num_decoder_layers=None, attention_dropout=0.0,
+                 activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
                  embeddings_trainable=True, **kwargs):
         super().__init__(**kwargs)
@@ -60,6 +63,7 @@ class Transformer(TransformerBase):
         self.num_decoder_layers = int(num_decoder_layers or num_layers)
         self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
         self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
         self.max_length = int(max_length)
         self.norm_position, self.activation, self.positional = norm_position, activation, positional
         self.tie_embeddings = tie_embeddings
@@ -85,8 +89,9 @@ class Transformer(TransformerBase):
         self.decoder_blocks = self._decoder_stack(self.num_decoder_layers, cross_attention=True)
         self.encoder_norm = self._final_norm("encoder_norm")
         self.decoder_norm = self._final_norm("decoder_norm")
-        self.output_projection = (None if tie_embeddings != "none" else
-                                  LogitsProjection(self.target_vocab_size, name="output_projection"))
+        self.output_projection = (
+            None if tie_embeddings != "none"
+            else LogitsProjection(self.target_vocab_size, name="output_projection"))
 
     def build(self, input_shape=None):
         hidden = (None, None, self.d_model)
@@ -152,6 +157,7 @@ class Transformer(TransformerBase):
         """
         if max_length > self.max_length:
             raise ValueError(f"cannot decode {max_length} tokens: max_length={self.max_length}")
+        self._ensure_built()
         batch = ops.shape(memory)[0]
         return [block.init_cache(batch, max_length, memory, dtype=memory.dtype)
                 for block in self.decoder_blocks]
@@ -199,6 +205,7 @@ class Transformer(TransformerBase):
             positional=self.positional, tie_embeddings=self.tie_embeddings,
             key_dim=self.key_dim, value_dim=self.value_dim,
             num_decoder_layers=self.num_decoder_layers, attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
             embeddings_trainable=self.embeddings_trainable)
         return config

@@ -1,8 +1,9 @@
 """Training math: masked loss and accuracy, the paper's schedule and optimizer."""
 
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy, masked_cross_entropy
+from transformerkit.training.optimizers import Adam
 from transformerkit.training.schedules import TransformerSchedule, paper_optimizer
 from transformerkit.training.summary import format_summary, parameter_summary
 
-__all__ = ["MaskedAccuracy", "MaskedCrossEntropy", "TransformerSchedule", "format_summary",
+__all__ = ["Adam", "MaskedAccuracy", "MaskedCrossEntropy", "TransformerSchedule", "format_summary",
            "masked_cross_entropy", "paper_optimizer", "parameter_summary"]

@@ -30,10 +30,12 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
     _check_label_smoothing(label_smoothing)
     labels = ops.cast(labels, "int32")
     logits = ops.cast(logits, "float32")
-    log_probs = ops.log_softmax(logits, axis=-1)  # (b, t, V)
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, labels[..., None], axis=-1), -1)  # (b, t)
+    # -log p(y) = logsumexp(z) - z_y: no (b, t, V) log-softmax tensor is materialised.
+    log_normalizer = ops.logsumexp(logits, axis=-1)  # (b, t)
+    target_logit = ops.squeeze(ops.take_along_axis(logits, labels[..., None], axis=-1), -1)
+    nll = log_normalizer - target_logit  # (b, t)
     if label_smoothing:
-        uniform = -ops.mean(log_probs, axis=-1)  # cross-entropy against the uniform target
+        uniform = log_normalizer - ops.mean(logits, axis=-1)  # CE against the uniform target
         nll = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     mask = ops.cast(padding_mask(labels), "float32")
     return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)

@@ -33,7 +33,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def paper_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on :class:`TransformerSchedule`."""
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on :class:`TransformerSchedule`
+    (:class:`transformerkit.training.optimizers.Adam`: fused update on PyTorch)."""
+    from transformerkit.training.optimizers import Adam
+
     schedule = TransformerSchedule(d_model, warmup_steps, scale)
-    return keras.optimizers.Adam(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+    return Adam(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
                                  **kwargs)

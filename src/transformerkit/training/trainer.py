@@ -27,6 +27,8 @@ from transformerkit.training.callbacks import (
 )
 from transformerkit.training.data_setup import prepare_data
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
+from transformerkit.training.monitors import build_monitors
+from transformerkit.training.optimizers import Adam
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
 
@@ -65,6 +67,7 @@ def train(config, run_dir, resume=False):
     callbacks = [
         EpochSync(data.train), stop, non_finite,
         *([RestoreGlobalRNG(state.get("global_rng"))] if state else []),
+        *build_monitors(config, data),  # before the checkpoint/CSV: they log val_bleu
         RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
                       monitor="val_loss" if data.val is not None else "loss", best=best),
         keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=resume),
@@ -103,7 +106,7 @@ def compile_model(model, config):
     warmup schedule (or a constant ``train.learning_rate``)."""
     train_cfg = config["train"]
     if train_cfg["learning_rate"] is not None:
-        optimizer = keras.optimizers.Adam(train_cfg["learning_rate"], beta_1=0.9, beta_2=0.98,
+        optimizer = Adam(train_cfg["learning_rate"], beta_1=0.9, beta_2=0.98,
                                           epsilon=1e-9)
     else:
         optimizer = paper_optimizer(model.d_model, train_cfg["warmup_steps"],

@@ -1,0 +1,211 @@
+"""``transformerkit.load(run_dir)``: a trained run as an object that translates, generates
+and shows its attention.
+
+Example:
+>>> run = transformerkit.load("runs/multi30k_de_en")
+>>> run.translate("Ein Hund läuft im Schnee.")
+'A dog is running in the snow.'
+>>> run.translate(["Zwei Männer.", "Ein Kind."], beam_size=4, n_best=2)
+[[('Two men.', -0.41), ('Two men .', -1.2)], [('A child.', -0.35), ...]]
+>>> weights = run.attention("Ein Hund läuft.")   # cross- and self-attention per layer/head
+"""
+
+import os
+import warnings
+
+import numpy as np
+
+from transformerkit.config import load_config
+
+MODEL_FILES = {"model": "model.keras", "best": os.path.join("checkpoints", "best.keras")}
+
+
+def load(run_dir, checkpoint="model"):
+    """Load a run directory written by ``transformerkit train``.
+
+    Args:
+        run_dir: the run directory (holds ``config.yaml``, the tokenizer(s), ``model.keras``).
+        checkpoint: ``"model"`` (the final model, default), ``"best"`` (lowest validation
+            loss) or a path to a ``.keras`` file.
+
+    Returns a :class:`Run`.
+    """
+    from transformerkit.data.tokenizers import load_tokenizer
+    from transformerkit.saving import load_model
+    from transformerkit.training.data_setup import tokenizer_paths
+
+    run_dir = os.fspath(run_dir)
+    config_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{run_dir} is not a run directory: no config.yaml in it")
+    config = load_config(config_path)
+    model_path = MODEL_FILES.get(checkpoint, checkpoint)
+    if not os.path.isabs(model_path) and checkpoint in MODEL_FILES:
+        model_path = os.path.join(run_dir, model_path)
+    model = load_model(model_path, compile=False)
+    kind = config["model"]["type"]
+    if kind == "gpt":
+        source_path = target_path = os.path.join(run_dir, "tokenizer.json")
+    else:
+        shared = os.path.exists(os.path.join(run_dir, "tokenizer.json"))
+        source_path, target_path = tokenizer_paths(run_dir, shared)
+    source_tokenizer = load_tokenizer(source_path)
+    target_tokenizer = source_tokenizer if target_path == source_path else \
+        load_tokenizer(target_path)
+    return Run(model, config, source_tokenizer, target_tokenizer, run_dir)
+
+
+class Run:
+    """A trained model with its tokenizers and config.
+
+    Attributes: ``model`` (a Keras ``Transformer`` or ``GPT``), ``config`` (the resolved
+    config dict), ``source_tokenizer``, ``target_tokenizer`` (the same object for a shared
+    vocabulary or a GPT), ``run_dir``, ``kind`` ("transformer" or "gpt").
+    """
+
+    def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None):
+        self.model = model
+        self.config = config
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.run_dir = run_dir
+        self.kind = config["model"]["type"]
+
+    def __repr__(self):
+        return (f"Run({self.run_dir!r}, {type(self.model).__name__}, "
+                f"{self.model.count_params():,} parameters)")
+
+    def _require(self, kind, method):
+        if self.kind != kind:
+            raise TypeError(f"{method}() needs a {kind} run; {self.run_dir} holds a {self.kind}")
+
+    # -- translation ------------------------------------------------------------------------
+    def translate(self, texts, beam_size=4, alpha=0.6, n_best=1, max_new_tokens=None,
+                  batch_size=64, temperature=None, top_k=None, top_p=None, seed=None):
+        """Translate one text (returns a str) or a list of texts (returns a list).
+
+        Args:
+            beam_size: 1 = greedy search; more = beam search (default 4, as in the paper).
+            alpha: GNMT length penalty of beam search (0.6, as in the paper).
+            n_best: > 1 returns, per text, a list of ``(translation, score)`` pairs, best
+                first (``score`` = length-penalised log-probability).
+            max_new_tokens: at most this many target tokens (default: the model's max_length).
+            batch_size: sentences decoded together.
+            temperature: not None samples instead of searching, with ``top_k``, ``top_p``
+                and ``seed`` (the same seed gives the same output).
+
+        Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
+        are truncated with a warning.
+        """
+        from transformerkit.decoding.translate import translate_texts
+
+        self._require("transformer", "translate")
+        single = isinstance(texts, str)
+        results = translate_texts(
+            self.model, self.source_tokenizer, self.target_tokenizer,
+            [texts] if single else list(texts), beam_size=beam_size, alpha=alpha,
+            n_best=n_best, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return results[0] if single else results
+
+    def translate_batches(self, texts, **kwargs):
+        """Like :meth:`translate` for a list, but yields ``(indices, results)`` per batch as
+        soon as it is decoded (used by the CLI to stream)."""
+        from transformerkit.decoding.translate import translate_batches
+
+        self._require("transformer", "translate_batches")
+        yield from translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
+                                     texts, **kwargs)
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, prompt, max_new_tokens=200, temperature=1.0, top_k=None, top_p=None,
+                 seed=None, stop_at_eos=True):
+        """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
+
+        ``temperature`` 0 is greedy; ``top_k`` / ``top_p`` restrict the draw; the same
+        ``seed`` gives the same text. An empty prompt raises ``ValueError``; a prompt longer
+        than the model's ``max_length`` keeps its end, with a warning.
+        """
+        from transformerkit.decoding.sampling import generate_ids
+
+        self._require("gpt", "generate")
+        tok = self.source_tokenizer
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        ids = tok.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one character or token")
+        new = generate_ids(self.model, ids, max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed,
+                           eos_id=tok.eos_id if stop_at_eos else None)
+        return prompt + tok.decode([i for i in new if i != tok.eos_id])
+
+    # -- attention --------------------------------------------------------------------------
+    def attention(self, source, target=None):
+        """Attention weights of every layer and head for one example, as NumPy.
+
+        Transformer: ``source`` text and ``target`` text (default: the greedy translation).
+        The decoder reads ``[BOS] + target`` and predicts ``target + [EOS]``. Returns::
+
+            {"source_tokens": [...],          # source pieces + "</s>"
+             "target_input_tokens": [...],    # "<s>" + target pieces (decoder queries read)
+             "target_output_tokens": [...],   # target pieces + "</s>" (what each row predicts)
+             "encoder": (layers, heads, src, src),
+             "decoder_self": (layers, heads, tgt, tgt),
+             "cross": (layers, heads, tgt, src)}
+
+        GPT: ``source`` is the text; returns ``{"tokens": [...], "self": (layers, heads, len,
+        len)}``.
+        """
+        if self.kind == "gpt":
+            ids = self.source_tokenizer.encode(source)[: self.model.max_length]
+            if not ids:
+                raise ValueError("the text is empty")
+            scores = self.model.attention_scores(np.array([ids], "int32"))
+            return {"tokens": token_labels(self.source_tokenizer, ids),
+                    "self": _stack(scores["self"])}
+        self._require("transformer", "attention")
+        from transformerkit.decoding.translate import encode_sources
+
+        source_ids = encode_sources([source], self.source_tokenizer, self.model.max_length)[0]
+        tgt = self.target_tokenizer
+        if target is None:
+            target = self.translate(source, beam_size=1,
+                                    max_new_tokens=self.model.max_length - 1)
+        target_ids = tgt.encode(target)[: self.model.max_length - 1]
+        if len(tgt.encode(target)) > len(target_ids):
+            warnings.warn("the target is longer than the model's max_length; truncated",
+                          stacklevel=2)
+        decoder_input = [tgt.bos_id] + target_ids
+        scores = self.model.attention_scores(np.array([source_ids], "int32"),
+                                             np.array([decoder_input], "int32"))
+        return {"source_tokens": token_labels(self.source_tokenizer, source_ids),
+                "target_input_tokens": token_labels(tgt, decoder_input),
+                "target_output_tokens": token_labels(tgt, target_ids + [tgt.eos_id]),
+                "encoder": _stack(scores["encoder"]),
+                "decoder_self": _stack(scores["decoder_self"]),
+                "cross": _stack(scores["cross"])}
+
+
+def _stack(per_layer):
+    """List of ``(1, heads, q, k)`` per layer -> ``(layers, heads, q, k)`` float32 NumPy."""
+    from keras import ops
+
+    return np.stack([ops.convert_to_numpy(s)[0] for s in per_layer]).astype("float32")
+
+
+SPECIAL_LABELS = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
+
+
+def token_labels(tokenizer, ids):
+    """Readable labels for ids: each piece detokenized on its own, a leading space shown
+    as "▁", special ids by name."""
+    labels = []
+    for i in ids:
+        i = int(i)
+        if i in SPECIAL_LABELS:
+            labels.append(SPECIAL_LABELS[i])
+            continue
+        text = tokenizer.decode([i])
+        labels.append(text.replace(" ", "▁").replace("\n", "\\n") if text else "?")
+    return labels

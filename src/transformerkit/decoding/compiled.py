@@ -1,0 +1,172 @@
+"""Running a decode loop fast on each backend: compiled where compiling pays, eager elsewhere.
+
+A decode loop is written once with ``keras.ops`` (see :mod:`.search`) as a function of
+arrays. :func:`run_decoder` then runs it
+
+- on **JAX** as one ``jax.jit``-compiled function per shape bucket, the whole loop inside
+  (``lax.while_loop``); the model's weights are arguments (through ``keras.StatelessScope``),
+  not constants, so a compiled decoder follows the weights while a model trains;
+- on **TensorFlow** as one ``tf.function`` graph per shape bucket (``tf.while_loop``);
+- on **PyTorch** eagerly under ``torch.no_grad()``: a Python loop with integer positions,
+  which on a CPU is faster than anything ``torch.compile`` gained back after its compile
+  time (see ``bench/decode.py``).
+
+Compiled functions are kept on the model (keyed by the algorithm, its settings and the
+array shapes), so translating many batches compiles once per bucket; :func:`bucket` rounds
+lengths and batch sizes up to keep the number of buckets small.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+_CACHE_ATTRIBUTE = "_transformerkit_compiled_decoders"
+
+
+def backend():
+    return keras.backend.backend()
+
+
+def is_eager_loop():
+    """True where decode loops run as Python loops (PyTorch): positions stay Python ints."""
+    return backend() == "torch"
+
+
+def run_decoder(model, key, fn, *args):
+    """Run ``fn(*args)`` (``keras.ops`` over ``model``) compiled for the current backend.
+
+    ``key`` must identify everything ``fn`` bakes in (algorithm and static settings); the
+    shapes and dtypes of ``args`` (NumPy arrays) are added to it here. Returns NumPy.
+    """
+    _sync_jax_training_state(model)
+    if backend() == "torch":
+        import torch
+
+        with torch.no_grad():
+            out = fn(*args)
+    else:
+        compiled_fns = _compiled_fns(model)
+        full_key = (key, tuple((np.shape(a), np.asarray(a).dtype.str) for a in args))
+        compiled = compiled_fns.get(full_key)
+        if compiled is None:
+            compiled = _compile_jax(model, fn) if backend() == "jax" else _compile_tf(fn)
+            compiled_fns[full_key] = compiled
+        out = compiled(*args)
+    return keras.tree.map_structure(to_numpy, out)
+
+
+def to_numpy(x):
+    """NumPy value of a backend tensor (on PyTorch without NumPy 2's ``__array__`` warning)."""
+    if backend() == "torch" and hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return ops.convert_to_numpy(x)
+
+
+def _compiled_fns(model):
+    fns = model.__dict__.get(_CACHE_ATTRIBUTE)
+    if fns is None:  # object.__setattr__: not a Keras-tracked attribute, not saved
+        fns = {}
+        object.__setattr__(model, _CACHE_ATTRIBUTE, fns)
+    return fns
+
+
+def _sync_jax_training_state(model):
+    """During ``fit`` on JAX the weights live outside the variables; bring them back."""
+    sync = getattr(model, "jax_state_sync", None)
+    if backend() == "jax" and callable(sync):
+        sync()
+
+
+def _compile_jax(model, fn):
+    import jax
+
+    variables = list(model.variables)
+
+    def stateless(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+            return fn(*args)
+
+    jitted = jax.jit(stateless)
+    return lambda *args: jitted([v.value for v in variables], *args)
+
+
+def _compile_tf(fn):
+    import tensorflow as tf
+
+    return tf.function(fn, autograph=False, jit_compile=False)
+
+
+def while_loop(cond, body, state):
+    """``while cond(state): state = body(state)`` over a dict of tensors.
+
+    PyTorch: a plain Python loop (``state["index"]`` may stay a Python int). JAX and
+    TensorFlow: ``keras.ops.while_loop``, i.e. ``lax.while_loop`` / ``tf.while_loop``, so
+    the loop is part of the compiled function; shapes must not change between iterations.
+    """
+    if is_eager_loop():
+        while bool(cond(state)):
+            state = body(state)
+        return state
+    return ops.while_loop(cond, lambda s: (body(s),), (state,))[0]
+
+
+def start_index(value):
+    """The loop's position counter: a Python int on PyTorch, an int32 scalar elsewhere."""
+    return int(value) if is_eager_loop() else ops.convert_to_tensor(value, "int32")
+
+
+class UniformNoise:
+    """Reproducible uniform noise in (0, 1) per decode step, inside compiled loops.
+
+    ``keras.random`` needs a Python int or a ``SeedGenerator`` (a variable) as seed, which a
+    compiled loop cannot vary per step, so each backend's own counter-based generator is
+    used: ``jax.random.fold_in(key(seed), step)``, ``tf.random.stateless_uniform(seed=[seed,
+    step])`` and, in PyTorch's eager loop, one ``torch.Generator`` seeded once. The same
+    seed gives the same numbers on the same backend.
+
+    Args:
+        seed: int32 scalar (a NumPy value outside, a tensor inside a compiled function).
+    """
+
+    def __init__(self, seed):
+        self.seed = seed
+        self._generator = None
+        if backend() == "torch":
+            import torch
+            from keras.src.backend.torch.core import get_device
+
+            self._generator = torch.Generator(device=get_device())
+            self._generator.manual_seed(int(seed))
+
+    def __call__(self, step, shape):
+        tiny = 1e-20
+        if backend() == "torch":
+            import torch
+
+            u = torch.rand(shape, generator=self._generator, device=self._generator.device)
+            return u.clamp_min(tiny)
+        if backend() == "jax":
+            import jax
+
+            key = jax.random.fold_in(jax.random.PRNGKey(self.seed), step)
+            return jax.random.uniform(key, shape, minval=tiny, maxval=1.0)
+        import tensorflow as tf
+
+        seed = tf.stack([tf.cast(self.seed, tf.int32), tf.cast(step, tf.int32)])
+        return tf.random.stateless_uniform(shape, seed=seed, minval=tiny, maxval=1.0)
+
+
+def bucket(value, multiple, limit=None):
+    """``value`` rounded up to a multiple of ``multiple`` (at most ``limit``) on compiling
+    backends, unchanged on PyTorch (where every shape is as cheap as any other)."""
+    if is_eager_loop():
+        return int(value)
+    rounded = -(-int(value) // multiple) * multiple
+    return max(int(value), min(rounded, limit)) if limit is not None else rounded
+
+
+def batch_bucket(rows):
+    """Rows of a batch after bucketing: the next power of two on compiling backends."""
+    if is_eager_loop() or rows <= 1:
+        return int(rows)
+    return 1 << (int(rows) - 1).bit_length()

@@ -1,0 +1,85 @@
+"""Text in, text out: encode, batch by length, decode (greedy, beam or sampling), detokenize."""
+
+import warnings
+
+import numpy as np
+
+from transformerkit.decoding.beam import beam_translate
+from transformerkit.decoding.greedy import greedy_translate
+from transformerkit.decoding.sampling import sample_translate
+
+
+def encode_sources(texts, tokenizer, max_length):
+    """Source texts -> id lists ``pieces + [EOS]`` (how the model was trained).
+
+    Raises ``ValueError`` for an empty (or whitespace-only) text, naming its index; a text
+    longer than ``max_length`` tokens is cut to its first ``max_length - 1`` pieces + EOS,
+    with a warning.
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings; wrap a single sentence in a list")
+    encoded = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.60}")
+        if not text.strip():
+            raise ValueError(f"text {i} is empty: nothing to translate")
+        ids = tokenizer.encode(text, add_eos=True)
+        if len(ids) > max_length:
+            warnings.warn(f"text {i} has {len(ids)} tokens, more than the model's max_length="
+                          f"{max_length}; translating its first {max_length - 1} tokens only",
+                          stacklevel=3)
+            ids = ids[: max_length - 1] + [tokenizer.eos_id]
+        encoded.append(ids)
+    return encoded
+
+
+def pad_batch(sequences):
+    """List of id lists -> ``(batch, longest)`` int32 array padded with 0."""
+    width = max(len(s) for s in sequences)
+    batch = np.zeros((len(sequences), width), dtype="int32")
+    for row, ids in enumerate(sequences):
+        batch[row, : len(ids)] = ids
+    return batch
+
+
+def translate_batches(model, source_tokenizer, target_tokenizer, texts, beam_size=1, alpha=0.6,
+                      n_best=1, max_new_tokens=None, batch_size=64, temperature=None,
+                      top_k=None, top_p=None, seed=None):
+    """Yield ``(indices, results)`` per batch: the positions in ``texts`` and, for each,
+    a string (``n_best == 1``) or a list of ``(text, score)`` pairs, best first.
+
+    Texts are sorted by length so that a batch pads little; batches come out as soon as
+    they are decoded. ``beam_size`` 1 is greedy search; ``temperature`` (not None) samples
+    with ``top_k`` / ``top_p`` / ``seed`` instead.
+    """
+    encoded = encode_sources(texts, source_tokenizer, model.max_length)
+    order = np.argsort([len(e) for e in encoded], kind="stable")
+    rows = int(batch_size)  # sentences per batch (a beam search runs rows * beam_size)
+    tgt = target_tokenizer
+    for start in range(0, len(order), rows):
+        chunk = [int(i) for i in order[start:start + rows]]
+        source = pad_batch([encoded[i] for i in chunk])
+        common = dict(bos_id=tgt.bos_id, eos_id=tgt.eos_id, max_new_tokens=max_new_tokens)
+        if temperature is not None:
+            ids = sample_translate(model, source, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, seed=seed, **common)
+            results = [tgt.decode(i) for i in ids]
+        elif beam_size > 1 or n_best > 1:
+            hyps = beam_translate(model, source, beam_size=max(beam_size, n_best), alpha=alpha,
+                                  n_best=n_best, **common)
+            results = [[(tgt.decode(h.ids), h.score) for h in found] if n_best > 1
+                       else tgt.decode(found[0].ids) for found in hyps]
+        else:
+            results = [tgt.decode(i) for i in greedy_translate(model, source, **common)]
+        yield chunk, results
+
+
+def translate_texts(model, source_tokenizer, target_tokenizer, texts, **kwargs):
+    """Translations of ``texts`` in their order (arguments of :func:`translate_batches`)."""
+    results = [None] * len(texts)
+    for indices, outputs in translate_batches(model, source_tokenizer, target_tokenizer, texts,
+                                              **kwargs):
+        for i, out in zip(indices, outputs, strict=True):
+            results[i] = out
+    return results

@@ -1,0 +1,161 @@
+"""Callbacks that watch a model learn: sample outputs every N epochs/steps, validation BLEU.
+
+- :class:`SampleMonitor` prints a few translations (``Transformer``) or generations (``GPT``)
+  every ``every`` epochs or steps, like the Keras mini-GPT tutorial's ``TextGenerator``.
+- :class:`ValidationBLEU` translates validation sentences at epoch ends and adds
+  ``val_bleu`` and ``val_chrf`` (sacrebleu) to the epoch logs, so ``history.csv``,
+  TensorBoard and checkpoint monitors see them.
+
+Both decode with the fast cached decoders of :mod:`transformerkit.decoding`. ``trainer``
+adds them from the ``train:`` keys ``sample_every`` / ``sample_unit`` and ``bleu_every`` /
+``bleu_max_sentences``.
+"""
+
+import logging
+
+import keras
+
+from transformerkit.decoding.sampling import generate_text
+from transformerkit.decoding.translate import translate_texts
+from transformerkit.evaluation import corpus_scores
+
+log = logging.getLogger("transformerkit")
+UNITS = ("epoch", "step")
+
+
+class SampleMonitor(keras.callbacks.Callback):
+    """Print sample outputs every ``every`` epochs (``unit="epoch"``) or optimizer steps.
+
+    Args:
+        source_tokenizer, target_tokenizer: the run's tokenizers (the same for a GPT).
+        sources: source texts to translate (Transformer), or None.
+        references: optional reference translations, printed next to the outputs.
+        prompt: text to continue (GPT), or None.
+        every: int >= 1. unit: "epoch" or "step".
+        max_new_tokens: length limit of each output.
+        temperature, top_k, seed: GPT sampling (the seed is fixed, so successive samples
+            show the model changing, not the dice).
+        print_fn: where lines go (default ``print``).
+    """
+
+    def __init__(self, source_tokenizer, target_tokenizer=None, sources=None, references=None,
+                 prompt=None, every=1, unit="epoch", max_new_tokens=64, temperature=0.8,
+                 top_k=50, seed=0, print_fn=print):
+        super().__init__()
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+        if int(every) < 1:
+            raise ValueError(f"every must be at least 1, got {every}")
+        if (sources is None) == (prompt is None):
+            raise ValueError("give either sources (translation) or prompt (generation)")
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer or source_tokenizer
+        self.sources, self.references = list(sources or []), list(references or [])
+        self.prompt = prompt
+        self.every, self.unit = int(every), unit
+        self.max_new_tokens = max_new_tokens
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+        self.print_fn = print_fn
+        self.printed = 0  # how many times samples were shown (for tests and curiosity)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.unit == "epoch" and (epoch + 1) % self.every == 0:
+            self.show(f"epoch {epoch + 1}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.unit == "step":
+            step = int(self.model.optimizer.iterations.numpy())
+            if step % self.every == 0:
+                self.show(f"step {step}")
+
+    def show(self, when):
+        """Decode the samples now and print them under the heading ``when``."""
+        lines = [f"--- samples after {when} ---"]
+        if self.prompt is not None:
+            lines.append(generate_text(self.model, self.source_tokenizer, self.prompt,
+                                       max_new_tokens=self.max_new_tokens,
+                                       temperature=self.temperature, top_k=self.top_k,
+                                       seed=self.seed))
+        else:
+            outputs = translate_texts(self.model, self.source_tokenizer, self.target_tokenizer,
+                                      self.sources, beam_size=1,
+                                      max_new_tokens=self.max_new_tokens)
+            for i, (source, output) in enumerate(zip(self.sources, outputs, strict=True)):
+                lines.append(f"SOURCE:    {source}")
+                if i < len(self.references):
+                    lines.append(f"REFERENCE: {self.references[i]}")
+                lines.append(f"MODEL:     {output}")
+        self.print_fn("\n".join(lines))
+        self.printed += 1
+
+
+class ValidationBLEU(keras.callbacks.Callback):
+    """Corpus BLEU and chrF (sacrebleu) of the model's translations of validation
+    ``sources`` against ``references``, every ``every`` epochs, as ``val_bleu`` /
+    ``val_chrf`` in the epoch logs (callbacks after this one, e.g. ``CSVLogger``, see them).
+
+    Args:
+        sources, references: validation texts (the first ``max_sentences`` are used).
+        source_tokenizer, target_tokenizer: the run's tokenizers.
+        every: int >= 1, epochs between evaluations.
+        max_sentences: int or None (all).
+        beam_size: 1 = greedy (fast), 4 = the paper's beam search.
+        max_new_tokens: length limit of each translation.
+        print_fn: where the result line goes (default: the ``transformerkit`` logger).
+    """
+
+    def __init__(self, sources, references, source_tokenizer, target_tokenizer, every=1,
+                 max_sentences=200, beam_size=1, max_new_tokens=None, print_fn=None):
+        super().__init__()
+        if int(every) < 1:
+            raise ValueError(f"every must be at least 1, got {every}")
+        if len(sources) != len(references):
+            raise ValueError(f"{len(sources)} sources but {len(references)} references")
+        limit = max_sentences or len(sources)
+        self.sources, self.references = list(sources[:limit]), list(references[:limit])
+        if not self.sources:
+            raise ValueError("ValidationBLEU needs at least one validation sentence")
+        self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
+        self.every, self.beam_size, self.max_new_tokens = int(every), beam_size, max_new_tokens
+        self.print_fn = print_fn or log.info
+        self.history = []  # (epoch, scores dict)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        hypotheses = translate_texts(self.model, self.source_tokenizer, self.target_tokenizer,
+                                     self.sources, beam_size=self.beam_size,
+                                     max_new_tokens=self.max_new_tokens)
+        scores = corpus_scores(hypotheses, self.references)
+        self.history.append((epoch + 1, scores))
+        if logs is not None:
+            logs["val_bleu"], logs["val_chrf"] = scores["bleu"], scores["chrf"]
+        self.print_fn(f"epoch {epoch + 1}: val_bleu {scores['bleu']} val_chrf {scores['chrf']} "
+                      f"({len(self.sources)} sentences, beam {self.beam_size})")
+
+
+def build_monitors(config, data):
+    """The monitors the ``train:`` section asks for (``sample_every``, ``bleu_every``)."""
+    train = config["train"]
+    monitors = []
+    max_new = train["decode_max_length"]
+    if train["sample_every"]:
+        common = dict(every=train["sample_every"], unit=train["sample_unit"],
+                      print_fn=log.info)
+        if config["model"]["type"] == "gpt":
+            prompt = data.val_sources[0][:32] if data.val_sources else "\n"
+            monitors.append(SampleMonitor(data.source_tokenizer, prompt=prompt,
+                                          max_new_tokens=max_new or 200, **common))
+        elif data.val_sources:
+            count = max(1, min(train["samples"], 3))
+            monitors.append(SampleMonitor(data.source_tokenizer, data.target_tokenizer,
+                                          sources=data.val_sources[:count],
+                                          references=data.val_targets[:count],
+                                          max_new_tokens=max_new, **common))
+    if train["bleu_every"] and config["model"]["type"] == "transformer" and data.val_sources:
+        monitors.append(ValidationBLEU(data.val_sources, data.val_targets,
+                                       data.source_tokenizer, data.target_tokenizer,
+                                       every=train["bleu_every"],
+                                       max_sentences=train["bleu_max_sentences"],
+                                       max_new_tokens=max_new))
+    return monitors

@@ -1,0 +1,285 @@
+"""Shared test setup: thread limits, seeding, backend autodiff helpers, the backend probe.
+
+In-process tests run on the default backend (PyTorch unless ``KERAS_BACKEND`` is set);
+cross-backend checks run ``tests/backend_probe.py`` once per backend in subprocesses,
+through the session fixture :func:`probe_results`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Small models on a shared 2-core machine: one thread per process is faster and fair.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Whether the caller chose the backend (xdist workers inherit the marker from the controller).
+if "KERAS_BACKEND" not in os.environ:
+    os.environ["TRANSFORMERKIT_TESTS_DEFAULT_BACKEND"] = "1"
+USER_BACKEND = (None if os.environ.get("TRANSFORMERKIT_TESTS_DEFAULT_BACKEND")
+                else os.environ["KERAS_BACKEND"])
+
+from transformerkit.backend import choose_default_backend  # noqa: E402
+
+# Before Keras is first imported: PyTorch unless KERAS_BACKEND names another backend. (This
+# call also keeps import sorters from moving the Keras imports above it.)
+choose_default_backend()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+TESTS_DIR = Path(__file__).resolve().parent
+BACKENDS = ("jax", "tensorflow", "torch")
+# XLA spends most of a small probe's time compiling; these halve it, numbers stay within 1e-6.
+FAST_XLA_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+if keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    # Keras' torch backend converts tensors with np.array(tensor); NumPy 2 warns on every call.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same random state (weights, dropout, NumPy)."""
+    keras.utils.set_random_seed(1234)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def input_gradient(fn, x):
+    """Gradient of the scalar ``fn(x)`` with respect to the float array ``x``, computed by
+    the current backend's own autodiff (torch autograd, ``jax.grad``, ``tf.GradientTape``)."""
+    x = np.asarray(x, np.float32)
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        leaf = torch.tensor(x, requires_grad=True)
+        fn(leaf).backward()
+        return leaf.grad.detach().cpu().numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(fn)(jax.numpy.asarray(x)))
+    import tensorflow as tf
+
+    leaf = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(leaf)
+        value = fn(leaf)
+    return tape.gradient(value, leaf).numpy()
+
+
+@pytest.fixture(scope="session")
+def grad_of():
+    return input_gradient
+
+
+# -- the cross-backend probe ----------------------------------------------------------------
+
+# Small models with every option that changes the math somewhere. Names are explicit so
+# that variable paths are the same in every process.
+PROBE_MODELS = [
+    {"name": "transformer", "type": "transformer",
+     "config": {"source_vocab_size": 23, "target_vocab_size": 19, "num_layers": 2,
+                "d_model": 16, "num_heads": 2, "d_ff": 24, "dropout": 0.0, "max_length": 12,
+                "norm_position": "post", "activation": "relu", "positional": "sinusoidal",
+                "tie_embeddings": "none", "key_dim": 6, "value_dim": 5,
+                "name": "probe_transformer"}},
+    {"name": "transformer_tied", "type": "transformer",
+     "config": {"source_vocab_size": 21, "target_vocab_size": 21, "num_layers": 1,
+                "d_model": 12, "num_heads": 3, "d_ff": 20, "dropout": 0.0, "max_length": 12,
+                "norm_position": "pre", "activation": "gelu", "positional": "t2t",
+                "tie_embeddings": "all", "name": "probe_transformer_tied"}},
+    {"name": "gpt", "type": "gpt",
+     "config": {"vocab_size": 17, "num_layers": 2, "d_model": 16, "num_heads": 4, "d_ff": 32,
+                "dropout": 0.0, "max_length": 10, "tie_embeddings": "decoder",
+                "name": "probe_gpt"}},
+    {"name": "encoder", "type": "encoder",
+     "config": {"vocab_size": 25, "num_layers": 2, "d_model": 16, "num_heads": 2, "d_ff": 24,
+                "dropout": 0.0, "max_length": 12, "norm_position": "pre",
+                "activation": "gelu", "positional": "learned", "type_vocab_size": 2,
+                "embedding_norm": True, "pooling": "cls", "num_classes": 3,
+                "name": "probe_encoder"}},
+]
+
+
+def probe_inputs(rng):
+    """Padded integer inputs for each probe model (``{name: {input_name: array}}``)."""
+    def ids(vocab, lengths, width):
+        out = np.zeros((len(lengths), width), np.int32)
+        for row, n in enumerate(lengths):
+            out[row, :n] = rng.integers(1, vocab, size=n)
+        return out
+
+    return {
+        "transformer": {"source": ids(23, [7, 4, 1], 7), "target": ids(19, [6, 3, 5], 6),
+                        "labels": ids(19, [6, 2, 5], 6)},
+        "transformer_tied": {"source": ids(21, [5, 2], 5), "target": ids(21, [4, 4], 4),
+                             "labels": ids(21, [4, 3], 4)},
+        "gpt": {"ids": ids(17, [8, 5], 8), "labels": ids(17, [8, 4], 8)},
+        "encoder": {"ids": ids(25, [6, 3, 6], 6), "token_type_ids": ids(2, [6, 3, 6], 6),
+                    "class_weights": rng.normal(size=(3, 3)).astype(np.float32)},
+    }
+
+
+# The probes take a while (mostly XLA compiling under JAX), so they start in the background
+# as soon as the collected tests are known to need them, and run beside the other tests.
+# Under pytest-xdist the first worker to collect starts them (a file lock decides) and the
+# others find the results in the session's shared temporary directory.
+PROBE_TIMEOUT_S = 900
+_probe_state = {}
+
+
+def _probe_dir(config):
+    basetemp = getattr(config.option, "basetemp", None)
+    if os.environ.get("PYTEST_XDIST_WORKER") and basetemp:
+        workdir = Path(basetemp).parent / "backend_probe"  # shared by the workers
+    else:  # one process: a private directory, removed when the session ends
+        import tempfile
+
+        workdir = Path(tempfile.mkdtemp(prefix="transformerkit-probe-"))
+        _probe_state["remove"] = workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def pytest_unconfigure(config):
+    if "remove" in _probe_state:  # a single-process session: nobody else needs the probes
+        import shutil
+        import signal
+
+        for process in _probe_state.get("processes", []):
+            if process.poll() is None:  # the session ended early (-x, Ctrl-C)
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait()
+        shutil.rmtree(_probe_state.pop("remove"), ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if config.option.collectonly or "workdir" in _probe_state:
+        return
+    if any("probe_results" in getattr(item, "fixturenames", ()) for item in items):
+        _probe_state["workdir"] = workdir = _probe_dir(config)
+        _start_probes(workdir)
+
+
+def _start_probes(workdir):
+    """Prepare weights and inputs and start one probe subprocess per backend, unless another
+    process of this session already did. Each probe runs under ``sh``, which writes its exit
+    status to ``probe_{backend}.rc`` when it ends: the process that started the probes may
+    itself have finished (an xdist worker that ran out of tests) before they do."""
+    import fcntl
+
+    with open(workdir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (workdir / "started").exists():
+            return
+        try:
+            _launch_probes(workdir, _prepare_probe_files(workdir))
+        except Exception as error:  # reported by the tests that need the probes
+            (workdir / "error.txt").write_text(f"could not start the probes: {error!r}")
+            raise
+        finally:
+            (workdir / "started").write_text("")
+
+
+def _prepare_probe_files(workdir):
+    from backend_probe import build_model, model_inputs
+    from reference import randomize_weights
+
+    inputs = probe_inputs(np.random.default_rng(7))
+    np.savez(workdir / "inputs.npz", **{f"{name}/{key}": value for name, arrays in inputs.items()
+                                        for key, value in arrays.items()})
+    weights = {}
+    for index, entry in enumerate(PROBE_MODELS):
+        model = build_model(entry)
+        model(model_inputs(entry, inputs[entry["name"]]))
+        randomize_weights(model, seed=index)
+        for variable in model.weights:
+            weights[f"{entry['name']}/{variable.path}"] = keras.ops.convert_to_numpy(variable)
+        model.save_weights(str(workdir / f"{entry['name']}.local.weights.h5"))
+    np.savez(workdir / "weights.npz", **weights)
+    spec = {"models": PROBE_MODELS, "inputs": str(workdir / "inputs.npz"),
+            "weights": str(workdir / "weights.npz"), "workdir": str(workdir)}
+    (workdir / "spec.json").write_text(json.dumps(spec))
+    return workdir / "spec.json"
+
+
+def _launch_probes(workdir, spec_path):
+    wrapper = '"$0" "$1" "$2" "$3" > "$4" 2>&1; echo $? > "$5.tmp" && mv "$5.tmp" "$5"'
+    processes = _probe_state.setdefault("processes", [])
+    for backend in BACKENDS:
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        env.setdefault("XLA_FLAGS", FAST_XLA_COMPILE)
+        processes.append(subprocess.Popen(
+            ["sh", "-c", wrapper, sys.executable, str(TESTS_DIR / "backend_probe.py"),
+             str(spec_path), str(workdir / f"probe_{backend}.npz"),
+             str(workdir / f"probe_{backend}.log"), str(workdir / f"probe_{backend}.rc")],
+            env=env, stdin=subprocess.DEVNULL, start_new_session=True))
+
+
+def _wait_for_probes(workdir):
+    """Wait until every probe has ended; fail the test with its log if one failed."""
+    import time
+
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    rc_files = [workdir / f"probe_{backend}.rc" for backend in BACKENDS]
+    while not all(f.exists() for f in rc_files):
+        if (workdir / "error.txt").exists():
+            pytest.fail((workdir / "error.txt").read_text(), pytrace=False)
+        if time.monotonic() > deadline:
+            pytest.fail(f"backend probes did not finish in {PROBE_TIMEOUT_S} s ({workdir})")
+        time.sleep(0.5)
+    for backend, rc_file in zip(BACKENDS, rc_files, strict=True):
+        if rc_file.read_text().strip() != "0":
+            log = (workdir / f"probe_{backend}.log").read_text()
+            pytest.fail(f"backend_probe.py failed under {backend}:\n{log[-6000:]}",
+                        pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def probe_results(request):
+    """What the probes computed, plus this process's copies of the probe models:
+
+    ``{"inputs": {name: arrays}, "local": {name: model}, "local_backend": str,
+    "results": {backend: {key: array}}, "workdir": Path}``.
+    Keys in the results: ``{name}/logits``, ``{name}/loss``, ``{name}/grad/{path}``,
+    ``{name}/cached_logits``, ``{name}/h5_logits`` (our .weights.h5 loaded there); each
+    backend also wrote ``{workdir}/{name}.{backend}.weights.h5``.
+    """
+    from backend_probe import build_model, load_npz_weights, model_inputs
+
+    if "workdir" not in _probe_state:  # collected without the hook (should not happen)
+        _probe_state["workdir"] = _probe_dir(request.config)
+        _start_probes(_probe_state["workdir"])
+    workdir = _probe_state["workdir"]
+    _wait_for_probes(workdir)
+    inputs = probe_inputs(np.random.default_rng(7))
+    weights = dict(np.load(workdir / "weights.npz"))
+    local = {}
+    for entry in PROBE_MODELS:
+        model = build_model(entry)
+        model(model_inputs(entry, inputs[entry["name"]]))
+        load_npz_weights(model, weights, entry["name"])
+        local[entry["name"]] = model
+    results = {backend: dict(np.load(workdir / f"probe_{backend}.npz")) for backend in BACKENDS}
+    return {"inputs": inputs, "local": local, "local_backend": keras.backend.backend(),
+            "results": results, "workdir": workdir}

@@ -1,0 +1,380 @@
+"""Every layer against the float64 NumPy reference (tests/reference.py) with the same weights,
+and multi-head attention against ``keras.layers.MultiHeadAttention``."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import reference as ref
+from reference import to_numpy
+
+from transformerkit.layers import (
+    DecoderBlock,
+    EncoderBlock,
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    TokenEmbedding,
+    scaled_dot_product_attention,
+    sinusoidal_table,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _padding(lengths, width):
+    """Boolean (batch, width) masks, True at the first ``length`` positions of each row."""
+    return np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+
+
+def _randomized(layer, seed=0):
+    ref.randomize_weights(layer, seed=seed)
+    return layer
+
+
+# -- multi-head attention ---------------------------------------------------------------------
+
+ATTENTION_CASES = {
+    # name: (num_heads, key_dim, value_dim, output_dim, causal, key_lengths, cross)
+    "self": (2, 4, None, None, False, None, False),
+    "self_padding": (2, 4, None, None, False, [5, 3, 1], False),
+    "causal": (4, 3, None, None, True, None, False),
+    "causal_padding": (2, 4, None, None, True, [5, 2, 4], False),
+    "key_value_widths_differ": (3, 5, 2, None, False, [5, 4, 5], False),
+    "output_dim": (2, 4, 6, 7, False, None, False),
+    "cross_padding": (2, 6, 3, None, False, [7, 1, 4], True),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+@pytest.mark.parametrize("scores", [False, True], ids=["fused", "explicit"])
+def test_attention_matches_reference(rng, case, scores):
+    heads, key_dim, value_dim, output_dim, causal, key_lengths, cross = ATTENTION_CASES[case]
+    query = rng.normal(size=(3, 5, 8)).astype("float32")
+    value = rng.normal(size=(3, 7, 10)).astype("float32") if cross else query
+    key_mask = None if key_lengths is None else _padding(key_lengths, value.shape[1])
+    layer = MultiHeadAttention(heads, key_dim, value_dim=value_dim, output_dim=output_dim)
+    layer(query, value)
+    _randomized(layer)
+    out = layer(query, value, value_mask=key_mask, use_causal_mask=causal,
+                return_attention_scores=scores)
+    out, weights = out if scores else (out, None)
+    expected, expected_weights = ref.multi_head_attention(
+        query, value, ref.attention_params(layer), heads, key_mask=key_mask, causal=causal)
+    assert out.shape == (3, 5, output_dim or 8)
+    np.testing.assert_allclose(to_numpy(out), expected, **TOL)
+    if scores:
+        np.testing.assert_allclose(to_numpy(weights), expected_weights, **TOL)
+
+
+def test_attention_explicit_mask_and_separate_key(rng):
+    query = rng.normal(size=(2, 4, 6)).astype("float32")
+    key = rng.normal(size=(2, 5, 6)).astype("float32")
+    value = rng.normal(size=(2, 5, 6)).astype("float32")
+    explicit = rng.random((2, 4, 5)) < 0.6
+    explicit[:, :, 0] = True
+    key_mask = _padding([5, 3], 5)
+    layer = MultiHeadAttention(2, 3, value_dim=4)
+    layer(query, value, key)
+    _randomized(layer, seed=1)
+    out = layer(query, value, key, value_mask=key_mask, attention_mask=explicit,
+                use_causal_mask=True)
+    expected, _ = ref.multi_head_attention(query, value, ref.attention_params(layer), 2,
+                                           key=key, key_mask=key_mask, causal=True,
+                                           attention_mask=explicit)
+    np.testing.assert_allclose(to_numpy(out), expected, **TOL)
+
+
+def test_attention_uses_keras_mask_of_inputs(rng):
+    """A padding mask carried by the inputs (Keras masking) is honoured like an explicit one."""
+    ids = np.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 2]])
+    embedding = TokenEmbedding(12, 8)
+    x = embedding(ids)
+    layer = MultiHeadAttention(2, 4)
+    layer(x, x)
+    _randomized(layer)
+    expected, _ = ref.multi_head_attention(to_numpy(x), to_numpy(x), ref.attention_params(layer),
+                                           2, key_mask=ids != 0)
+    np.testing.assert_allclose(to_numpy(layer(x, x)), expected, **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("widths", [(4, 4), (4, 3)], ids=["equal", "value_dim_differs"])
+def test_attention_matches_keras_multi_head_attention(rng, causal, widths):
+    key_dim, value_dim = widths
+    if keras.backend.backend() == "jax" and key_dim != value_dim:
+        pytest.skip("keras.layers.MultiHeadAttention itself fails on JAX when value_dim differs")
+    heads, d_model = 3, 8
+    query = rng.normal(size=(2, 5, d_model)).astype("float32")
+    # causal: self-attention (keras' causal mask is lower-triangular over query/key index)
+    value = query if causal else rng.normal(size=(2, 6, d_model)).astype("float32")
+    key_mask = _padding([value.shape[1], 3], value.shape[1])
+    ours = MultiHeadAttention(heads, key_dim, value_dim=value_dim)
+    ours(query, value)
+    _randomized(ours)
+    theirs = keras.layers.MultiHeadAttention(heads, key_dim, value_dim=value_dim)
+    theirs(query, value)
+    p = ref.attention_params(ours)
+    for name, dense, width in (("query", theirs.query_dense, key_dim),
+                               ("key", theirs.key_dense, key_dim),
+                               ("value", theirs.value_dense, value_dim)):
+        kernel, bias = p[name]
+        dense.kernel.assign(kernel.reshape(d_model, heads, width))  # (d, h*k) -> (d, h, k)
+        dense.bias.assign(bias.reshape(heads, width))
+    kernel, bias = p["output"]
+    theirs.output_dense.kernel.assign(kernel.reshape(heads, value_dim, d_model))
+    theirs.output_dense.bias.assign(bias)
+
+    expected = theirs(query, value, attention_mask=np.broadcast_to(
+        key_mask[:, None, :], (2, 5, value.shape[1])), use_causal_mask=causal)
+    got = ours(query, value, value_mask=key_mask, use_causal_mask=causal)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), **TOL)
+
+
+def test_attention_core_paths_agree(rng):
+    """Fused kernel and explicit formula give the same numbers (masks and causal flag)."""
+    q = rng.normal(size=(2, 4, 3, 5)).astype("float32")
+    k = rng.normal(size=(2, 6, 3, 5)).astype("float32")
+    v = rng.normal(size=(2, 6, 3, 5)).astype("float32")
+    mask = rng.random((2, 4, 6)) < 0.5
+    mask[0, 1] = False  # an all-masked row
+    for kwargs in ({"mask": mask}, {"is_causal": True}, {}):
+        fused = scaled_dot_product_attention(q, k, v, **kwargs)
+        explicit, weights = scaled_dot_product_attention(q, k, v, return_scores=True, **kwargs)
+        np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), **TOL)
+        assert weights.shape == (2, 3, 4, 6)
+
+
+def test_attention_dropout_only_while_training(rng):
+    query = rng.normal(size=(2, 5, 8)).astype("float32")
+    layer = MultiHeadAttention(2, 4, dropout=0.5)
+    inference = to_numpy(layer(query, query))
+    np.testing.assert_allclose(to_numpy(layer(query, query, training=False)), inference)
+    assert not np.allclose(to_numpy(layer(query, query, training=True)), inference)
+
+
+def test_attention_get_config_round_trip():
+    layer = MultiHeadAttention(3, 5, value_dim=2, output_dim=7, dropout=0.1, use_bias=False)
+    clone = MultiHeadAttention.from_config(layer.get_config())
+    for name in ("num_heads", "key_dim", "value_dim", "output_dim", "dropout", "use_bias"):
+        assert getattr(clone, name) == getattr(layer, name)
+
+
+# -- embeddings and positional encodings -------------------------------------------------------
+
+
+@pytest.mark.parametrize("d_model", [8, 12, 7])
+def test_paper_sinusoidal_table(d_model):
+    np.testing.assert_allclose(sinusoidal_table(30, d_model, "sinusoidal"),
+                               ref.paper_positional_table(30, d_model), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("d_model", [8, 12, 7])
+def test_t2t_timing_signal_table(d_model):
+    np.testing.assert_allclose(sinusoidal_table(30, d_model, "t2t"),
+                               ref.t2t_positional_table(30, d_model), rtol=1e-6, atol=1e-6)
+
+
+def test_sinusoidal_kinds_differ_and_start_as_expected():
+    paper, t2t = sinusoidal_table(4, 6, "sinusoidal"), sinusoidal_table(4, 6, "t2t")
+    np.testing.assert_allclose(paper[0], [0, 1, 0, 1, 0, 1])  # interleaved sin, cos
+    np.testing.assert_allclose(t2t[0], [0, 0, 0, 1, 1, 1])  # sines, then cosines
+    # t2t: the last timescale is max_timescale exactly (increment over d/2 - 1 steps)
+    np.testing.assert_allclose(t2t[1, 2], math.sin(1e-4), rtol=1e-6)
+    np.testing.assert_allclose(paper[1, 4], math.sin(1 / 10000 ** (4 / 6)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "t2t", "learned"])
+def test_positional_encoding_adds_the_table(rng, kind):
+    layer = PositionalEncoding(10, 6, kind=kind)
+    x = rng.normal(size=(2, 4, 6)).astype("float32")
+    out = to_numpy(layer(x))
+    table = to_numpy(layer.table)
+    if kind == "sinusoidal":
+        np.testing.assert_allclose(table, ref.paper_positional_table(10, 6), atol=1e-6)
+    if kind == "t2t":
+        np.testing.assert_allclose(table, ref.t2t_positional_table(10, 6), atol=1e-6)
+    np.testing.assert_allclose(out, x + table[:4], **TOL)
+    np.testing.assert_allclose(to_numpy(layer(x[:, :2], start_index=5)), x[:, :2] + table[5:7],
+                               **TOL)
+    start = keras.ops.convert_to_tensor(5, "int32")  # a cache index inside a compiled loop
+    np.testing.assert_allclose(to_numpy(layer(x[:, :2], start_index=start)),
+                               x[:, :2] + table[5:7], **TOL)
+    assert (len(layer.trainable_weights) == 1) == (kind == "learned")
+
+
+def test_token_embedding_scales_masks_and_reverses(rng):
+    layer = TokenEmbedding(11, 4)
+    ids = np.array([[3, 0, 10], [1, 2, 0]])
+    out = layer(ids)
+    matrix = to_numpy(layer.embeddings)
+    np.testing.assert_allclose(to_numpy(out), matrix[ids] * 2.0, **TOL)  # sqrt(4) = 2
+    np.testing.assert_array_equal(to_numpy(layer.compute_mask(ids)), ids != 0)
+    hidden = rng.normal(size=(2, 3, 4)).astype("float32")
+    logits = layer(hidden, reverse=True)
+    np.testing.assert_allclose(to_numpy(logits), hidden @ matrix.T, **TOL)
+    assert layer.compute_mask(hidden) is None
+    unscaled = TokenEmbedding(11, 4, scale=False)
+    np.testing.assert_allclose(to_numpy(unscaled(ids)), to_numpy(unscaled.embeddings)[ids])
+
+
+def test_token_embedding_loads_pretrained_matrix(rng):
+    matrix = rng.normal(size=(7, 3)).astype("float32")
+    layer = TokenEmbedding(7, 3, pretrained=matrix, scale=False)
+    np.testing.assert_allclose(to_numpy(layer(np.array([[1, 6]]))), matrix[[[1, 6]]])
+
+
+# -- feed-forward ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feedforward_matches_reference(rng, activation):
+    x = rng.normal(size=(2, 5, 6)).astype("float32")
+    layer = FeedForward(6, 10, activation=activation)
+    layer(x)
+    _randomized(layer)
+    expected = ref.feedforward(x, ref.feedforward_params(layer))
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, **TOL)
+
+
+def test_gelu_is_the_exact_erf_form():
+    x = np.linspace(-3, 3, 13)
+    layer = FeedForward(1, 1, activation="gelu")
+    layer(np.zeros((1, 1, 1), "float32"))
+    layer.inner.kernel.assign(np.ones((1, 1)))
+    layer.outer.kernel.assign(np.ones((1, 1)))
+    out = to_numpy(layer(x.reshape(1, -1, 1).astype("float32"))).ravel()
+    np.testing.assert_allclose(out, ref.gelu(x), atol=1e-6)
+    # the tanh approximation differs by ~1e-4 here; make sure we are not using it
+    approx = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    assert np.abs(out - approx).max() > 1e-4
+
+
+# -- encoder and decoder blocks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_block_matches_reference(rng, norm_position, activation):
+    x = rng.normal(size=(3, 6, 8)).astype("float32")
+    mask = _padding([6, 2, 4], 6)
+    block = EncoderBlock(8, 2, 12, dropout=0.0, norm_position=norm_position,
+                         activation=activation, key_dim=3, value_dim=5)
+    block(x)
+    _randomized(block)
+    params = ref.block_params(block)
+    assert params["self_attention_norm"]["epsilon"] == 1e-6
+    np.testing.assert_allclose(to_numpy(block(x, mask=mask)),
+                               ref.encoder_block(x, params, key_mask=mask), **TOL)
+
+
+def test_encoder_block_explicit_attention_mask(rng):
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    explicit = rng.random((2, 5, 5)) < 0.5
+    block = EncoderBlock(8, 2, 12, dropout=0.0)
+    block(x)
+    _randomized(block)
+    np.testing.assert_allclose(
+        to_numpy(block(x, attention_mask=explicit)),
+        ref.encoder_block(x, ref.block_params(block), attention_mask=explicit), **TOL)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_decoder_block_matches_reference(rng, norm_position):
+    x = rng.normal(size=(3, 5, 8)).astype("float32")
+    context = rng.normal(size=(3, 7, 8)).astype("float32")
+    target_mask, context_mask = _padding([5, 3, 1], 5), _padding([7, 2, 5], 7)
+    block = DecoderBlock(8, 4, 16, dropout=0.0, norm_position=norm_position, activation="gelu")
+    block(x, context)
+    _randomized(block)
+    out = block(x, context, inputs_mask=target_mask, context_mask=context_mask)
+    expected = ref.decoder_block(x, ref.block_params(block), context, target_mask, context_mask)
+    np.testing.assert_allclose(to_numpy(out), expected, **TOL)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_decoder_block_without_cross_attention_matches_reference(rng, norm_position):
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    mask = _padding([6, 4], 6)
+    block = DecoderBlock(8, 2, 16, dropout=0.0, norm_position=norm_position,
+                         cross_attention=False)
+    block(x)
+    _randomized(block)
+    np.testing.assert_allclose(to_numpy(block(x, mask=mask)),
+                               ref.decoder_block(x, ref.block_params(block), target_mask=mask),
+                               **TOL)
+
+
+def test_block_dropout_only_while_training(rng):
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    block = EncoderBlock(8, 2, 16, dropout=0.3)
+    inference = to_numpy(block(x))
+    np.testing.assert_allclose(to_numpy(block(x, training=False)), inference)
+    assert not np.allclose(to_numpy(block(x, training=True)), inference)
+
+
+# -- cached decoding at layer level -----------------------------------------------------------
+
+
+def test_attention_cache_equals_full_causal_attention(rng):
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    layer = MultiHeadAttention(2, 4, value_dim=3)
+    layer(x, x)
+    _randomized(layer)
+    full = to_numpy(layer(x, x, use_causal_mask=True))
+    cache = (np.zeros((2, 6, 2, 4), "float32"), np.zeros((2, 6, 2, 3), "float32"))
+    steps = []
+    for i in range(6):
+        out, cache = layer(x[:, i:i + 1], x[:, i:i + 1], use_causal_mask=True, cache=cache,
+                           cache_index=i)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, **TOL)
+
+
+def test_attention_cache_with_padding_of_the_cached_keys(rng):
+    """A ``(batch, cache_len)`` key mask masks padded cache slots; a Keras mask of the new
+    positions only (what Keras fills in from the inputs) does not disturb the cache."""
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    key_mask = _padding([5, 2], 5)
+    layer = MultiHeadAttention(2, 4)
+    layer(x, x)
+    _randomized(layer)
+    full, _ = ref.multi_head_attention(x, x, ref.attention_params(layer), 2, key_mask=key_mask,
+                                       causal=True)
+    cache = (np.zeros((2, 5, 2, 4), "float32"), np.zeros((2, 5, 2, 4), "float32"))
+    for i in range(5):
+        out, cache = layer(x[:, i:i + 1], x[:, i:i + 1], key_mask=key_mask,
+                           use_causal_mask=True, cache=cache, cache_index=i)
+        np.testing.assert_allclose(to_numpy(out)[0, 0], full[0, i], **TOL)
+        if i < 2:  # real queries of the padded sequence
+            np.testing.assert_allclose(to_numpy(out)[1, 0], full[1, i], **TOL)
+    cache = (np.zeros((2, 5, 2, 4), "float32"), np.zeros((2, 5, 2, 4), "float32"))
+    for i in range(5):
+        step_mask = np.ones((2, 1), bool)
+        out, cache = layer(x[:, i:i + 1], x[:, i:i + 1], value_mask=step_mask,
+                           use_causal_mask=True, cache=cache, cache_index=i)
+    full_unpadded, _ = ref.multi_head_attention(x, x, ref.attention_params(layer), 2,
+                                                causal=True)
+    np.testing.assert_allclose(to_numpy(out)[:, 0], full_unpadded[:, 4], **TOL)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_decoder_block_cache_equals_full(rng, norm_position, cross_attention):
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    context = rng.normal(size=(2, 4, 8)).astype("float32")
+    context_mask = _padding([4, 2], 4)
+    block = DecoderBlock(8, 2, 16, dropout=0.0, norm_position=norm_position,
+                         cross_attention=cross_attention)
+    ctx = context if cross_attention else None
+    block(x, ctx)
+    _randomized(block)
+    full = to_numpy(block(x, ctx, context_mask=context_mask if cross_attention else None))
+    cache = block.init_cache(2, 8, context=ctx)
+    steps = []
+    for i in range(6):
+        out, cache = block(x[:, i:i + 1], None, context_mask=context_mask, cache=cache,
+                           cache_index=i)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, **TOL)

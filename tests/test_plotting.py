@@ -1,0 +1,70 @@
+"""PNG figures: training curves and attention heatmaps are valid PNGs of the promised size."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from transformerkit.plotting import (
+    DPI,
+    HISTORY_SIZE,
+    attention_figure_size,
+    plot_attention,
+    plot_history,
+    read_history,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) from the PNG header, after checking the signature and IHDR chunk."""
+    with open(path, "rb") as f:
+        head = f.read(33)
+    assert head[:8] == PNG_SIGNATURE, "not a PNG file"
+    assert head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def write_history(path, rows, header="epoch,loss,masked_accuracy,val_loss,val_bleu"):
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_history_plot_is_a_png_of_the_expected_size(tmp_path):
+    csv = write_history(tmp_path / "history.csv",
+                        ["0,5.1,0.20,4.8,NA", "1,4.2,0.31,4.0,3.5", "2,3.6,0.40,3.7,7.9"])
+    out = plot_history(csv, tmp_path / "plots" / "history.png", title="run")
+    assert png_size(out) == (int(HISTORY_SIZE[0] * DPI), int(HISTORY_SIZE[1] * DPI))
+
+
+def test_read_history_keeps_missing_values_as_none(tmp_path):
+    csv = write_history(tmp_path / "h.csv", ["0,5.1,0.2,4.8,NA", "1,4.2,0.3,4.0,3.5"])
+    columns = read_history(csv)
+    assert columns["val_bleu"] == [None, 3.5] and columns["loss"] == [5.1, 4.2]
+
+
+def test_history_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        plot_history(tmp_path / "missing.csv", tmp_path / "x.png")
+    empty = write_history(tmp_path / "empty.csv", [])
+    with pytest.raises(ValueError, match="no epoch"):
+        plot_history(empty, tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("heads", [8, 3, 1])
+def test_attention_plot_is_a_png_of_the_expected_size(tmp_path, heads):
+    rng = np.random.default_rng(0)
+    weights = rng.random((heads, 4, 6))
+    weights /= weights.sum(-1, keepdims=True)
+    out = plot_attention(weights, ["A", "▁dog", "▁runs", "</s>"],
+                         ["Ein", "▁Hund", "▁läuft", "▁im", "▁Schnee", "</s>"],
+                         tmp_path / f"att{heads}.png", title="cross attention, layer 0")
+    assert png_size(out) == attention_figure_size(heads)
+    cols = min(4, heads)
+    assert attention_figure_size(heads)[0] == cols * 300
+
+
+def test_attention_labels_must_match_the_weights(tmp_path):
+    with pytest.raises(ValueError, match="4 query"):
+        plot_attention(np.ones((2, 3, 5)) / 5, list("abcd"), list("abcde"), tmp_path / "x.png")
