@@ -10,11 +10,13 @@ model (3+3 layers, d_model 256, 8 heads, d_ff 512, the run's vocabulary size, ti
 embeddings, like ``configs/multi30k_de_en.yaml``) has random weights. Also measured: the
 trained model decoding normally (stop at EOS, at most 64 tokens), with its BLEU.
 
-Each configuration runs in a fresh subprocess per backend, with the same number of CPU
-threads (``--threads``, default 1) for every system; untimed warm-up batches come first
-(one per distinct batch shape, so JAX/TensorFlow compile times are excluded and reported
-separately), then ``--repeats`` timed passes of which the best is kept (the machine is
-shared, and other people's load comes and goes). "recompute" reruns the decoder over the
+One subprocess per backend measures its configurations (on torch: transformerkit's and
+Hugging Face's side by side) with the same number of CPU threads (``--threads``, default
+1); untimed warm-up batches come first (one per distinct batch shape, so JAX/TensorFlow
+compile times are excluded and reported separately), then ``--repeats`` rounds in which
+every configuration runs once, round-robin, keeping each one's best pass: the machine is
+shared, and other people's load comes and goes, so only measurements taken side by side
+are compared. "recompute" reruns the decoder over the
 whole prefix every step (the encoder once), as decoders without a cache (and keras-hub's
 samplers) do.
 
@@ -32,30 +34,33 @@ import common  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
-# (system, backend, search, tokens, cache, forced, sentences as a fraction of --sentences)
-FULL, PART, SMALL = 1.0, 0.5, 0.25
+# (system, search, output tokens, cache, forced length, sentences as a share of --sentences)
+FULL, HALF, QUARTER, ONE_BATCH = 1.0, 0.5, 0.25, 0.0
 
 
-def jobs(backends):
-    plan = []
-    for backend in backends:
-        main = backend == "torch"
-        plan += [("transformerkit", backend, "greedy", 32, True, True, FULL),
-                 ("transformerkit", backend, "beam4", 32, True, True, PART if main else SMALL)]
-        if main:
-            plan += [("transformerkit", backend, "greedy", 32, "keras", True, PART),
-                     ("transformerkit", backend, "greedy", 32, False, True, SMALL),
-                     ("transformerkit", backend, "beam4", 32, False, True, SMALL),
-                     ("transformerkit", backend, "greedy", 64, True, True, PART),
-                     ("transformerkit", backend, "greedy", 64, False, True, SMALL),
-                     ("transformerkit", backend, "greedy", 64, False, False, FULL),
-                     ("transformerkit", backend, "beam4", 64, True, False, FULL)]
-    plan += [("hf", "torch", "greedy", 32, True, True, FULL),
-             ("hf", "torch", "beam4", 32, True, True, PART),
-             ("hf", "torch", "greedy", 32, False, True, SMALL),
-             ("hf", "torch", "greedy", 64, True, True, PART),
-             ("hf", "torch", "greedy", 64, False, True, SMALL)]
-    return plan
+def configs(backend):
+    """What one worker measures on ``backend``; on torch also HF, in the same process."""
+    plan = [("transformerkit", "greedy", 32, True, True, FULL),
+            ("transformerkit", "beam4", 32, True, True, HALF)]
+    if backend != "torch":
+        return plan
+    return plan + [
+        ("hf", "greedy", 32, True, True, FULL),
+        ("hf", "beam4", 32, True, True, HALF),
+        ("transformerkit", "greedy", 32, "keras", True, HALF),
+        ("transformerkit", "greedy", 32, False, True, QUARTER),
+        ("hf", "greedy", 32, False, True, QUARTER),
+        ("transformerkit", "beam4", 32, False, True, ONE_BATCH),
+        ("transformerkit", "greedy", 64, True, True, HALF),
+        ("hf", "greedy", 64, True, True, HALF),
+        ("transformerkit", "greedy", 64, False, True, ONE_BATCH),
+        ("hf", "greedy", 64, False, True, ONE_BATCH),
+    ]
+
+
+# the trained model decoding normally (stop at EOS), on all of test2016, with its BLEU
+NATURAL = [("transformerkit", "greedy", 64, True, False, FULL),
+           ("transformerkit", "beam4", 64, True, False, FULL)]
 
 
 # -- worker side ------------------------------------------------------------------------------
@@ -119,43 +124,52 @@ def hf_decoder(vocab, search, tokens, cache, forced):
 
 
 def worker(spec):
-    system, backend, search, tokens, cache, forced, sentences = (
-        spec[k] for k in ("system", "backend", "search", "tokens", "cache", "forced",
-                          "sentences"))
-    import transformerkit  # noqa: F401  (backend choice before keras)
+    """Measure every configuration of ``spec`` round-robin, ``repeats`` rounds, keeping each
+    one's best pass: all systems see the same changes of this shared machine's load."""
+    import transformerkit  # noqa: F401  (the backend is chosen before keras is imported)
 
-    batches, references, target_tok, vocab = load_inputs(spec["run"], sentences, spec["batch"])
-    if system == "hf":
-        decode = hf_decoder(vocab, search, tokens, cache, forced)
-    else:
-        decode = transformerkit_decoder(spec["run"], search, tokens, cache, forced)
-    started = time.perf_counter()
-    seen = set()
-    for _, ids in batches:  # warm-up: one batch per distinct shape (compiles on JAX/TF)
-        shape = _bucket_shape(ids, backend)
-        if shape not in seen:
-            seen.add(shape)
-            decode(ids)
-    warmup = time.perf_counter() - started
-    outputs = [None] * sum(len(c) for c, _ in batches)
-    timings = []
-    for _ in range(spec["repeats"]):  # best of N: this machine is shared, others' load varies
-        started = time.perf_counter()
-        for chunk, ids in batches:
-            for i, out in zip(chunk, decode(ids), strict=True):
-                outputs[i] = out
-        timings.append(time.perf_counter() - started)
-    seconds = min(timings)
-    result = dict(spec, seconds=[round(t, 2) for t in timings],
-                  warmup_seconds=round(warmup, 1),
-                  sentences_per_second=round(len(outputs) / seconds, 1),
-                  mean_output_tokens=round(sum(map(len, outputs)) / len(outputs), 1))
-    if system == "transformerkit" and not forced:
-        from transformerkit.evaluation import corpus_scores
+    backend, run_dir, batch = spec["backend"], spec["run"], spec["batch"]
+    jobs = []
+    for system, search, tokens, cache, forced, share in spec["configs"]:
+        count = 1000 if not forced else max(batch, int(spec["sentences"] * share))
+        batches, references, target_tok, vocab = load_inputs(run_dir, count, batch)
+        if system == "hf":
+            decode = hf_decoder(vocab, search, tokens, cache, forced)
+        else:
+            decode = transformerkit_decoder(run_dir, search, tokens, cache, forced)
+        job = dict(system=system, backend=backend, search=search, tokens=tokens, cache=cache,
+                   forced=forced, sentences=count, timings=[])
+        started, seen = time.perf_counter(), set()
+        for _, ids in batches:  # warm-up: one batch per distinct shape (compiles on JAX/TF)
+            shape = _bucket_shape(ids, backend)
+            if shape not in seen:
+                seen.add(shape)
+                decode(ids)
+        job["warmup_seconds"] = round(time.perf_counter() - started, 1)
+        jobs.append((job, decode, batches, references, target_tok))
+        print(f"    ready: {system} {search} {tokens} cache={cache}", file=sys.stderr,
+              flush=True)
+    for _ in range(spec["repeats"]):
+        for job, decode, batches, references, target_tok in jobs:
+            if not job["forced"] and job["timings"]:
+                continue  # the BLEU runs are long: one pass
+            outputs = [None] * job["sentences"]
+            started = time.perf_counter()
+            for chunk, ids in batches:
+                for i, out in zip(chunk, decode(ids), strict=True):
+                    outputs[i] = out
+            job["timings"].append(round(time.perf_counter() - started, 2))
+            job["mean_output_tokens"] = round(sum(map(len, outputs)) / len(outputs), 1)
+            if not job["forced"]:
+                from transformerkit.evaluation import corpus_scores
 
-        hypotheses = [target_tok.decode(o) for o in outputs]
-        result["bleu"] = corpus_scores(hypotheses, references)["bleu"]
-    return result
+                hypotheses = [target_tok.decode(o) for o in outputs]
+                job["bleu"] = corpus_scores(hypotheses, references)["bleu"]
+    results = []
+    for job, *_ in jobs:
+        job["sentences_per_second"] = round(job["sentences"] / min(job["timings"]), 1)
+        results.append(job)
+    return results
 
 
 def _bucket_shape(ids, backend):
@@ -168,24 +182,27 @@ def _bucket_shape(ids, backend):
 def run_all(args):
     import torch
 
-    backends = [b for b in args.backends.split(",") if b]
     results = []
-    for system, backend, search, tokens, cache, forced, part in jobs(backends):
-        sentences = 1000 if not forced else max(args.batch, int(args.sentences * part))
-        spec = dict(system=system, backend=backend, search=search, tokens=tokens, cache=cache,
-                    forced=forced, sentences=sentences, batch=args.batch,
-                    repeats=args.repeats if forced else 1, run=os.path.abspath(args.run))
+    for backend in [b for b in args.backends.split(",") if b]:
+        plan = configs(backend) + (NATURAL if backend == "torch" else [])
+        spec = dict(backend=backend, configs=[list(c) for c in plan], batch=args.batch,
+                    sentences=args.sentences, repeats=args.repeats, run=os.path.abspath(args.run))
         threads = str(args.threads)
         env = {"KERAS_BACKEND": backend, "OMP_NUM_THREADS": threads,
                "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": "1",
                "TF_CPP_MIN_LOG_LEVEL": "2",
                "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false "
                             f"intra_op_parallelism_threads={threads}"}
-        print(f"... {system} {backend} {search} {tokens} tokens cache={cache} "
-              f"forced={forced}", flush=True)
-        out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=3600)
-        print("    ", out, flush=True)
-        results.append(out if "error" not in out else dict(spec, **out))
+        print(f"... {backend}: {len(plan)} configurations, {args.repeats} rounds", flush=True)
+        out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=7200)
+        if isinstance(out, dict):  # {"error": ...}
+            print("    failed:", out, flush=True)
+            results += [dict(system=c[0], backend=backend, search=c[1], tokens=c[2],
+                             cache=c[3], forced=c[4], **out) for c in plan]
+            continue
+        for r in out:
+            print("    ", r, flush=True)
+        results += out
     payload = {"machine": dict(common.machine(), threads=args.threads,
                                torch_version=torch.__version__),
                "batch": args.batch, "repeats": args.repeats, "results": results}
@@ -201,7 +218,8 @@ def _find(results, **match):
 
 def table(results):
     rows = ["| system | backend | search | output tokens | cache | sentences/s | "
-            "vs HF (same search, tokens, cache) | BLEU |", "|---|---|---|---|---|---|---|---|"]
+            "vs HF (same search, tokens, cache; measured side by side) | BLEU |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "sentences_per_second" not in r:
             rows.append(f"| {r['system']} | {r['backend']} | {r['search']} | {r['tokens']} | "
@@ -209,7 +227,8 @@ def table(results):
             continue
         hf = _find(results, system="hf", search=r["search"], tokens=r["tokens"],
                    cache=bool(r["cache"]), forced=r["forced"])
-        ratio = f"{r['sentences_per_second'] / hf:.2f}x" if hf and r["system"] != "hf" else ""
+        side_by_side = r["system"] != "hf" and r["backend"] == "torch"  # same process as HF
+        ratio = f"{r['sentences_per_second'] / hf:.2f}x" if hf and side_by_side else ""
         tokens = f"{r['tokens']} forced" if r["forced"] else f"<= {r['tokens']} (EOS)"
         cache = {True: "yes", False: "no (recompute)", "keras": "yes (Keras layers)"}[
             r["cache"]]
@@ -231,8 +250,8 @@ def main():
     parser.add_argument("--run", default="runs/multi30k_de_en",
                         help="run directory of a trained Multi30k de->en model")
     parser.add_argument("--sentences", type=int, default=512,
-                        help="test2016 sentences for the forced-length runs (the runs that "
-                             "stop at EOS use all 1000, for BLEU)")
+                        help="test2016 sentences for the forced-length runs (slow baselines "
+                             "use fewer; the runs that stop at EOS use all 1000, for BLEU)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; best is kept")
     parser.add_argument("--backends", default="torch,jax,tensorflow")

@@ -24,9 +24,9 @@ from transformerkit.decoding.common import (
     BOS_ID,
     EOS_ID,
     NEG_INF,
+    TokenRules,
     check_max_new_tokens,
     cut_at_eos,
-    forbid_tokens,
     length_penalty,
     prepare_sources,
 )
@@ -58,6 +58,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
     max_new = width - 1
     vocab = steps.vocab_size
     max_penalty = length_penalty(float(max_new), alpha)
+    rules = TokenRules(vocab, eos_id)
 
     def cond(s):
         worst_finished = ops.min(s["finished_score"], axis=1)
@@ -75,8 +76,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         # log p(prefix) + log softmax(logits), without materialising the log-softmax
         offset = ops.reshape(s["alive_logp"], (-1, 1)) - ops.logsumexp(logits, axis=-1,
                                                                        keepdims=True)
-        forbid_eos = ops.less(ops.full((batch * beam,), index, "int32"), min_new)
-        candidates = forbid_tokens(logits + offset, eos_id, forbid_eos)  # (batch*beam, vocab)
+        candidates = rules.apply(logits + offset, index < min_new)  # (batch * beam, vocab)
         top_logp, top_ids = ops.top_k(ops.reshape(candidates, (batch, beam * vocab)), 2 * beam)
         top_ids = ops.cast(top_ids, "int32")
         parent, token = ops.floor_divide(top_ids, vocab), ops.mod(top_ids, vocab)

@@ -57,23 +57,33 @@ def prepare_sources(model, source_ids):
     return padded, active
 
 
-def forbid_tokens(logits, eos_id, forbid_eos):
-    """``(rows, vocab)`` logits with PAD and BOS never chosen, and EOS not where
-    ``forbid_eos`` ``(rows,)`` is True (``min_new_tokens`` not reached yet).
+class TokenRules:
+    """Which ids may be chosen: never PAD or BOS, and not EOS while ``min_new_tokens`` is
+    not reached. Built once per decode; :meth:`apply` adds a 0 / -inf bias to the logits.
 
-    Done as one addition of a ``(rows, vocab)`` bias of 0 / -inf, built in one pass, since
-    on the eager PyTorch loop every full pass over the logits costs time.
+    Args:
+        vocab: vocabulary size.
+        eos_id: the end token, or None / -1 when there is none.
     """
-    vocab = logits.shape[-1]
-    always = np.zeros((1, vocab), dtype="float32")
-    always[0, [PAD_ID, BOS_ID]] = NEG_INF
-    if eos_id is None or eos_id < 0:
-        return logits + ops.convert_to_tensor(always, logits.dtype)
-    without_eos = always.copy()
-    without_eos[0, eos_id] = NEG_INF
-    bias = ops.where(ops.expand_dims(forbid_eos, 1), ops.convert_to_tensor(without_eos),
-                     ops.convert_to_tensor(always))
-    return logits + ops.cast(bias, logits.dtype)
+
+    def __init__(self, vocab, eos_id):
+        always = np.zeros((1, vocab), dtype="float32")
+        always[0, [PAD_ID, BOS_ID]] = NEG_INF
+        without_eos = always.copy()
+        if eos_id is not None and eos_id >= 0:
+            without_eos[0, eos_id] = NEG_INF
+        self.always = ops.convert_to_tensor(always)
+        self.without_eos = ops.convert_to_tensor(without_eos)
+
+    def apply(self, logits, forbid_eos):
+        """``(rows, vocab)`` logits with the forbidden ids at -inf. ``forbid_eos`` is a
+        Python/NumPy bool (decided on the host: no work per row), a scalar tensor, or a
+        ``(rows,)`` tensor."""
+        if isinstance(forbid_eos, (bool, np.bool_)):
+            return logits + (self.without_eos if forbid_eos else self.always)
+        if len(forbid_eos.shape) == 1:
+            forbid_eos = ops.expand_dims(forbid_eos, 1)
+        return logits + ops.where(forbid_eos, self.without_eos, self.always)
 
 
 def length_penalty(length, alpha):

@@ -12,9 +12,9 @@ from transformerkit.decoding.common import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    TokenRules,
     check_max_new_tokens,
     cut_at_eos,
-    forbid_tokens,
     prepare_sources,
 )
 from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
@@ -34,7 +34,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         steps, static, state: a step adapter from :mod:`.steps` and what its ``start`` gave.
         buffer: ``(rows, width)`` int32, the prompt (BOS for translation) then zeros.
         first_index: first position fed to the model (earlier ones are in the cache).
-        prompt_lengths: ``(rows,)`` int32; positions below it are copied, not chosen.
+        prompt_lengths: ``(rows,)`` int32 (positions below it are copied, not chosen), or
+            one Python int for every row (translation: 1, the BOS).
         max_new, min_new: int32 scalars: at most / at least this many new tokens (EOS
             counts; it is forbidden until ``min_new`` tokens exist).
         choose: ``(logits (rows, vocab), index) -> (rows,)`` int32 ids.
@@ -45,6 +46,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
     Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
     """
     rows, width = buffer.shape
+    rules = TokenRules(steps.vocab_size, eos_id)
+    per_row_prompts = not isinstance(prompt_lengths, int)
 
     def cond(s):
         return ops.logical_and(ops.less(s["index"] + 1, width),
@@ -55,16 +58,18 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         logits, new_state = steps.step(buf, index, s["state"], static)
         logits = ops.cast(logits, "float32")
         position = index + 1
-        made = position - prompt_lengths  # tokens generated before this one, per row
-        choice = choose(forbid_tokens(logits, eos_id, ops.less(made, min_new)), index)
-        in_prompt = ops.less(position, prompt_lengths)
-        token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), choice)
+        made = position - prompt_lengths  # tokens generated before this one (per row)
+        token = choose(rules.apply(logits, made < min_new), index)
+        if per_row_prompts:  # rows still inside their prompt copy it
+            in_prompt = ops.less(position, prompt_lengths)
+            token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), token)
         token = ops.where(s["finished"], PAD_ID, token)
         out = dict(index=index + 1, state=new_state, buffer=ops.slice_update(
             buf, [0, position], ops.expand_dims(ops.cast(token, "int32"), 1)))
-        ends = ops.logical_or(ops.equal(token, eos_id), ops.greater_equal(made + 1, max_new))
-        out["finished"] = ops.logical_or(s["finished"],
-                                         ops.logical_and(ops.logical_not(in_prompt), ends))
+        ends = ops.logical_or(ops.equal(token, eos_id), made + 1 >= max_new)
+        if per_row_prompts:
+            ends = ops.logical_and(ops.logical_not(in_prompt), ends)
+        out["finished"] = ops.logical_or(s["finished"], ends)
         if collect_logits:
             out["logits"] = ops.slice_update(s["logits"], [0, index, 0],
                                              ops.expand_dims(logits, 1))
@@ -95,8 +100,8 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
         buffer = ops.concatenate([ops.full((rows, 1), bos_id, "int32"),
                                   ops.zeros((rows, max_new), "int32")], axis=1)
         chooser = make_choose(*extra) if make_choose is not None else choose
-        return token_search(steps, static, state, buffer, 0, ops.ones((rows,), "int32"),
-                            max_new, min_new, chooser, eos_id, active, return_logits)
+        return token_search(steps, static, state, buffer, 0, 1, max_new, min_new, chooser,
+                            eos_id, active, return_logits)
 
     full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits)
     buffer, logits = run_decoder(model, full_key, decode, source, active,
