@@ -44,8 +44,11 @@ class _Weights:
         self.blocks = []
         for block in blocks:
             attention = block.self_attention
-            w = dict(q=_dense(attention.query_dense), k=_dense(attention.key_dense),
-                     v=_dense(attention.value_dense), o=_dense(attention.output_dense),
+            q, k, v = (_dense(attention.query_dense), _dense(attention.key_dense),
+                       _dense(attention.value_dense))
+            # one (d_model, 2 * h * d_k + h * d_v) product for the queries, keys and values
+            w = dict(qkv=(torch.cat([q[0], k[0], v[0]], 1), torch.cat([q[1], k[1], v[1]])),
+                     o=_dense(attention.output_dense),
                      self_norm=_norm(block.self_attention_norm),
                      inner=_dense(block.feedforward.inner),
                      outer=_dense(block.feedforward.outer),
@@ -160,7 +163,7 @@ class TorchSteps:
         return _layer_norm(x + fn(x), norm)
 
     def _heads(self, x, width):
-        return x.view(x.shape[0], self.heads, 1, width)  # (rows, h, 1, width)
+        return x.reshape(x.shape[0], self.heads, 1, width)  # (rows, h, 1, width)
 
     def _attend(self, q, k, v, w, bias=None):
         """softmax(q k^T / sqrt(d_k) + bias) v for one query per row and head, then W^O.
@@ -172,9 +175,11 @@ class TorchSteps:
         return _linear(out.reshape(q.shape[0], self.heads * self.value_dim), w)
 
     def _self_attention(self, h, w, k_cache, v_cache, index):
-        q = self._heads(_linear(h, w["q"]), self.key_dim)
-        k_cache[:, :, index:index + 1] = self._heads(_linear(h, w["k"]), self.key_dim)
-        v_cache[:, :, index:index + 1] = self._heads(_linear(h, w["v"]), self.value_dim)
+        width = self.heads * self.key_dim
+        qkv = _linear(h, w["qkv"])  # (rows, 2 * h * d_k + h * d_v)
+        q = self._heads(qkv[:, :width], self.key_dim)
+        k_cache[:, :, index:index + 1] = self._heads(qkv[:, width:2 * width], self.key_dim)
+        v_cache[:, :, index:index + 1] = self._heads(qkv[:, 2 * width:], self.value_dim)
         return self._attend(q, k_cache[:, :, : index + 1], v_cache[:, :, : index + 1], w["o"])
 
     def _cross_attention(self, h, w, cross, bias_and_copies):
