@@ -3,11 +3,14 @@
 ``import transformerkit`` does not import Keras: the backend can still be chosen
 (``KERAS_BACKEND``, the CLI's ``--backend``) until something needs Keras.
 ``transformerkit.load(run_dir)`` (see :mod:`transformerkit.api`) is resolved lazily.
+Importing it also tunes glibc ``malloc`` for large tensors (:mod:`transformerkit.allocator`).
 """
 
+from transformerkit.allocator import keep_freed_memory
 from transformerkit.backend import choose_default_backend
 
 choose_default_backend()
+keep_freed_memory()
 
 __version__ = "0.1.0"
 
