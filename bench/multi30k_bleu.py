@@ -1,0 +1,126 @@
+"""Multi30k de->en: train for a fixed wall-clock budget on this machine, then score test2016.
+
+One invocation trains ``configs/multi30k_de_en.yaml`` with ``transformerkit train`` for
+``--minutes`` (60 by default; the budget covers the training steps, the per-epoch
+validation and checkpoints), then translates Multi30k test2016 with greedy search and beam
+search and reports BLEU two ways:
+
+* **sacrebleu** on detokenized text (the standard; its signature is recorded), with chrF;
+* **tutorial BLEU**: lower-cased, split into word and punctuation tokens, as most Multi30k
+  tutorials report it (the well-known 36.5 of the 3+3-layer, 256-wide Transformer trained
+  on a GPU with greedy decoding is of this kind).
+
+Also reported: seconds per training epoch, epochs and optimizer steps done in the budget.
+
+    python bench/multi30k_bleu.py                       # 60 minutes -> results/multi30k_bleu.*
+    python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
+    python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
+"""
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE_BAR = 36.5  # tutorial BLEU of the best-known small Transformer on Multi30k de->en
+
+
+def train(config, run_dir, minutes, overrides):
+    """Run ``transformerkit train`` for ``minutes``; return its wall-clock seconds."""
+    command = [sys.executable, "-m", "transformerkit.cli", "train", config, "--out", run_dir,
+               "--set", f"train.time_budget={minutes}m", "--set", "train.epochs=1000"]
+    for override in overrides:
+        command += ["--set", override]
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=dict(os.environ, TRANSFORMERKIT_DATA=common.data_dir()))
+    return time.perf_counter() - start
+
+
+def read_history(run_dir):
+    """Rows of the run's ``history.csv`` as dicts of floats."""
+    with open(os.path.join(run_dir, "history.csv"), newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)}
+                for row in csv.DictReader(f)]
+
+
+def score(run_dir, beams, max_sentences=None):
+    """Translate test2016 with each beam size; return one result dict per beam size."""
+    import transformerkit
+    from transformerkit.data.corpora import load_multi30k
+    from transformerkit.evaluation import corpus_scores, tutorial_bleu
+
+    run = transformerkit.load(run_dir)
+    data = run.config["data"]
+    sources, references = load_multi30k("test2016", data["source_lang"], data["target_lang"],
+                                        data_dir=common.data_dir())
+    sources, references = sources[:max_sentences], references[:max_sentences]
+    results = []
+    for beam in beams:
+        start = time.perf_counter()
+        hypotheses = run.translate(sources, beam_size=beam)
+        seconds = time.perf_counter() - start
+        scores = corpus_scores(hypotheses, references)
+        results.append({"search": "greedy" if beam == 1 else f"beam {beam}", "beam_size": beam,
+                        "sentences": len(sources), "decode_seconds": round(seconds, 1),
+                        "sacrebleu": scores["bleu"], "chrf": scores["chrf"],
+                        "tutorial_bleu": tutorial_bleu(hypotheses, references),
+                        "bleu_signature": scores["bleu_signature"],
+                        "examples": [list(example) for example in zip(
+                            sources[:3], hypotheses[:3], references[:3], strict=True)]})
+        print({k: v for k, v in results[-1].items() if k != "examples"}, flush=True)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "multi30k_de_en.yaml"))
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--run", default=os.path.join(ROOT, "runs", "bench-multi30k"))
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
+    parser.add_argument("--skip-train", action="store_true", help="score an existing --run")
+    parser.add_argument("--max-sentences", type=int, default=None)
+    parser.add_argument("--name", default="multi30k_bleu", help="results/NAME.{json,md}")
+    args = parser.parse_args()
+
+    minutes = f"{args.minutes:g}"
+    train_seconds = None
+    if not args.skip_train:
+        train_seconds = train(args.config, args.run, minutes, args.set)
+    history = read_history(args.run)
+    epoch_seconds = [row["epoch_seconds"] for row in history if "epoch_seconds" in row]
+    results = score(args.run, [int(b) for b in args.beams.split(",")], args.max_sentences)
+
+    payload = {"machine": common.machine(), "config": os.path.relpath(args.config, ROOT),
+               "overrides": args.set, "minutes": args.minutes,
+               "train_wall_seconds": train_seconds and round(train_seconds, 1),
+               "epochs_logged": len(history),
+               "seconds_per_epoch": epoch_seconds,
+               "final_val_loss": history[-1].get("val_loss") if history else None,
+               "results": results}
+    mean_epoch = (f"{sum(epoch_seconds) / len(epoch_seconds):.0f} s" if epoch_seconds
+                  else "n/a")
+    lines = ["| search | test2016 sacrebleu BLEU | chrF | tutorial BLEU (lower-cased words) |"
+             " decode time |",
+             "|---|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['search']} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
+                     f"{r['tutorial_bleu']:.1f} | {r['decode_seconds']:.0f} s |")
+    lines.append(
+        f"\n{minutes} minutes of training ({payload['config']}"
+        f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
+        f"cores: {len(history)} epochs logged, {mean_epoch} per epoch (training + validation). "
+        f"Reference bar: {REFERENCE_BAR} tutorial BLEU (3+3 layers, 256 wide, greedy, GPU). "
+        f"sacrebleu signature: {results[0]['bleu_signature']}.")
+    common.write_results(args.name, payload, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
