@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[all-backends,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[all-backends,dev,hf]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +26,6 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[hf]"
 	$(BIN)/python bench/train_step.py
 
 lint: $(STAMP)

@@ -428,6 +428,11 @@ def load_hf_tokenizer(folder):
                               "needs `pip install 'transformerkit[hf]'`") from e
         hf = transformers.AutoTokenizer.from_pretrained(str(folder), use_fast=True)
         tokenizer = hf.backend_tokenizer
+    # Our batching pads (with id 0) and models refuse over-long input themselves; a padding
+    # or truncation setting stored in tokenizer.json (e.g. "pad to 128") would silently
+    # change every encoding, and transformers' AutoTokenizer ignores it too.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     special_ids = _special_ids_from_vocab(tokenizer, folder, names)
     return SubwordTokenizer(tokenizer, kind="hf", special_ids=special_ids)
 

@@ -114,6 +114,12 @@ def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=N
 
     Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
     longer than ``max_length - 1`` tokens keep their last tokens, with a warning.
+
+    Longer outputs than the context holds (prompt + ``max_new_tokens`` > ``max_length``, the
+    usual case for a small character model) are generated in windows, as nanoGPT crops its
+    context to ``block_size``: when the context is full, generation continues from its last
+    ``max_length // 2`` tokens (with the seed advanced by one per window, so the same seed
+    still gives the same text).
     """
     single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
     prompts = [list(map(int, p)) for p in ([prompt_ids] if single else prompt_ids)]
@@ -126,6 +132,50 @@ def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=N
                           f"{model.max_length}, so only its last {limit} are used",
                           stacklevel=2)
             prompts[i] = p[-limit:]
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache)
+    if max_new_tokens is not None and \
+            max(map(len, prompts)) + int(max_new_tokens) > model.max_length:
+        results = _generate_windowed(model, prompts, int(max_new_tokens), options)
+    else:
+        results = _generate_once(model, prompts, max_new_tokens, **options)
+    return results[0] if single else results
+
+
+def _generate_windowed(model, prompts, max_new_tokens, options):
+    """:func:`generate_ids` beyond the context: windows of at most ``max_length`` tokens,
+    each starting from the last ``max_length // 2`` tokens of the text so far."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    keep = max(1, model.max_length // 2)
+    eos = options["eos_id"]
+    new = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    window = 0
+    while True:
+        live = [i for i, p in enumerate(prompts) if not done[i] and len(new[i]) < max_new_tokens]
+        if not live:
+            return new
+        contexts = [(prompts[i] + new[i])[-(keep if window else model.max_length - 1):]
+                    for i in live]
+        budget = max(min(max_new_tokens - len(new[i]), model.max_length - len(c))
+                     for i, c in zip(live, contexts, strict=True))
+        chunk_options = dict(options, min_new_tokens=max(0, options["min_new_tokens"] -
+                                                         min(len(new[i]) for i in live)))
+        if options["seed"] is not None:
+            chunk_options["seed"] = int(options["seed"]) + window
+        outputs = _generate_once(model, contexts, budget, **chunk_options)
+        for i, out in zip(live, outputs, strict=True):
+            out = out[: max_new_tokens - len(new[i])]
+            new[i].extend(out)
+            if not out or (eos is not None and out[-1] == int(eos)):
+                done[i] = True
+        window += 1
+
+
+def _generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_id,
+                   min_new_tokens, use_cache):
+    """One compiled decoding pass over prompts of at most ``max_length - 1`` tokens."""
     lengths = np.array([len(p) for p in prompts], dtype="int32")
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
     total = min(int(lengths.max()) + max_new, model.max_length)
@@ -155,7 +205,7 @@ def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=N
         if eos in new:
             new = new[: new.index(eos) + 1]
         results.append(new)
-    return results[0] if single else results
+    return results
 
 
 def generate_text(model, tokenizer, prompt, max_new_tokens=200, **kwargs):

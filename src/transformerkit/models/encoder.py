@@ -100,6 +100,24 @@ class Encoder(TransformerBase):
             self.classifier.build((None, self.d_model))
         self.built = True
 
+    @classmethod
+    def from_pretrained(cls, folder, pooling=None, num_classes=None, **overrides):
+        """An Encoder with the architecture and weights of a local Hugging Face BERT
+        checkpoint folder (``config.json`` + safetensors or ``pytorch_model.bin``).
+
+        ``pooling``: None (hidden states), "mean" (sentence-transformers) or "cls" (BERT's
+        pooler); ``num_classes`` adds a classification head; ``overrides`` replace other
+        constructor arguments (e.g. ``dropout=0.0``). The tokenizer of the folder loads with
+        :func:`transformerkit.data.load_hf_tokenizer`. See
+        :mod:`transformerkit.models.pretrained` for the mapping and its errors.
+        """
+        from transformerkit.models.pretrained import encoder_from_pretrained
+
+        if cls is not Encoder:
+            raise TypeError("from_pretrained builds an Encoder, not a subclass")
+        return encoder_from_pretrained(folder, pooling=pooling, num_classes=num_classes,
+                                       **overrides)
+
     def encode(self, ids, token_type_ids=None, training=None, return_attention_scores=False):
         """Hidden states ``(batch, length, d_model)`` (and per-layer scores if asked)."""
         ids = check_token_ids(ids, self.vocab_size, self.max_length, "ids")

@@ -154,11 +154,25 @@ def _prepare_translation(config, run_dir, reuse):
     return PreparedData(train, val, source_tok, target_tok, val_src, val_tgt, info)
 
 
+def _text_path(data):
+    """``data.text`` as given if it exists, else relative to the data directory
+    (``data.data_dir`` / ``$TRANSFORMERKIT_DATA``), so configs can say
+    ``tinyshakespeare/input.txt``."""
+    path = data["text"]
+    if os.path.isfile(path) or os.path.isabs(path):
+        return path
+    in_data_dir = os.path.join(corpora.resolve_data_dir(data["data_dir"]), path)
+    if os.path.isfile(in_data_dir):
+        return in_data_dir
+    raise FileNotFoundError(f"data.text: no such file {path!r} (looked in the current "
+                            f"directory and in the data directory {in_data_dir!r})")
+
+
 def _prepare_language_model(config, run_dir, reuse):
     data, seed = config["data"], config["train"]["seed"]
     if data["dataset"] != "text" or not data["text"]:
         raise ValueError("model.type=gpt trains on data.dataset=text with data.text=PATH")
-    text = corpora.load_text(data["text"])
+    text = corpora.load_text(_text_path(data))
     train_text, val_text = split_train_val(text, data["val_fraction"])
     path = os.path.join(run_dir, "tokenizer.json")
     if reuse:

@@ -1,0 +1,303 @@
+"""Our mini-GPT against nanoGPT on tiny Shakespeare, same recipe, same data, same machine.
+
+Recipes (nanoGPT's ``config/train_shakespeare_char.py`` plus command-line overrides):
+
+- ``cpu``: nanoGPT README's CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12,
+  dropout 0, lr 1e-3 (warmup 100, cosine to 1e-4 at ``--iters``), AdamW betas (0.9, 0.99),
+  weight decay 0.1 on matrices, gradient clip 1.0, 2000 iterations, 20 evaluation batches
+  every 250 iterations.
+- ``baby``: the config file's "baby GPT": 6 layers, 6 heads, 384 wide, block 256, batch 64,
+  dropout 0.2, the same optimizer; a few hundred iterations (it is ~100x the work per step).
+
+Both systems read the same character split (the first 90% of ``input.txt`` for training,
+as nanoGPT's ``data/shakespeare_char/prepare.py``), which this script writes itself in
+nanoGPT's format (``train.bin``/``val.bin`` uint16, ``meta.pkl``) to a temporary folder, so
+nanoGPT runs without internet. Each system runs in its own subprocess, one after the other.
+
+Measured: milliseconds per training iteration (median over iterations without an
+evaluation), the training-loop wall time (evaluations included, as nanoGPT's own ``time``
+column), train/val loss at each evaluation (the mean over ``--eval-iters`` random batches,
+as nanoGPT's ``estimate_loss``), and the loop time each system needs to reach nanoGPT's
+final validation loss. Writes ``results/gpt_vs_nanogpt[_baby].{json,md}``.
+
+Usage:
+    python bench/gpt_vs_nanogpt.py --nanogpt /tmp/nanogpt              # cpu recipe, 2000 its
+    python bench/gpt_vs_nanogpt.py --recipe baby --iters 200 --nanogpt /tmp/nanogpt
+    python bench/gpt_vs_nanogpt.py --iters 20                          # ours only, a smoke run
+
+``--nanogpt DIR`` is a nanoGPT checkout (``git clone https://github.com/karpathy/nanoGPT``);
+without it only our side runs. ``--jit`` also runs ours with ``jit_compile=True``
+(``torch.compile`` on the PyTorch backend; compile time counts in the loop time).
+"""
+
+import argparse
+import json
+import os
+import pickle
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import data_dir, machine, write_results  # noqa: E402
+
+RECIPES = {
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0,
+                iters=2000, eval_interval=250),
+    "baby": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2,
+                 iters=200, eval_interval=100),
+}
+# config/train_shakespeare_char.py (the parts the command line does not override)
+LEARNING_RATE, MIN_LR, WARMUP, BETA2, WEIGHT_DECAY, GRAD_CLIP = 1e-3, 1e-4, 100, 0.99, 0.1, 1.0
+
+
+def read_text():
+    path = os.path.join(data_dir(), "tinyshakespeare", "input.txt")
+    if not os.path.isfile(path):
+        sys.exit(f"tiny Shakespeare not found at {path}; set TRANSFORMERKIT_DATA")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def prepare_nanogpt_data(folder):
+    """nanoGPT's data/shakespeare_char/prepare.py, without the download."""
+    data = read_text()
+    chars = sorted(set(data))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    n = len(data)
+    target = os.path.join(folder, "data", "shakespeare_char")
+    os.makedirs(target, exist_ok=True)
+    for name, part in (("train", data[: int(n * 0.9)]), ("val", data[int(n * 0.9):])):
+        np.array([stoi[c] for c in part], dtype=np.uint16).tofile(
+            os.path.join(target, f"{name}.bin"))
+    with open(os.path.join(target, "meta.pkl"), "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    return target
+
+
+# -- nanoGPT ----------------------------------------------------------------------------------
+
+_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+_ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
+
+
+def run_nanogpt(nanogpt, recipe, args, work):
+    """Run nanoGPT's own train.py in ``work`` (which holds data/shakespeare_char)."""
+    for name in ("configurator.py", "config"):  # train.py reads them relative to the cwd
+        link = os.path.join(work, name)
+        if not os.path.exists(link):
+            os.symlink(os.path.join(os.path.abspath(nanogpt), name), link)
+    flags = ["--device=cpu", "--compile=False", f"--eval_iters={args.eval_iters}",
+             "--log_interval=1", f"--block_size={recipe['block_size']}",
+             f"--batch_size={recipe['batch_size']}", f"--n_layer={recipe['n_layer']}",
+             f"--n_head={recipe['n_head']}", f"--n_embd={recipe['n_embd']}",
+             f"--max_iters={args.iters}", f"--lr_decay_iters={args.iters}",
+             f"--dropout={recipe['dropout']}", f"--eval_interval={args.eval_interval}",
+             f"--out_dir={os.path.join(work, 'out')}", "--dataset=shakespeare_char"]
+    command = [sys.executable, os.path.join(os.path.abspath(nanogpt), "train.py"),
+               "config/train_shakespeare_char.py", *flags]
+    print("nanoGPT:", " ".join(command[1:]), flush=True)
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=work, capture_output=True, text=True)
+    process_seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        return {"system": "nanoGPT", "error": result.stderr.strip()[-2000:]}
+    times, evals_at = {}, []
+    for line in result.stdout.splitlines():
+        if m := _ITER.match(line):
+            times[int(m.group(1))] = float(m.group(3)) / 1000
+        elif m := _EVAL.match(line):
+            evals_at.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
+    steps = [times[i] for i in sorted(times) if i % args.eval_interval and i > 0]
+    per_iter = statistics.median(steps) if steps else float("nan")
+    evals = []
+    for it, train_loss, val_loss in evals_at:
+        # the time of iteration ``it`` includes its evaluation, then one training step
+        before = sum(t for i, t in times.items() if i < it)
+        evals.append({"iter": it, "seconds": round(before + times.get(it, 0.0) - per_iter, 3),
+                      "train_loss": train_loss, "val_loss": val_loss})
+    return {"system": "nanoGPT", "ms_per_iter": round(1000 * per_iter, 2),
+            "loop_seconds": round(sum(times.values()), 2),
+            "process_seconds": round(process_seconds, 2), "iterations": len(times),
+            "evals": evals, "final_val_loss": evals[-1]["val_loss"] if evals else None}
+
+
+# -- ours (in a subprocess: --worker) ---------------------------------------------------------
+
+def run_ours(recipe_name, args, jit):
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--recipe", recipe_name,
+               "--iters", str(args.iters), "--eval-interval", str(args.eval_interval),
+               "--eval-iters", str(args.eval_iters), *(["--jit"] if jit else [])]
+    env = dict(os.environ)
+    env.setdefault("KERAS_BACKEND", args.backend)
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    process_seconds = time.perf_counter() - started
+    label = f"transformerkit ({env['KERAS_BACKEND']}{', jit' if jit else ''})"
+    if result.returncode != 0:
+        return {"system": label, "error": result.stderr.strip()[-2000:]}
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    payload.update(system=label, process_seconds=round(process_seconds, 2))
+    return payload
+
+
+def worker(recipe, args):
+    """Train our GPT with nanoGPT's recipe; print one JSON line."""
+    import keras
+
+    import transformerkit  # noqa: F401  (picks the backend before keras is imported)
+    from transformerkit.data.pipeline import LanguageModelBatches, split_train_val
+    from transformerkit.data.tokenizers import CharTokenizer
+    from transformerkit.models import GPT
+    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training.gpt_recipe import gpt_optimizer
+
+    keras.utils.set_random_seed(1337)
+    train_text, val_text = split_train_val(read_text(), 0.1)
+    tokenizer = CharTokenizer.train([train_text])  # 65 characters + 4 reserved ids
+    train_ids = np.asarray(tokenizer.encode(train_text), "int32")
+    val_ids = np.asarray(tokenizer.encode(val_text), "int32")
+    block, batch = recipe["block_size"], recipe["batch_size"]
+    model = GPT(tokenizer.vocab_size, num_layers=recipe["n_layer"], d_model=recipe["n_embd"],
+                num_heads=recipe["n_head"], d_ff=4 * recipe["n_embd"], max_length=block,
+                dropout=recipe["dropout"], tie_embeddings="all")
+    model.compile(optimizer=gpt_optimizer(LEARNING_RATE, WARMUP, args.iters, MIN_LR,
+                                          beta_2=BETA2, weight_decay=WEIGHT_DECAY,
+                                          clip_norm=GRAD_CLIP),
+                  loss=MaskedCrossEntropy(0.0), jit_compile=bool(args.jit))
+    interval = args.eval_interval
+    train = LanguageModelBatches(train_ids, block, batch, steps_per_epoch=interval, seed=0)
+    train_eval = LanguageModelBatches(train_ids, block, batch, args.eval_iters, seed=1)
+    val_eval = LanguageModelBatches(val_ids, block, batch, args.eval_iters, seed=2)
+
+    class Clock(keras.callbacks.Callback):
+        """Per-step times and, every ``interval`` steps, train/val loss (as estimate_loss)."""
+
+        def __init__(self):
+            super().__init__()
+            self.steps, self.evals, self.start = [], [], None
+
+        def evaluate(self, iteration):
+            losses = [self.model.evaluate(data, verbose=0) for data in (train_eval, val_eval)]
+            self.evals.append({"iter": iteration,
+                               "seconds": round(time.perf_counter() - self.start, 3),
+                               "train_loss": round(float(losses[0]), 4),
+                               "val_loss": round(float(losses[1]), 4)})
+            print(f"step {iteration}: train loss {losses[0]:.4f}, val loss {losses[1]:.4f}",
+                  file=sys.stderr, flush=True)
+
+        def on_train_begin(self, logs=None):
+            self.start = time.perf_counter()
+            self.evaluate(0)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps.append(time.perf_counter() - self.step_start)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.evaluate((epoch + 1) * interval)
+
+    clock = Clock()
+    epochs = max(1, args.iters // interval)
+    model.fit(train, epochs=epochs, callbacks=[clock], shuffle=False, verbose=0)
+    loop_seconds = time.perf_counter() - clock.start
+    settled = clock.steps[5:] or clock.steps  # the first steps compile / warm up
+    print(json.dumps({
+        "ms_per_iter": round(1000 * statistics.median(settled), 2),
+        "loop_seconds": round(loop_seconds, 2), "iterations": len(clock.steps),
+        "first_step_seconds": round(clock.steps[0], 2), "evals": clock.evals,
+        "final_val_loss": clock.evals[-1]["val_loss"], "parameters": model.count_params(),
+        "vocab_size": tokenizer.vocab_size}))
+
+
+# -- report -----------------------------------------------------------------------------------
+
+def time_to_reach(result, target):
+    """Loop seconds at the first evaluation with val loss <= ``target`` (None if never)."""
+    for entry in result.get("evals", []):
+        if entry["val_loss"] <= target:
+            return entry["seconds"]
+    return None
+
+
+def report(recipe_name, recipe, args, results):
+    nano = next((r for r in results if r["system"] == "nanoGPT" and "error" not in r), None)
+    target = nano["final_val_loss"] if nano else None
+    rows = ["| system | iterations | ms/iter | loop s | final val loss | s to nanoGPT's val "
+            "loss | ms/iter vs nanoGPT | time to its loss vs nanoGPT |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if "error" in r:
+            rows.append(f"| {r['system']} | failed: {r['error'].splitlines()[-1][:80]} "
+                        "| | | | | | |")
+            continue
+        reach = time_to_reach(r, target) if target is not None else None
+        r["seconds_to_nanogpt_val_loss"] = reach
+        speed = f"{r['ms_per_iter'] / nano['ms_per_iter']:.2f}x" if nano else ""
+        nano_reach = time_to_reach(nano, target) if nano else None
+        wall = (f"{reach / nano_reach:.2f}x" if reach is not None and nano_reach else
+                ("not reached" if nano else ""))
+        rows.append(f"| {r['system']} | {r['iterations']} | {r['ms_per_iter']:.1f} | "
+                    f"{r['loop_seconds']:.1f} | {r['final_val_loss']:.4f} | "
+                    f"{'' if reach is None else f'{reach:.1f}'} | {speed} | {wall} |")
+    note = (f"\nRecipe `{recipe_name}`: {recipe['n_layer']} layers, {recipe['n_head']} heads, "
+            f"{recipe['n_embd']} wide, block {recipe['block_size']}, batch "
+            f"{recipe['batch_size']}, dropout {recipe['dropout']}, {args.iters} iterations, "
+            f"lr {LEARNING_RATE} (warmup {WARMUP}, cosine to {MIN_LR}), AdamW (0.9, {BETA2}) "
+            f"wd {WEIGHT_DECAY} on matrices, clip {GRAD_CLIP}; loss = mean of "
+            f"{args.eval_iters} random batches every {args.eval_interval} iterations. "
+            "ms/iter: median over iterations without an evaluation; loop s: the training "
+            "loop with its evaluations. Ratios below 1 mean we are faster.")
+    table = "\n".join(rows) + "\n" + note
+    payload = {"recipe": recipe_name, "settings": {**recipe, "iters": args.iters,
+                                                   "eval_interval": args.eval_interval,
+                                                   "eval_iters": args.eval_iters},
+               "machine": machine(), "nanogpt_val_loss_target": target, "results": results}
+    name = args.name or ("gpt_vs_nanogpt" if recipe_name == "cpu" else
+                         f"gpt_vs_nanogpt_{recipe_name}")
+    write_results(name, payload, table)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="cpu")
+    parser.add_argument("--iters", type=int, help="training iterations (recipe default)")
+    parser.add_argument("--eval-interval", type=int, help="iterations between evaluations")
+    parser.add_argument("--eval-iters", type=int, default=20, help="batches per evaluation")
+    parser.add_argument("--nanogpt", help="a nanoGPT checkout: also run its train.py")
+    parser.add_argument("--backend", default="torch", help="Keras backend for ours (torch)")
+    parser.add_argument("--jit", action="store_true",
+                        help="also run ours with jit_compile=True (torch.compile)")
+    parser.add_argument("--name", help="results file name (default gpt_vs_nanogpt[_RECIPE])")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    recipe = RECIPES[args.recipe]
+    args.iters = args.iters or recipe["iters"]
+    args.eval_interval = min(args.eval_interval or recipe["eval_interval"], args.iters)
+    if args.iters % args.eval_interval:
+        parser.error(f"--iters {args.iters} must be a multiple of --eval-interval "
+                     f"{args.eval_interval}")
+    if args.worker:
+        return worker(recipe, args)
+    results = []
+    if args.nanogpt:
+        if not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
+            parser.error(f"--nanogpt {args.nanogpt}: no train.py there")
+        with tempfile.TemporaryDirectory(prefix="nanogpt-bench-") as work:
+            prepare_nanogpt_data(work)
+            results.append(run_nanogpt(args.nanogpt, recipe, args, work))
+    results.append(run_ours(args.recipe, args, jit=False))
+    if args.jit:
+        results.append(run_ours(args.recipe, args, jit=True))
+    report(args.recipe, recipe, args, results)
+
+
+if __name__ == "__main__":
+    main()
