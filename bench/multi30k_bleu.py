@@ -20,6 +20,7 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
 import argparse
 import csv
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -105,8 +106,8 @@ def main():
                "seconds_per_epoch": epoch_seconds,
                "final_val_loss": history[-1].get("val_loss") if history else None,
                "results": results}
-    mean_epoch = (f"{sum(epoch_seconds) / len(epoch_seconds):.0f} s" if epoch_seconds
-                  else "n/a")
+    # the median: the last epoch is usually cut short by the budget
+    median_epoch = f"{statistics.median(epoch_seconds):.0f} s" if epoch_seconds else "n/a"
     lines = ["| search | test2016 sacrebleu BLEU | chrF | tutorial BLEU (lower-cased words) |"
              " decode time |",
              "|---|---:|---:|---:|---:|"]
@@ -116,7 +117,8 @@ def main():
     lines.append(
         f"\n{minutes} minutes of training ({payload['config']}"
         f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
-        f"cores: {len(history)} epochs logged, {mean_epoch} per epoch (training + validation). "
+        f"cores: {len(history)} epochs logged (the last one cut by the budget), {median_epoch} per "
+        f"epoch (median; training + validation). "
         f"Reference bar: {REFERENCE_BAR} tutorial BLEU (3+3 layers, 256 wide, greedy, GPU). "
         f"sacrebleu signature: {results[0]['bleu_signature']}.")
     common.write_results(args.name, payload, "\n".join(lines))
