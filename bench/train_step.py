@@ -9,10 +9,15 @@ de->en batches of about 4096 target tokens (shared BPE vocabulary of 8000):
 (b) the paper's base model (6+6, 512, 8 heads, 2048, shared vocabulary 37000) on the default
     backend, next to this machine's float32 matmul peak measured in the same run.
 
+Marian runs twice: as its users run it, and with the glibc ``malloc`` setting that
+``import transformerkit`` applies (:mod:`transformerkit.allocator`), to show how much of
+our lead is that setting, which any PyTorch program can adopt.
+
 Reported: real (non-padding) target tokens per second of forward+backward+update, and the
 achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward).
 
     python bench/train_step.py            # writes bench/results/train_step.{json,md}
+    python bench/train_step.py --precision float32,mixed_bfloat16   # + a bf16 row (small model)
 """
 
 import argparse
@@ -28,7 +33,7 @@ SMALL = dict(layers=3, d_model=256, heads=8, d_ff=512, vocab=8000)
 BASE = dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=37000)
 
 
-def keras_worker(size, num_batches, repeats):
+def keras_worker(size, num_batches, repeats, precision="float32"):
     import keras
     import numpy as np
 
@@ -38,6 +43,7 @@ def keras_worker(size, num_batches, repeats):
     spec = SMALL if size == "small" else BASE
     batches = common.multi30k_batches(num_batches)
     keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(precision)  # float32 | mixed_bfloat16 (train.precision)
     model = Transformer(spec["vocab"], spec["vocab"], num_layers=spec["layers"],
                         d_model=spec["d_model"], num_heads=spec["heads"], d_ff=spec["d_ff"],
                         max_length=256, tie_embeddings="all")
@@ -51,9 +57,14 @@ def keras_worker(size, num_batches, repeats):
     return _time_steps(step, batches, repeats, spec, keras.backend.backend(), np)
 
 
-def marian_worker(num_batches, repeats):
+def marian_worker(num_batches, repeats, allocator=False):
     import numpy as np
     import torch
+
+    if allocator:  # the same glibc malloc setting transformerkit applies on import
+        from transformerkit.allocator import keep_freed_memory
+
+        keep_freed_memory()
     from transformers import MarianConfig, MarianMTModel
 
     spec = SMALL
@@ -115,12 +126,16 @@ def main():
     parser.add_argument("--base-batches", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backends", default="torch,jax,tensorflow")
+    parser.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="float32",
+                        help="comma-separated dtype policies (float32, mixed_bfloat16); each "
+                             "one after the first adds a small-model row on the first backend")
     args = parser.parse_args()
     if args.worker == "keras":
-        print(json.dumps(keras_worker(args.size, args.batches, args.repeats)))
+        print(json.dumps(keras_worker(args.size, args.batches, args.repeats, args.precision)))
         return
     if args.worker == "marian":
-        print(json.dumps(marian_worker(args.batches, args.repeats)))
+        print(json.dumps(marian_worker(args.batches, args.repeats, args.allocator)))
         return
 
     common.multi30k_batches(args.batches)  # build the shared batches once
@@ -132,9 +147,21 @@ def main():
                               {"KERAS_BACKEND": backend})
         rows.append({"system": f"transformerkit ({backend})", "model": "small", **r})
         print(rows[-1], flush=True)
+    backend = args.backends.split(",")[0]
+    for precision in args.precision.split(",")[1:]:
+        r = common.run_worker(script, ["--worker", "keras", "--batches", str(args.batches),
+                                       "--repeats", str(args.repeats), "--precision", precision],
+                              {"KERAS_BACKEND": backend})
+        rows.append({"system": f"transformerkit ({backend}, {precision})", "model": "small",
+                     "precision": precision, **r})
+        print(rows[-1], flush=True)
     r = common.run_worker(script, ["--worker", "marian", "--batches", str(args.batches),
                                    "--repeats", str(args.repeats)])
     rows.append({"system": "HF transformers MarianMTModel", "model": "small", **r})
+    print(rows[-1], flush=True)
+    r = common.run_worker(script, ["--worker", "marian", "--allocator", "--batches",
+                                   str(args.batches), "--repeats", str(args.repeats)])
+    rows.append({"system": "HF Marian + transformerkit's malloc setting", "model": "small", **r})
     print(rows[-1], flush=True)
     peak = round(common.matmul_peak(), 1)
     common.multi30k_batches(args.base_batches)
@@ -144,7 +171,8 @@ def main():
     rows.append({"system": "transformerkit (torch)", "model": "base", **r})
     print(rows[-1], flush=True)
 
-    marian = next((r for r in rows if "Marian" in r["system"] and "error" not in r), None)
+    marian = next((r for r in rows if r["system"] == "HF transformers MarianMTModel"
+                   and "error" not in r), None)
     lines = ["| model | system | target tokens/s | GFLOP/s | vs Marian | % of matmul peak |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
