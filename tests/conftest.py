@@ -51,6 +51,20 @@ def pytest_configure(config):
         "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Say how many cases the property tests ran (``fuzz_cases`` recorded by
+    ``tests/test_fuzz.py``; reports carry it from pytest-xdist workers too)."""
+    cases = {}
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "fuzz_cases":
+                    cases[report.nodeid] = value
+    if cases:
+        terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases in {len(cases)} "
+                                    "property tests")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state (weights, dropout, NumPy)."""

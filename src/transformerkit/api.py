@@ -132,6 +132,9 @@ class Run:
         tok = self.source_tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        from transformerkit.decoding.translate import check_text
+
+        check_text(prompt, "the prompt")
         ids = tok.encode(prompt)
         if not ids:
             raise ValueError("the prompt is empty: give at least one character or token")

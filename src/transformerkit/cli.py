@@ -179,17 +179,40 @@ def _print(text=""):
     print(text, flush=True)
 
 
+def _valid_text(text, where):
+    """``text`` (bytes, or str from the command line) as valid Unicode: invalid UTF-8 bytes
+    (which Python turns into lone surrogates in ``sys.argv``) become U+FFFD, with a warning
+    naming ``where``."""
+    try:
+        if isinstance(text, bytes):
+            return text.decode("utf-8")
+        text.encode("utf-8")
+        return text
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        pass
+    if not isinstance(text, bytes):
+        try:
+            text = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "surrogatepass")
+    print(f"transformerkit: warning: {where} is not valid UTF-8; invalid bytes replaced by "
+          "U+FFFD", file=sys.stderr)
+    return text.decode("utf-8", "replace")
+
+
 def _stdin_chunks(stream, max_lines):
-    """Lines of ``stream`` in chunks: as many as are already available (at most
-    ``max_lines``), so a pipe is translated in full batches and a terminal line by line."""
+    """Lines of ``stream`` (a binary stream) in chunks: as many as are already available
+    (at most ``max_lines``), so a pipe is translated in full batches and a terminal line by
+    line. Lines that are not valid UTF-8 are decoded with U+FFFD and a warning."""
     import select
 
-    chunk = []
+    chunk, number = [], 0
     while True:
         line = stream.readline()
         if not line:
             break
-        chunk.append(line.rstrip("\r\n"))
+        number += 1
+        chunk.append(_valid_text(line, f"stdin line {number}").rstrip("\r\n"))
         try:
             more = len(chunk) < max_lines and bool(select.select([stream], [], [], 0)[0])
         except (OSError, ValueError):  # not selectable (e.g. a StringIO in tests)
@@ -207,7 +230,9 @@ def _translate(args):
         args.beam = args.n_best
     options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-    chunks = [args.texts] if args.texts else _stdin_chunks(sys.stdin, args.batch_size)
+    texts = [_valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)
+    chunks = [texts] if texts else _stdin_chunks(stdin, args.batch_size)
     offset = 0
     for chunk in chunks:
         _translate_chunk(run, chunk, offset, options)
@@ -243,7 +268,7 @@ def _translate_chunk(run, texts, offset, options):
 
 def _generate(args):
     run = _load(args)
-    _print(run.generate(args.prompt, max_new_tokens=args.max_new_tokens,
+    _print(run.generate(_valid_text(args.prompt, "--prompt"), max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed))
     return 0

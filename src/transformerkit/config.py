@@ -12,6 +12,8 @@ import re
 import yaml
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
+PRECISIONS = ("float32", "mixed_bfloat16")
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
 # key: (default, allowed types). None default = "not set".
 _MODEL = {
@@ -42,6 +44,12 @@ _TRAIN = {
     "seed": (0, int), "warmup_steps": (4000, int), "lr_scale": (1.0, float),
     "learning_rate": (None, float), "label_smoothing": (0.1, float),
     "jit_compile": ("auto", (bool, str)), "mixed_precision": (False, bool),
+    # precision: float32 | mixed_bfloat16 (mixed_precision: true is an older spelling of the
+    # latter); distribution: none | data_parallel | model_parallel (JAX backend; see
+    # training/distribution.py), on `devices` devices (default all), model axis of
+    # `model_parallel_size` devices (default all)
+    "precision": ("float32", str), "distribution": ("none", str), "devices": (None, int),
+    "model_parallel_size": (None, int),
     "samples": (5, int), "eval_max_sentences": (None, int), "decode_max_length": (None, int),
     "checkpoints_to_keep": (2, int), "verbose": ("auto", (int, str)),
     # monitors (training/monitors.py): sample outputs every N epochs|steps, validation BLEU
@@ -71,6 +79,8 @@ def load_config(path=None, overrides=()):
                 raw = yaml.safe_load(f) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path} is not UTF-8 text: {err}") from err
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must be a mapping with sections model/data/train")
     raw = copy.deepcopy(raw)
@@ -87,7 +97,7 @@ def resolve(raw, source="config"):
     """Validate ``raw`` against :data:`SCHEMA` and fill defaults."""
     unknown_sections = set(raw) - set(SCHEMA)
     if unknown_sections:
-        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown_sections)}; "
+        raise ConfigError(f"{source}: unknown section(s) {sorted(map(str, unknown_sections))}; "
                           f"expected {sorted(SCHEMA)}")
     config = defaults()
     for section, values in raw.items():
@@ -146,6 +156,15 @@ def _check_values(config, source):
         raise ConfigError(f"{source}: train.sample_unit must be 'epoch' or 'step', "
                           f"got {train['sample_unit']!r}")
     for key in ("sample_every", "bleu_every", "bleu_max_sentences", "eval_beam_size"):
+        if train[key] is not None and train[key] < 1:
+            raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
+    if train["precision"] not in PRECISIONS:
+        raise ConfigError(f"{source}: train.precision must be one of {PRECISIONS}, "
+                          f"got {train['precision']!r}")
+    if train["distribution"] not in DISTRIBUTIONS:
+        raise ConfigError(f"{source}: train.distribution must be one of {DISTRIBUTIONS}, "
+                          f"got {train['distribution']!r}")
+    for key in ("devices", "model_parallel_size"):
         if train[key] is not None and train[key] < 1:
             raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
     if not 0.0 <= train["label_smoothing"] < 1.0:

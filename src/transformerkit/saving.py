@@ -8,7 +8,8 @@ def load_model(path, compile=True):
     """Load a ``.keras`` file written by transformerkit (Keras safe mode: no pickles or lambdas).
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
-    a truncated or corrupt one, instead of an error from deep inside Keras.
+    a truncated or corrupt one, instead of an error from deep inside Keras (a file refused
+    by safe mode keeps Keras' own message, which names ``safe_mode``).
     """
     import keras
 
@@ -25,3 +26,8 @@ def load_model(path, compile=True):
         return keras.saving.load_model(path, compile=compile, safe_mode=True)
     except (zipfile.BadZipFile, OSError, KeyError, EOFError) as err:
         raise ValueError(f"{path} could not be read (truncated or corrupt): {err}") from err
+    except (ValueError, TypeError) as err:  # a bad config.json, weights of the wrong shape
+        if "safe_mode" in str(err):  # refused by safe mode: say so, unchanged
+            raise
+        raise ValueError(f"{path} could not be loaded (truncated or corrupt, or not a "
+                         f"transformerkit model): {err}") from err

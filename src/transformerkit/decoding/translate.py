@@ -9,10 +9,22 @@ from transformerkit.decoding.greedy import greedy_translate
 from transformerkit.decoding.sampling import sample_translate
 
 
+def check_text(text, what):
+    """Raise a clear ``ValueError`` if ``text`` holds lone surrogates (U+D800..U+DFFF: not
+    Unicode text; Python makes them from undecodable bytes), which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[err.start]!r} at "
+                         f"character {err.start} (undecodable bytes? decode them with "
+                         "errors='replace')") from None
+
+
 def encode_sources(texts, tokenizer, max_length):
     """Source texts -> id lists ``pieces + [EOS]`` (how the model was trained).
 
-    Raises ``ValueError`` for an empty (or whitespace-only) text, naming its index; a text
+    Raises ``ValueError`` for an empty (or whitespace-only) text or one with lone
+    surrogates, naming its index; a text
     longer than ``max_length`` tokens is cut to its first ``max_length - 1`` pieces + EOS,
     with a warning.
     """
@@ -24,6 +36,7 @@ def encode_sources(texts, tokenizer, max_length):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.60}")
         if not text.strip():
             raise ValueError(f"text {i} is empty: nothing to translate")
+        check_text(text, f"text {i}")
         ids = tokenizer.encode(text, add_eos=True)
         if len(ids) > max_length:
             warnings.warn(f"text {i} has {len(ids)} tokens, more than the model's max_length="

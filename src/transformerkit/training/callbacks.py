@@ -1,16 +1,21 @@
-"""Callbacks of ``transformerkit train``: atomic checkpoints and stopping rules."""
+"""Callbacks of ``transformerkit train``: atomic, verified checkpoints and stopping rules."""
 
 import base64
+import glob
+import hashlib
 import json
 import math
 import os
+import re
 import time
+import warnings
 
 import keras
 
 from transformerkit.files import atomic_path, atomic_write_text
 
 STATE_FILE = "latest.json"
+_EPOCH_FILE = re.compile(r"^epoch-(\d+)\.keras$")
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -18,8 +23,11 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     Layout in ``directory``: ``epoch-0003.keras`` (the last ``keep`` of them),
     ``best.keras`` (lowest ``monitor``) and ``latest.json`` = ``{"epoch": 3, "step": 540,
-    "checkpoint": "epoch-0003.keras", "best": 2.31}``. ``latest.json`` is written last, so
-    it always names a complete file: a crash during a save leaves the previous state.
+    "checkpoint": "epoch-0003.keras", "sha256": "...", "best": 2.31}``. Each file is
+    written to a temporary name and renamed; ``latest.json`` is written last, so it always
+    names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
+    crash during a save leaves the previous state. An epoch whose loss is NaN or inf is not
+    saved, so the last checkpoint stays the last good one.
     """
 
     def __init__(self, directory, keep=2, monitor="val_loss", best=None):
@@ -29,12 +37,20 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.monitor = monitor
         self.best = best
         os.makedirs(directory, exist_ok=True)
+        for stale in glob.glob(os.path.join(directory, ".tmp-*")):  # left by a killed save
+            os.remove(stale)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
+        loss = logs.get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            warnings.warn(f"epoch {epoch + 1}: the loss is {loss}; no checkpoint written (the "
+                          "last one stays the last good one)", RuntimeWarning, stacklevel=2)
+            return
         name = f"epoch-{epoch + 1:04d}.keras"
         with atomic_path(os.path.join(self.directory, name)) as tmp:
             self.model.save(tmp)
+            digest = file_sha256(tmp)
         value = logs.get(self.monitor)
         improved = value is not None and math.isfinite(value) and (
             self.best is None or value < self.best)
@@ -43,16 +59,28 @@ class RunCheckpoint(keras.callbacks.Callback):
             with atomic_path(os.path.join(self.directory, "best.keras")) as tmp:
                 self.model.save(tmp)
         state = {"epoch": epoch + 1, "step": int(self.model.optimizer.iterations.numpy()),
-                 "checkpoint": name, "best": self.best, "monitor": self.monitor,
+                 "checkpoint": name, "sha256": digest, "best": self.best,
+                 "monitor": self.monitor,
                  "global_rng": global_rng_state()}
         atomic_write_text(os.path.join(self.directory, STATE_FILE), json.dumps(state, indent=1))
         self._prune()
 
     def _prune(self):
-        epochs = sorted(f for f in os.listdir(self.directory)
-                        if f.startswith("epoch-") and f.endswith(".keras"))
-        for old in epochs[: -self.keep]:
+        for old in epoch_files(self.directory)[: -self.keep]:
             os.remove(os.path.join(self.directory, old))
+
+
+def epoch_files(directory):
+    """``epoch-NNNN.keras`` names in ``directory``, oldest first."""
+    return sorted(f for f in os.listdir(directory) if _EPOCH_FILE.match(f))
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def global_rng_state():
@@ -94,18 +122,82 @@ class RestoreGlobalRNG(keras.callbacks.Callback):
 
 
 def read_checkpoint_state(directory):
-    """The ``latest.json`` state of a checkpoint directory, or None if there is none."""
+    """The ``latest.json`` state of a checkpoint directory, or None if it has none.
+
+    An unreadable ``latest.json`` gives a warning and None (:func:`load_checkpoint` then
+    falls back to the newest epoch file).
+    """
     path = os.path.join(directory, STATE_FILE)
     if not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
+        if not isinstance(state, dict) or not isinstance(state.get("checkpoint"), str):
+            raise ValueError("not a checkpoint state")
     except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint state {path} is unreadable: {err}") from err
-    if not os.path.exists(os.path.join(directory, state.get("checkpoint", ""))):
-        raise ValueError(f"{path} names {state.get('checkpoint')!r}, which is missing")
+        warnings.warn(f"checkpoint state {path} is unreadable ({err}); ignoring it",
+                      RuntimeWarning, stacklevel=2)
+        return None
     return state
+
+
+def has_checkpoint(directory):
+    return os.path.isdir(directory) and (
+        os.path.exists(os.path.join(directory, STATE_FILE)) or bool(epoch_files(directory)))
+
+
+def load_checkpoint(directory):
+    """Load the newest good checkpoint of ``directory``: ``(model, state)``.
+
+    The file ``latest.json`` names is used when it exists, matches its sha256 and loads;
+    otherwise the epoch files are tried newest first, with a warning naming what was wrong
+    (then ``state`` is rebuilt from the file name and the model's step counter, and the
+    global RNG state of the newer checkpoint is dropped: the resume is no longer bit-exact).
+    Raises ``FileNotFoundError`` when there is no checkpoint and ``ValueError`` when none
+    of them can be read.
+    """
+    from transformerkit.saving import load_model
+
+    if not has_checkpoint(directory):
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    state = read_checkpoint_state(directory)
+    names = [state["checkpoint"]] if state else []
+    names += [n for n in reversed(epoch_files(directory)) if n not in names]
+    problems = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if state and name == state["checkpoint"] and state.get("sha256") and \
+                    os.path.isfile(path) and file_sha256(path) != state["sha256"]:
+                raise ValueError(f"{path} does not match the sha256 in {STATE_FILE} (corrupt)")
+            model = load_model(path)
+        except (ValueError, OSError) as err:
+            problems.append(str(err))
+            continue
+        if state and name == state["checkpoint"]:
+            return model, state
+        reason = "; ".join(problems) or f"{STATE_FILE} is missing or unreadable"
+        warnings.warn(f"falling back to checkpoint {path}: {reason}", RuntimeWarning,
+                      stacklevel=2)
+        fallback = {"epoch": int(_EPOCH_FILE.match(name).group(1)),
+                    "step": int(model.optimizer.iterations.numpy()), "checkpoint": name,
+                    "best": (state or {}).get("best"), "monitor": (state or {}).get("monitor"),
+                    "global_rng": None}
+        return model, fallback
+    raise ValueError(f"no readable checkpoint in {directory}: {'; '.join(problems)}")
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Adds ``epoch_seconds`` (wall-clock time of the epoch: its training steps and its
+    validation) to the epoch logs, so ``history.csv`` records it."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and getattr(self, "_start", None) is not None:
+            logs["epoch_seconds"] = round(time.monotonic() - self._start, 1)
 
 
 class StopConditions(keras.callbacks.Callback):
@@ -132,15 +224,20 @@ class StopConditions(keras.callbacks.Callback):
 
 
 class NonFiniteLoss(keras.callbacks.Callback):
-    """Stops training at the first NaN/inf loss and says at which step."""
+    """Stops training at the first NaN/inf loss; ``failed_step`` (the optimizer step, from
+    1), ``failed_epoch`` (from 0) and ``failed_value`` say where and what."""
 
     def __init__(self):
         super().__init__()
-        self.failed_step = None
+        self.failed_step = self.failed_epoch = self.failed_value = None
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
+        if self.failed_step is None and loss is not None and not math.isfinite(float(loss)):
             self.failed_step = int(self.model.optimizer.iterations.numpy())
+            self.failed_epoch, self.failed_value = self._epoch, float(loss)
             self.model.stop_training = True
-

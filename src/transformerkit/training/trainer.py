@@ -4,11 +4,13 @@ Read top to bottom: prepare the run directory -> data and tokenizers -> model ->
 (masked loss, the paper's optimizer) -> ``model.fit`` with checkpoints -> final artefacts.
 """
 
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
+import shutil
 import time
 
 import keras
@@ -17,18 +19,25 @@ from transformerkit.config import parse_duration, save_config
 from transformerkit.data.pipeline import EpochSync
 from transformerkit.files import atomic_path, atomic_write_text
 from transformerkit.models.factory import build_model
-from transformerkit.saving import load_model
 from transformerkit.training.callbacks import (
+    EpochTimer,
     NonFiniteLoss,
     RestoreGlobalRNG,
     RunCheckpoint,
     StopConditions,
-    read_checkpoint_state,
+    has_checkpoint,
+    load_checkpoint,
 )
 from transformerkit.training.data_setup import prepare_data
+from transformerkit.training.distribution import (
+    build_distribution,
+    check_model_parallel_shapes,
+    divisible,
+)
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam
+from transformerkit.training.precision import precision_of, precision_policy
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
 
@@ -36,36 +45,52 @@ log = logging.getLogger("transformerkit")
 
 
 def train(config, run_dir, resume=False):
-    """Train the model of ``config`` into ``run_dir`` and return the final metrics dict."""
+    """Train the model of ``config`` into ``run_dir`` and return the final metrics dict.
+
+    Raises before any training step: ``OSError`` for a run directory that is not writable
+    or a disk without room for the checkpoints, ``ValueError`` for a distribution the
+    backend or the devices cannot do; during training ``FloatingPointError`` naming the
+    step where the loss became NaN or inf (the last good checkpoint is kept).
+    """
     if config["model"]["type"] == "encoder":
         raise ValueError("`train` supports model.type transformer and gpt; train an Encoder "
                          "with model.fit from Python (see README, 'Encoder')")
     checkpoints = os.path.join(run_dir, "checkpoints")
-    state = _prepare_run_dir(config, run_dir, checkpoints, resume)
     train_cfg = config["train"]
+    _check_run_dir(run_dir, checkpoints, resume)
+    dist = build_distribution(train_cfg["distribution"], train_cfg["devices"],
+                              train_cfg["model_parallel_size"])
+    if not resume:
+        save_config(config, os.path.join(run_dir, "config.yaml"))
     keras.utils.set_random_seed(train_cfg["seed"])
-    if train_cfg["mixed_precision"]:
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    with precision_policy(precision_of(train_cfg)), \
+            (dist.scope() if dist else contextlib.nullcontext()):
+        return _train(config, run_dir, checkpoints, resume, dist)
 
-    data = prepare_data(config, run_dir, reuse_tokenizers=state is not None)
+
+def _train(config, run_dir, checkpoints, resume, dist):
+    train_cfg = config["train"]
+    data = prepare_data(config, run_dir, reuse_tokenizers=resume)
     for key, value in data.info.items():
         log.info("%s: %s", key, value)
 
-    if state is None:
+    if not resume:
         model = build_model(config["model"], data.source_tokenizer.vocab_size,
                             data.target_tokenizer.vocab_size)
         compile_model(model, config)
-        initial_epoch, best = 0, None
+        state, initial_epoch, best = None, 0, None
     else:  # exact resume: weights, optimizer moments and step, dropout RNG state
-        model = load_model(os.path.join(checkpoints, state["checkpoint"]))
+        model, state = load_checkpoint(checkpoints)
         initial_epoch, best = state["epoch"], state["best"]
         log.info("resuming from %s (epoch %d, step %d)", state["checkpoint"], initial_epoch,
                  state["step"])
+    check_model_parallel_shapes(model, dist)
+    check_disk_space(run_dir, model, train_cfg["checkpoints_to_keep"])
 
     stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
     non_finite = NonFiniteLoss()
     callbacks = [
-        EpochSync(data.train), stop, non_finite,
+        EpochSync(data.train), EpochTimer(), stop, non_finite,
         *([RestoreGlobalRNG(state.get("global_rng"))] if state else []),
         *build_monitors(config, data),  # before the checkpoint/CSV: they log val_bleu
         RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
@@ -80,14 +105,16 @@ def train(config, run_dir, resume=False):
         # shuffle=False: the dataset orders its own batches as a function of (seed, epoch);
         # Keras' own batch shuffling would draw from NumPy's global RNG and break resume.
         data.train.set_epoch(initial_epoch)
-        history = model.fit(data.train, validation_data=data.val, epochs=epochs,
+        history = model.fit(divisible(data.train, dist),
+                            validation_data=divisible(data.val, dist), epochs=epochs,
                             initial_epoch=initial_epoch, callbacks=callbacks, shuffle=False,
                             verbose=train_cfg["verbose"])
     if non_finite.failed_step is not None:
         raise FloatingPointError(
-            f"the loss became NaN or inf at step {non_finite.failed_step}; the last good "
-            f"checkpoint is in {checkpoints}. Lower the learning rate (train.lr_scale) or check "
-            "the data.")
+            f"the loss became {non_finite.failed_value} at step {non_finite.failed_step} "
+            f"(epoch {non_finite.failed_epoch + 1}); training stopped and the last good "
+            f"checkpoint is kept in {checkpoints}. Lower the learning rate (train.lr_scale or "
+            "train.learning_rate) or check the data, then --resume.")
     with atomic_path(os.path.join(run_dir, "model.keras")) as tmp:
         model.save(tmp)
     summary = {
@@ -116,26 +143,43 @@ def compile_model(model, config):
                   metrics=[MaskedAccuracy()], jit_compile=train_cfg["jit_compile"])
 
 
-def _prepare_run_dir(config, run_dir, checkpoints, resume):
-    """Create and check ``run_dir``; return the checkpoint state when resuming."""
+def _check_run_dir(run_dir, checkpoints, resume):
+    """Create ``run_dir`` and check that it is writable (a probe file) and, when resuming,
+    that it holds a checkpoint, or otherwise that it holds no run yet."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, ".write-test")
         with open(probe, "w") as f:
             f.write("ok")
+            f.flush()
+            os.fsync(f.fileno())
         os.remove(probe)
     except OSError as err:
         raise OSError(f"run directory {run_dir} is not writable: {err}") from err
-    state = read_checkpoint_state(checkpoints)
     if resume:
-        if state is None:
+        if not has_checkpoint(checkpoints):
             raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints}")
-        return state
-    if state is not None or os.path.exists(os.path.join(run_dir, "model.keras")):
+    elif has_checkpoint(checkpoints) or os.path.exists(os.path.join(run_dir, "model.keras")):
         raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or "
                               "--out to choose another directory")
-    save_config(config, os.path.join(run_dir, "config.yaml"))
-    return None
+
+
+def checkpoint_bytes(model):
+    """Rough size of one ``.keras`` checkpoint: float32 weights plus two Adam moments."""
+    return 3 * 4 * sum(math.prod(w.shape) for w in model.weights)
+
+
+def check_disk_space(run_dir, model, keep):
+    """Raise ``OSError`` before training if ``run_dir``'s disk cannot hold the checkpoints:
+    ``keep`` epoch files + the one being written + ``best.keras`` + ``model.keras``, and
+    16 MB for logs and tokenizers."""
+    needed = (keep + 3) * checkpoint_bytes(model) + (16 << 20)
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise OSError(f"not enough free disk space for {run_dir}: {free / 2**20:,.0f} MB free, "
+                      f"about {needed / 2**20:,.0f} MB needed ({keep} + 3 checkpoints of "
+                      f"{checkpoint_bytes(model) / 2**20:,.1f} MB); free some space, lower "
+                      "train.checkpoints_to_keep or choose another --out")
 
 
 def _seconds(budget):
