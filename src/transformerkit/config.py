@@ -81,6 +81,8 @@ def load_config(path=None, overrides=()):
             raise ConfigError(f"{path} is not valid YAML: {err}") from err
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path} is not UTF-8 text: {err}") from err
+        except RecursionError:
+            raise ConfigError(f"{path} is nested too deeply to be a config") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must be a mapping with sections model/data/train")
     raw = copy.deepcopy(raw)
@@ -110,8 +112,12 @@ def resolve(raw, source="config"):
                 close = [k for k in SCHEMA[section] if k.split("_")[0] == str(key).split("_")[0]]
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
-            config[section][key] = _check_type(f"{section}.{key}", value,
-                                               SCHEMA[section][key][1])
+            default, types = SCHEMA[section][key]
+            if value is None and default is not None:  # keys with a default must have a value
+                raise ConfigError(f"{source}: {section}.{key} must be "
+                                  f"{_names(types if isinstance(types, tuple) else (types,))}, "
+                                  "got nothing (null)")
+            config[section][key] = _check_type(f"{section}.{key}", value, types)
     _check_values(config, source)
     return config
 
