@@ -13,6 +13,7 @@ import yaml
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
 PRECISIONS = ("float32", "mixed_bfloat16")
+OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
 # key: (default, allowed types). None default = "not set".
@@ -25,6 +26,9 @@ _MODEL = {
     "tie_embeddings": ("none", str), "key_dim": (None, int), "value_dim": (None, int),
     "layer_norm_epsilon": (None, float), "embeddings_trainable": (True, bool),
     "pretrained_embeddings": (None, str),
+    # GPT only: scale token embeddings by sqrt(d_model) (default false, as GPT-2) and
+    # initialization gpt2 (default) | paper (see models/gpt.py)
+    "scale_embeddings": (None, bool), "initialization": (None, str),
 }
 _DATA = {
     "dataset": ("multi30k", str),  # multi30k | parallel | tsv | text | ted_hrlr
@@ -43,6 +47,12 @@ _TRAIN = {
     "epochs": (10, int), "max_steps": (None, int), "time_budget": (None, str),
     "seed": (0, int), "warmup_steps": (4000, int), "lr_scale": (1.0, float),
     "learning_rate": (None, float), "label_smoothing": (0.1, float),
+    # optimizer: paper (Adam 0.9/0.98/1e-9 on the warmup schedule, or a constant
+    # learning_rate) | adamw_cosine (nanoGPT's recipe: AdamW with weight decay on matrices,
+    # linear warmup over warmup_steps to learning_rate (default 1e-3), cosine decay to
+    # min_learning_rate (default learning_rate / 10) at the run's last step, clip_norm)
+    "optimizer": ("paper", str), "min_learning_rate": (None, float),
+    "weight_decay": (0.1, float), "beta_2": (None, float), "clip_norm": (None, float),
     "jit_compile": ("auto", (bool, str)), "mixed_precision": (False, bool),
     # precision: float32 | mixed_bfloat16 (mixed_precision: true is an older spelling of the
     # latter); distribution: none | data_parallel | model_parallel (JAX backend; see
@@ -173,6 +183,17 @@ def _check_values(config, source):
     for key in ("devices", "model_parallel_size"):
         if train[key] is not None and train[key] < 1:
             raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
+    if train["optimizer"] not in OPTIMIZERS:
+        raise ConfigError(f"{source}: train.optimizer must be one of {OPTIMIZERS}, "
+                          f"got {train['optimizer']!r}")
+    for key in ("learning_rate", "min_learning_rate", "clip_norm"):
+        if train[key] is not None and not train[key] > 0:
+            raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
+    if not train["weight_decay"] >= 0:
+        raise ConfigError(f"{source}: train.weight_decay must be >= 0, got "
+                          f"{train['weight_decay']}")
+    if train["beta_2"] is not None and not 0.0 < train["beta_2"] < 1.0:
+        raise ConfigError(f"{source}: train.beta_2 must be in (0, 1), got {train['beta_2']}")
     if not 0.0 <= train["label_smoothing"] < 1.0:
         raise ConfigError(f"{source}: train.label_smoothing must be in [0, 1)")
 

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.attention import MultiHeadAttention
+from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.feedforward import FeedForward
 
 NORM_POSITIONS = ("post", "pre")
@@ -63,7 +64,7 @@ class _Block(keras.layers.Layer):
         inner = norm(x) if self.norm_position == "pre" else x
         out = fn(inner)
         out, extras = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
-        x = x + self.residual_dropout(out, training=training)
+        x = x + apply_dropout(self.residual_dropout, out, training)
         return (x if self.norm_position == "pre" else norm(x)), extras
 
     def compute_mask(self, inputs, previous_mask=None):

@@ -2,6 +2,8 @@
 
 import keras
 
+from transformerkit.layers.dropout import apply_dropout
+
 ACTIVATIONS = ("relu", "gelu")
 
 
@@ -40,7 +42,7 @@ class FeedForward(keras.layers.Layer):
         self.outer.build((*input_shape[:-1], self.d_ff))
 
     def call(self, inputs, training=None):
-        return self.outer(self.inner_dropout(self.inner(inputs), training=training))
+        return self.outer(apply_dropout(self.inner_dropout, self.inner(inputs), training))
 
     def get_config(self):
         config = super().get_config()

@@ -11,6 +11,7 @@ from transformerkit.layers import (
     padding_mask,
 )
 from transformerkit.layers.blocks import NORM_POSITIONS
+from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.embeddings import POSITIONAL_KINDS
 from transformerkit.layers.feedforward import ACTIVATIONS
 
@@ -130,7 +131,7 @@ class TransformerBase(keras.Model):
     def _embed(self, ids, token_embedding, positions, start_index=0, training=None):
         """``(batch, len)`` ids -> ``(batch, len, d_model)``: embed, add positions, dropout."""
         x = positions(token_embedding(ids), start_index=start_index)
-        return self.embedding_dropout(x, training=training)
+        return apply_dropout(self.embedding_dropout, x, training)
 
     def _run_encoder(self, x, mask, blocks, final_norm, training=None,
                      return_attention_scores=False):

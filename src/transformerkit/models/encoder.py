@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from transformerkit.layers.dropout import apply_dropout
 from transformerkit.models.base import TransformerBase, check_choice, check_token_ids
 
 POOLING = (None, "cls", "mean")
@@ -135,7 +136,7 @@ class Encoder(TransformerBase):
             raise ValueError("token_type_ids given, but the model has type_vocab_size=0")
         if self.embedding_layer_norm is not None:
             x = self.embedding_layer_norm(x)
-        x = self.embedding_dropout(x, training=training)
+        x = apply_dropout(self.embedding_dropout, x, training)
         return self._run_encoder(x, mask, self.blocks, self.final_norm, training,
                                  return_attention_scores)
 
@@ -155,7 +156,7 @@ class Encoder(TransformerBase):
         pooled = self.pool(hidden, self._padding_mask(ids))
         if self.classifier is None:
             return pooled
-        logits = self.classifier(self.classifier_dropout(pooled, training=training))
+        logits = self.classifier(apply_dropout(self.classifier_dropout, pooled, training))
         return ops.cast(logits, "float32")
 
     def attention_scores(self, ids, token_type_ids=None):

@@ -23,6 +23,10 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None):
     kwargs = {k: model_config[k] for k in _COMMON if model_config.get(k) is not None}
     embeddings = _load_embeddings(model_config.get("pretrained_embeddings"))
     kind = model_config["type"]
+    gpt_only = [k for k in ("scale_embeddings", "initialization")
+                if model_config.get(k) is not None]
+    if gpt_only and kind != "gpt":
+        raise ValueError(f"model.{gpt_only[0]} applies to model.type gpt only, not {kind!r}")
     if kind == "transformer":
         if model_config.get("num_decoder_layers") is not None:
             kwargs["num_decoder_layers"] = model_config["num_decoder_layers"]
@@ -30,6 +34,8 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None):
                            tie_embeddings=model_config.get("tie_embeddings", "none"),
                            source_embeddings=embeddings, **kwargs)
     if kind == "gpt":
+        kwargs.update({k: model_config[k] for k in ("scale_embeddings", "initialization")
+                       if model_config.get(k) is not None})
         return GPT(source_vocab_size, tie_embeddings=model_config.get("tie_embeddings", "none"),
                    embeddings=embeddings, **kwargs)
     if kind == "encoder":

@@ -16,7 +16,7 @@ class Adam(keras.optimizers.Adam):
     """
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if keras.backend.backend() != "torch" or self.amsgrad:
+        if keras.backend.backend() != "torch" or self.amsgrad or _compiling():
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import torch
 
@@ -31,3 +31,11 @@ class Adam(keras.optimizers.Adam):
                                lr=float(learning_rate), beta1=float(self.beta_1),
                                beta2=float(self.beta_2), weight_decay=0.0,
                                eps=float(self.epsilon), amsgrad=False, maximize=False)
+
+
+def _compiling():
+    """Inside ``torch.compile`` (``jit_compile=True`` on PyTorch), where the fused kernel
+    cannot be traced: Keras' own update is used there."""
+    import torch
+
+    return torch.compiler.is_compiling()

@@ -38,5 +38,5 @@ def paper_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
     from transformerkit.training.optimizers import Adam
 
     schedule = TransformerSchedule(d_model, warmup_steps, scale)
-    return Adam(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-                                 **kwargs)
+    kwargs = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
+    return Adam(learning_rate=schedule, **kwargs)

@@ -34,6 +34,7 @@ from transformerkit.training.distribution import (
     check_model_parallel_shapes,
     divisible,
 )
+from transformerkit.training.gpt_recipe import gpt_optimizer
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam
@@ -77,7 +78,7 @@ def _train(config, run_dir, checkpoints, resume, dist):
     if not resume:
         model = build_model(config["model"], data.source_tokenizer.vocab_size,
                             data.target_tokenizer.vocab_size)
-        compile_model(model, config)
+        compile_model(model, config, _total_steps(train_cfg, len(data.train)))
         state, initial_epoch, best = None, 0, None
     else:  # exact resume: weights, optimizer moments and step, dropout RNG state
         model, state = load_checkpoint(checkpoints)
@@ -128,19 +129,31 @@ def _train(config, run_dir, checkpoints, resume, dist):
     return write_final_reports(model, data, config, run_dir, summary)
 
 
-def compile_model(model, config):
-    """Masked token cross-entropy, masked accuracy, Adam(0.9, 0.98, 1e-9) on the paper's
-    warmup schedule (or a constant ``train.learning_rate``)."""
-    train_cfg = config["train"]
+def compile_model(model, config, total_steps=None):
+    """Masked token cross-entropy, masked accuracy and the optimizer of ``train.optimizer``:
+    ``paper``: Adam(0.9, 0.98, 1e-9) on the paper's warmup schedule (or a constant
+    ``train.learning_rate``); ``adamw_cosine``: nanoGPT's AdamW with warmup and cosine decay
+    ending at ``total_steps`` (the run's last optimizer step)."""
+    model.compile(optimizer=build_optimizer(model, config["train"], total_steps),
+                  loss=MaskedCrossEntropy(config["train"]["label_smoothing"]),
+                  metrics=[MaskedAccuracy()], jit_compile=config["train"]["jit_compile"])
+
+
+def build_optimizer(model, train_cfg, total_steps=None):
+    """The optimizer named by ``train_cfg["optimizer"]`` (see :func:`compile_model`)."""
+    beta_2, clip_norm = train_cfg["beta_2"], train_cfg["clip_norm"]
+    if train_cfg["optimizer"] == "adamw_cosine":
+        peak = train_cfg["learning_rate"] or 1e-3
+        minimum = train_cfg["min_learning_rate"] or peak / 10
+        decay_steps = max(int(total_steps or train_cfg["max_steps"] or 1), 1)
+        return gpt_optimizer(peak, train_cfg["warmup_steps"], decay_steps, minimum,
+                             beta_2=beta_2 or 0.99, weight_decay=train_cfg["weight_decay"],
+                             clip_norm=1.0 if clip_norm is None else clip_norm)
+    extra = dict(beta_2=beta_2 or 0.98, global_clipnorm=clip_norm)
     if train_cfg["learning_rate"] is not None:
-        optimizer = Adam(train_cfg["learning_rate"], beta_1=0.9, beta_2=0.98,
-                                          epsilon=1e-9)
-    else:
-        optimizer = paper_optimizer(model.d_model, train_cfg["warmup_steps"],
-                                    train_cfg["lr_scale"])
-    model.compile(optimizer=optimizer,
-                  loss=MaskedCrossEntropy(train_cfg["label_smoothing"]),
-                  metrics=[MaskedAccuracy()], jit_compile=train_cfg["jit_compile"])
+        return Adam(train_cfg["learning_rate"], beta_1=0.9, epsilon=1e-9, **extra)
+    return paper_optimizer(model.d_model, train_cfg["warmup_steps"], train_cfg["lr_scale"],
+                           **extra)
 
 
 def _check_run_dir(run_dir, checkpoints, resume):
@@ -192,6 +205,13 @@ def _epochs(train_cfg, steps_per_epoch):
     if train_cfg["max_steps"] is not None:
         epochs = max(epochs, math.ceil(train_cfg["max_steps"] / max(1, steps_per_epoch)))
     return epochs
+
+
+def _total_steps(train_cfg, steps_per_epoch):
+    """Optimizer steps the run will take (``max_steps`` or all its epochs): where
+    ``adamw_cosine`` ends its decay."""
+    total = _epochs(train_cfg, steps_per_epoch) * max(1, steps_per_epoch)
+    return min(total, train_cfg["max_steps"] or total)
 
 
 def _tensorboard(run_dir):

@@ -1,0 +1,135 @@
+"""GPT-2 conventions of ``GPT`` (initialisation, unscaled embeddings), the ``train.optimizer``
+choice, and the dropout helper that skips no-op layer calls."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from transformerkit.config import ConfigError, resolve
+from transformerkit.layers.dropout import apply_dropout
+from transformerkit.models import GPT
+from transformerkit.training.gpt_recipe import MatrixDecayAdam, WarmupCosineSchedule
+from transformerkit.training.optimizers import Adam
+from transformerkit.training.schedules import TransformerSchedule
+from transformerkit.training.trainer import build_optimizer
+
+SIZE = dict(num_layers=3, d_model=64, num_heads=4, d_ff=256, max_length=16)
+
+
+def std(variable):
+    return float(np.std(keras.ops.convert_to_numpy(variable)))
+
+
+def test_gpt2_initialisation_draws_the_documented_deviations():
+    keras.utils.set_random_seed(0)
+    model = GPT(500, tie_embeddings="all", **SIZE)  # built at construction
+    residual = 0.02 / math.sqrt(2 * SIZE["num_layers"])
+    assert abs(std(model.token_embedding.embeddings) - 0.02) < 0.002
+    for block in model.blocks:
+        attention = block.self_attention
+        for dense in (attention.query_dense, attention.key_dense, attention.value_dense,
+                      block.feedforward.inner):
+            assert abs(std(dense.kernel) - 0.02) < 0.002
+            assert not np.any(keras.ops.convert_to_numpy(dense.bias))
+        for dense in (attention.output_dense, block.feedforward.outer):
+            assert abs(std(dense.kernel) - residual) < 0.1 * residual
+    # the paper's initialisation keeps Glorot kernels and N(0, d^-1/2) embeddings
+    paper = GPT(500, initialization="paper", **SIZE)
+    paper.build()
+    assert abs(std(paper.token_embedding.embeddings) - SIZE["d_model"] ** -0.5) < 0.01
+    glorot = math.sqrt(2.0 / (2 * SIZE["d_model"]))  # uniform(+-sqrt(6/(in+out))) has this std
+    assert abs(std(paper.blocks[0].self_attention.query_dense.kernel) - glorot) < 0.01
+
+
+def test_gpt2_initialisation_is_seeded_and_keeps_pretrained_embeddings():
+    keras.utils.set_random_seed(3)
+    a = GPT(50, **SIZE)
+    keras.utils.set_random_seed(3)
+    b = GPT(50, **SIZE)
+    for x, y in zip(a.weights, b.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(x), keras.ops.convert_to_numpy(y))
+    table = np.random.default_rng(0).normal(size=(50, SIZE["d_model"])).astype("float32")
+    model = GPT(50, embeddings=table, **SIZE)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.token_embedding.embeddings),
+                                  table)
+
+
+def test_embeddings_are_unscaled_by_default_and_old_saved_gpts_keep_their_scale():
+    ids = np.array([[5, 6, 7]])
+    model = GPT(50, **SIZE)
+    table = keras.ops.convert_to_numpy(model.token_embedding.embeddings)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model.token_embedding(ids)),
+                               table[ids], atol=1e-7)
+    scaled = GPT(50, scale_embeddings=True, **SIZE)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(scaled.token_embedding(ids)),
+        keras.ops.convert_to_numpy(scaled.token_embedding.embeddings)[ids] * math.sqrt(64),
+        rtol=1e-6)
+    config = model.get_config()
+    assert config["scale_embeddings"] is False and config["initialization"] == "gpt2"
+    del config["scale_embeddings"]  # a config written before the option existed
+    assert GPT.from_config(config).scale_embeddings is True
+    with pytest.raises(ValueError, match="initialization"):
+        GPT(50, initialization="xavier", **SIZE)
+
+
+def train_section(**keys):
+    return resolve({"train": keys})["train"]
+
+
+def test_train_optimizer_adamw_cosine_decays_to_the_last_step():
+    model = GPT(50, **SIZE)
+    optimizer = build_optimizer(model, train_section(optimizer="adamw_cosine",
+                                                     learning_rate=0.002, warmup_steps=10),
+                                total_steps=300)
+    assert isinstance(optimizer, MatrixDecayAdam)
+    schedule = optimizer._learning_rate  # the schedule object (``learning_rate`` is its value)
+    assert isinstance(schedule, WarmupCosineSchedule)
+    assert (schedule.peak, schedule.warmup_steps, schedule.decay_steps) == (0.002, 10, 300)
+    assert schedule.minimum == pytest.approx(0.0002)  # learning_rate / 10 by default
+    assert optimizer.beta_2 == 0.99 and optimizer.weight_decay == 0.1
+    assert optimizer.global_clipnorm == 1.0
+
+
+def test_train_optimizer_paper_is_the_default():
+    model = GPT(50, **SIZE)
+    optimizer = build_optimizer(model, train_section(warmup_steps=50))
+    assert type(optimizer) is Adam and optimizer.beta_2 == 0.98 and optimizer.epsilon == 1e-9
+    assert isinstance(optimizer._learning_rate, TransformerSchedule)
+    assert optimizer.global_clipnorm is None
+    clipped = build_optimizer(model, train_section(learning_rate=0.01, clip_norm=0.5,
+                                                   beta_2=0.997))
+    assert clipped.global_clipnorm == 0.5 and clipped.beta_2 == 0.997
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"optimizer": "sgd"}, "train.optimizer"),
+    ({"weight_decay": -0.1}, "train.weight_decay"),
+    ({"beta_2": 1.0}, "train.beta_2"),
+    ({"clip_norm": 0.0}, "train.clip_norm"),
+    ({"min_learning_rate": -1.0}, "train.min_learning_rate"),
+])
+def test_bad_optimizer_settings_name_the_key(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        train_section(**keys)
+
+
+def test_gpt_only_model_keys_are_refused_for_other_models():
+    from transformerkit.models.factory import build_model
+
+    model_cfg = resolve({"model": {"type": "transformer", "initialization": "gpt2", **SIZE}})
+    with pytest.raises(ValueError, match="model.initialization applies to model.type gpt"):
+        build_model(model_cfg["model"], 30, 30)
+    gpt_cfg = resolve({"model": {"type": "gpt", "scale_embeddings": True, **SIZE}})
+    assert build_model(gpt_cfg["model"], 30).scale_embeddings is True
+
+
+def test_apply_dropout_skips_only_calls_that_cannot_change_the_input():
+    x = keras.ops.ones((4, 64))
+    assert apply_dropout(keras.layers.Dropout(0.0), x, training=True) is x
+    assert apply_dropout(keras.layers.Dropout(0.5), x, training=False) is x
+    dropped = keras.ops.convert_to_numpy(apply_dropout(keras.layers.Dropout(0.5), x,
+                                                       training=True))
+    assert (dropped == 0).any() and set(np.unique(dropped)) <= {0.0, 2.0}
