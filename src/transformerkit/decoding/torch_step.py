@@ -62,9 +62,14 @@ class _Weights:
         self.embedding = embedding.embeddings.value
         self.embedding_scale = math.sqrt(embedding.d_model) if embedding.scale else 1.0
         self.positions = positions.table.value
-        self.projection = None if projection is None else _dense(projection)
-        # tied output projection: x @ E^T; a contiguous E^T makes that product ~20% faster
-        self.embedding_t = self.embedding.t().contiguous() if projection is None else None
+        # the output projection as (vocab, d_model) and a (vocab, 1) bias: logits are
+        # computed transposed, (vocab, d_model) @ (d_model, rows), because at 64 rows and
+        # 8000 words MKL does that product ~1.8x faster than (rows, d) @ (d, vocab)
+        if projection is None:  # tied: the embedding matrix itself
+            self.projection = (self.embedding, None)
+        else:
+            kernel, bias = _dense(projection)
+            self.projection = (kernel.t().contiguous(), bias[:, None])
 
 
 def _linear(x, weights):
@@ -151,11 +156,9 @@ class TorchSteps:
                 self.activation(_linear(h, w["inner"])), w["outer"]))
         if weights.final_norm is not None:
             x = _layer_norm(x, weights.final_norm)
-        if weights.projection is not None:
-            logits = _linear(x, weights.projection)
-        else:
-            logits = torch.mm(x, weights.embedding_t)  # tied: x @ embedding^T
-        return logits, state
+        table, bias = weights.projection
+        logits_t = torch.mm(table, x.t()) if bias is None else torch.addmm(bias, table, x.t())
+        return logits_t.t().contiguous(), state  # (rows, vocab)
 
     def _sublayer(self, x, norm, fn):
         if self.pre_norm:
