@@ -15,6 +15,9 @@ _COMMON = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_d
            "layer_norm_epsilon", "embeddings_trainable")
 
 
+_GPT_ONLY = ("scale_embeddings", "initialization")  # model keys only a GPT accepts
+
+
 def build_model(model_config, source_vocab_size, target_vocab_size=None):
     """Instantiate the model described by ``model_config`` (a resolved ``model:`` section).
 
@@ -23,8 +26,7 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None):
     kwargs = {k: model_config[k] for k in _COMMON if model_config.get(k) is not None}
     embeddings = _load_embeddings(model_config.get("pretrained_embeddings"))
     kind = model_config["type"]
-    gpt_only = [k for k in ("scale_embeddings", "initialization")
-                if model_config.get(k) is not None]
+    gpt_only = [k for k in _GPT_ONLY if model_config.get(k) is not None]
     if gpt_only and kind != "gpt":
         raise ValueError(f"model.{gpt_only[0]} applies to model.type gpt only, not {kind!r}")
     if kind == "transformer":
@@ -34,8 +36,7 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None):
                            tie_embeddings=model_config.get("tie_embeddings", "none"),
                            source_embeddings=embeddings, **kwargs)
     if kind == "gpt":
-        kwargs.update({k: model_config[k] for k in ("scale_embeddings", "initialization")
-                       if model_config.get(k) is not None})
+        kwargs.update({k: model_config[k] for k in gpt_only})
         return GPT(source_vocab_size, tie_embeddings=model_config.get("tie_embeddings", "none"),
                    embeddings=embeddings, **kwargs)
     if kind == "encoder":
