@@ -26,7 +26,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/train_step.py --batches 6 --repeats 1
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
