@@ -145,7 +145,7 @@ def build_optimizer(model, train_cfg, total_steps=None):
     if train_cfg["optimizer"] == "adamw_cosine":
         peak = train_cfg["learning_rate"] or 1e-3
         minimum = train_cfg["min_learning_rate"] or peak / 10
-        decay_steps = max(int(total_steps or train_cfg["max_steps"] or 1), 1)
+        decay_steps = int(total_steps or train_cfg["max_steps"] or 1)
         return gpt_optimizer(peak, train_cfg["warmup_steps"], decay_steps, minimum,
                              beta_2=beta_2 or 0.99, weight_decay=train_cfg["weight_decay"],
                              clip_norm=1.0 if clip_norm is None else clip_norm)
