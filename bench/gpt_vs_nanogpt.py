@@ -5,7 +5,9 @@ Recipes (nanoGPT's ``config/train_shakespeare_char.py`` plus command-line overri
 - ``cpu``: nanoGPT README's CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12,
   dropout 0, lr 1e-3 (warmup 100, cosine to 1e-4 at ``--iters``), AdamW betas (0.9, 0.99),
   weight decay 0.1 on matrices, gradient clip 1.0, 2000 iterations, 20 evaluation batches
-  every 250 iterations.
+  every 250 iterations. Both models are nanoGPT's architecture: pre-LayerNorm, GELU,
+  learned positions, tied input/output embeddings, no biases (``bias=False``,
+  ``use_bias=False`` here), GPT-2 initialisation.
 - ``baby``: the config file's "baby GPT": 6 layers, 6 heads, 384 wide, block 256, batch 64,
   dropout 0.2, the same optimizer; a few hundred iterations (it is ~100x the work per step).
 
@@ -18,7 +20,11 @@ Measured: milliseconds per training iteration (median over iterations without an
 evaluation), the training-loop wall time (evaluations included, as nanoGPT's own ``time``
 column), train/val loss at each evaluation (the mean over ``--eval-iters`` random batches,
 as nanoGPT's ``estimate_loss``), and the loop time each system needs to reach nanoGPT's
-final validation loss. Writes ``results/gpt_vs_nanogpt[_baby].{json,md}``.
+final validation loss. Twenty random batches estimate a loss to about +-0.02, so both final
+models are also scored on the whole validation split (every non-overlapping block, the same
+blocks for both: "full val loss"); for nanoGPT that is its last checkpoint (``ckpt.pt``,
+written at each evaluation that improved on the best). Writes
+``results/gpt_vs_nanogpt[_baby].{json,md}``.
 
 Usage:
     python bench/gpt_vs_nanogpt.py --nanogpt /tmp/nanogpt              # cpu recipe, 2000 its
@@ -86,6 +92,47 @@ _EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 _ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
 
 
+def validation_blocks(tokens, block_size):
+    """Every non-overlapping block of ``tokens``: ``(x, y)`` int arrays ``(n, block_size)``."""
+    n = (len(tokens) - 1) // block_size
+    x = np.asarray(tokens[: n * block_size]).reshape(n, block_size)
+    y = np.asarray(tokens[1: n * block_size + 1]).reshape(n, block_size)
+    return x, y
+
+
+_NANOGPT_SCORE = """
+import json, sys, numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from model import GPT, GPTConfig
+ckpt = torch.load(sys.argv[2], map_location="cpu")
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+model.eval()
+tokens = np.fromfile(sys.argv[3], dtype=np.uint16).astype(np.int64)
+block = int(sys.argv[4])
+n = (len(tokens) - 1) // block
+x = torch.from_numpy(tokens[: n * block].reshape(n, block))
+y = torch.from_numpy(tokens[1: n * block + 1].reshape(n, block))
+total = 0.0
+with torch.no_grad():
+    for i in range(0, n, 64):
+        _, loss = model(x[i: i + 64], y[i: i + 64])
+        total += float(loss) * len(x[i: i + 64])
+print(json.dumps({"full_val_loss": total / n, "checkpoint_iter": int(ckpt["iter_num"])}))
+"""
+
+
+def score_nanogpt(nanogpt, work, block_size):
+    """nanoGPT's last checkpoint on every validation block (its own model code)."""
+    command = [sys.executable, "-c", _NANOGPT_SCORE, os.path.abspath(nanogpt),
+               os.path.join(work, "out", "ckpt.pt"),
+               os.path.join(work, "data", "shakespeare_char", "val.bin"), str(block_size)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        return {"full_val_error": result.stderr.strip()[-500:]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def run_nanogpt(nanogpt, recipe, args, work):
     """Run nanoGPT's own train.py in ``work`` (which holds data/shakespeare_char)."""
     for name in ("configurator.py", "config"):  # train.py reads them relative to the cwd
@@ -124,7 +171,8 @@ def run_nanogpt(nanogpt, recipe, args, work):
     return {"system": "nanoGPT", "ms_per_iter": round(1000 * per_iter, 2),
             "loop_seconds": round(sum(times.values()), 2),
             "process_seconds": round(process_seconds, 2), "iterations": len(times),
-            "evals": evals, "final_val_loss": evals[-1]["val_loss"] if evals else None}
+            "evals": evals, "final_val_loss": evals[-1]["val_loss"] if evals else None,
+            **score_nanogpt(nanogpt, work, recipe["block_size"])}
 
 
 # -- ours (in a subprocess: --worker) ---------------------------------------------------------
@@ -154,7 +202,7 @@ def worker(recipe, args):
     from transformerkit.data.pipeline import LanguageModelBatches, split_train_val
     from transformerkit.data.tokenizers import CharTokenizer
     from transformerkit.models import GPT
-    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training import MaskedCrossEntropy, masked_cross_entropy
     from transformerkit.training.gpt_recipe import gpt_optimizer
 
     keras.utils.set_random_seed(1337)
@@ -165,7 +213,7 @@ def worker(recipe, args):
     block, batch = recipe["block_size"], recipe["batch_size"]
     model = GPT(tokenizer.vocab_size, num_layers=recipe["n_layer"], d_model=recipe["n_embd"],
                 num_heads=recipe["n_head"], d_ff=4 * recipe["n_embd"], max_length=block,
-                dropout=recipe["dropout"], tie_embeddings="all")
+                dropout=recipe["dropout"], tie_embeddings="all", use_bias=False)
     model.compile(optimizer=gpt_optimizer(LEARNING_RATE, WARMUP, args.iters, MIN_LR,
                                           beta_2=BETA2, weight_decay=WEIGHT_DECAY,
                                           clip_norm=GRAD_CLIP),
@@ -209,11 +257,17 @@ def worker(recipe, args):
     model.fit(train, epochs=epochs, callbacks=[clock], shuffle=False, verbose=0)
     loop_seconds = time.perf_counter() - clock.start
     settled = clock.steps[5:] or clock.steps  # the first steps compile / warm up
+    x, y = validation_blocks(val_ids, block)
+    total = 0.0
+    for i in range(0, len(x), 64):
+        logits = model.predict_on_batch(x[i: i + 64])
+        total += float(masked_cross_entropy(y[i: i + 64], logits)) * len(x[i: i + 64])
     print(json.dumps({
         "ms_per_iter": round(1000 * statistics.median(settled), 2),
         "loop_seconds": round(loop_seconds, 2), "iterations": len(clock.steps),
         "first_step_seconds": round(clock.steps[0], 2), "evals": clock.evals,
-        "final_val_loss": clock.evals[-1]["val_loss"], "parameters": model.count_params(),
+        "final_val_loss": clock.evals[-1]["val_loss"], "full_val_loss": total / len(x),
+        "parameters": model.count_params(),
         "vocab_size": tokenizer.vocab_size}))
 
 
@@ -230,13 +284,13 @@ def time_to_reach(result, target):
 def report(recipe_name, recipe, args, results):
     nano = next((r for r in results if r["system"] == "nanoGPT" and "error" not in r), None)
     target = nano["final_val_loss"] if nano else None
-    rows = ["| system | iterations | ms/iter | loop s | final val loss | s to nanoGPT's val "
-            "loss | ms/iter vs nanoGPT | time to its loss vs nanoGPT |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| system | iterations | ms/iter | loop s | final val loss | full val loss | s to "
+            "nanoGPT's val loss | ms/iter vs nanoGPT | time to its loss vs nanoGPT |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "error" in r:
             rows.append(f"| {r['system']} | failed: {r['error'].splitlines()[-1][:80]} "
-                        "| | | | | | |")
+                        "| | | | | | | |")
             continue
         reach = time_to_reach(r, target) if target is not None else None
         r["seconds_to_nanogpt_val_loss"] = reach
@@ -244,8 +298,12 @@ def report(recipe_name, recipe, args, results):
         nano_reach = time_to_reach(nano, target) if nano else None
         wall = (f"{reach / nano_reach:.2f}x" if reach is not None and nano_reach else
                 ("not reached" if nano else ""))
+        full = r.get("full_val_loss")
+        full = "" if full is None else f"{full:.4f}"
+        if r.get("checkpoint_iter") not in (None, args.iters):
+            full += f" (iter {r['checkpoint_iter']})"
         rows.append(f"| {r['system']} | {r['iterations']} | {r['ms_per_iter']:.1f} | "
-                    f"{r['loop_seconds']:.1f} | {r['final_val_loss']:.4f} | "
+                    f"{r['loop_seconds']:.1f} | {r['final_val_loss']:.4f} | {full} | "
                     f"{'' if reach is None else f'{reach:.1f}'} | {speed} | {wall} |")
     note = (f"\nRecipe `{recipe_name}`: {recipe['n_layer']} layers, {recipe['n_head']} heads, "
             f"{recipe['n_embd']} wide, block {recipe['block_size']}, batch "
@@ -254,7 +312,9 @@ def report(recipe_name, recipe, args, results):
             f"wd {WEIGHT_DECAY} on matrices, clip {GRAD_CLIP}; loss = mean of "
             f"{args.eval_iters} random batches every {args.eval_interval} iterations. "
             "ms/iter: median over iterations without an evaluation; loop s: the training "
-            "loop with its evaluations. Ratios below 1 mean we are faster.")
+            "loop with its evaluations; full val loss: the final model on every "
+            f"non-overlapping {recipe['block_size']}-token block of the validation split. "
+            "Ratios below 1 mean we are faster.")
     table = "\n".join(rows) + "\n" + note
     payload = {"recipe": recipe_name, "settings": {**recipe, "iters": args.iters,
                                                    "eval_interval": args.eval_interval,

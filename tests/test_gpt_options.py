@@ -122,8 +122,13 @@ def test_gpt_only_model_keys_are_refused_for_other_models():
     model_cfg = resolve({"model": {"type": "transformer", "initialization": "gpt2", **SIZE}})
     with pytest.raises(ValueError, match="model.initialization applies to model.type gpt"):
         build_model(model_cfg["model"], 30, 30)
-    gpt_cfg = resolve({"model": {"type": "gpt", "scale_embeddings": True, **SIZE}})
-    assert build_model(gpt_cfg["model"], 30).scale_embeddings is True
+    model_cfg = resolve({"model": {"type": "transformer", "use_bias": False, **SIZE}})
+    with pytest.raises(ValueError, match="model.use_bias applies to model.type gpt"):
+        build_model(model_cfg["model"], 30, 30)
+    gpt_cfg = resolve({"model": {"type": "gpt", "scale_embeddings": True, "use_bias": False,
+                                 **SIZE}})
+    gpt = build_model(gpt_cfg["model"], 30)
+    assert gpt.scale_embeddings is True and gpt.use_bias is False
 
 
 def test_apply_dropout_skips_only_calls_that_cannot_change_the_input():

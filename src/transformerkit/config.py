@@ -26,9 +26,10 @@ _MODEL = {
     "tie_embeddings": ("none", str), "key_dim": (None, int), "value_dim": (None, int),
     "layer_norm_epsilon": (None, float), "embeddings_trainable": (True, bool),
     "pretrained_embeddings": (None, str),
-    # GPT only: scale token embeddings by sqrt(d_model) (default false, as GPT-2) and
-    # initialization gpt2 (default) | paper (see models/gpt.py)
-    "scale_embeddings": (None, bool), "initialization": (None, str),
+    # GPT only: scale token embeddings by sqrt(d_model) (default false, as GPT-2),
+    # initialization gpt2 (default) | paper, use_bias (default true; false is nanoGPT's
+    # bias=False: no projection biases, no LayerNorm offsets); see models/gpt.py
+    "scale_embeddings": (None, bool), "initialization": (None, str), "use_bias": (None, bool),
 }
 _DATA = {
     "dataset": ("multi30k", str),  # multi30k | parallel | tsv | text | ted_hrlr

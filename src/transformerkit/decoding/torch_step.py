@@ -28,13 +28,13 @@ def supported(model):
 
 
 def _dense(layer):
-    return layer.kernel.value, layer.bias.value
+    return layer.kernel.value, None if layer.bias is None else layer.bias.value
 
 
 def _norm(layer):
     if layer is None:
         return None
-    return layer.gamma.value, layer.beta.value, layer.epsilon
+    return layer.gamma.value, None if layer.beta is None else layer.beta.value, layer.epsilon
 
 
 class _Weights:
@@ -47,7 +47,8 @@ class _Weights:
             q, k, v = (_dense(attention.query_dense), _dense(attention.key_dense),
                        _dense(attention.value_dense))
             # one (d_model, 2 * h * d_k + h * d_v) product for the queries, keys and values
-            w = dict(qkv=(torch.cat([q[0], k[0], v[0]], 1), torch.cat([q[1], k[1], v[1]])),
+            biases = None if q[1] is None else torch.cat([q[1], k[1], v[1]])
+            w = dict(qkv=(torch.cat([q[0], k[0], v[0]], 1), biases),
                      o=_dense(attention.output_dense),
                      self_norm=_norm(block.self_attention_norm),
                      inner=_dense(block.feedforward.inner),
@@ -69,12 +70,12 @@ class _Weights:
             self.projection = (self.embedding, None)
         else:
             kernel, bias = _dense(projection)
-            self.projection = (kernel.t().contiguous(), bias[:, None])
+            self.projection = (kernel.t().contiguous(), None if bias is None else bias[:, None])
 
 
 def _linear(x, weights):
     kernel, bias = weights
-    return torch.addmm(bias, x, kernel)
+    return torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
 
 
 def _layer_norm(x, norm):

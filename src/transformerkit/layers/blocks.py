@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.attention import MultiHeadAttention
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.feedforward import FeedForward
 
@@ -20,8 +21,7 @@ class _Block(keras.layers.Layer):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_position="post",
                  activation="relu", key_dim=None, value_dim=None, attention_dropout=0.0,
-                 activation_dropout=0.0,
-                 layer_norm_epsilon=1e-6, **kwargs):
+                 activation_dropout=0.0, layer_norm_epsilon=1e-6, use_bias=True, **kwargs):
         super().__init__(**kwargs)
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm_position must be one of {NORM_POSITIONS}, "
@@ -38,21 +38,23 @@ class _Block(keras.layers.Layer):
         self.attention_dropout = float(attention_dropout)
         self.activation_dropout = float(activation_dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.use_bias = bool(use_bias)
         self.supports_masking = True
         FeedForward(d_model, d_ff, activation)  # validates ``activation`` now, not at build
 
     def _attention(self, name):
         return MultiHeadAttention(self.num_heads, self.key_dim, self.value_dim,
                                   output_dim=self.d_model, dropout=self.attention_dropout,
-                                  dtype=self.dtype_policy, name=name)
+                                  use_bias=self.use_bias, dtype=self.dtype_policy, name=name)
 
     def _norm(self, name):
         return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon,
-                                               dtype=self.dtype_policy, name=name)
+                                               center=self.use_bias, dtype=self.dtype_policy,
+                                               name=name)
 
     def _build_feedforward(self, input_shape):
         self.feedforward = FeedForward(self.d_model, self.d_ff, self.activation,
-                                       self.activation_dropout,
+                                       self.activation_dropout, use_bias=self.use_bias,
                                        dtype=self.dtype_policy, name="feedforward")
         self.feedforward.build(input_shape)
         self.feedforward_norm = self._norm("feedforward_norm")
@@ -61,11 +63,14 @@ class _Block(keras.layers.Layer):
 
     def _sublayer(self, x, norm, fn, training):
         """One residual connection around ``fn``; returns ``(new_x, extras)``."""
-        inner = norm(x) if self.norm_position == "pre" else x
+        inner = call_sublayer(norm, x) if self.norm_position == "pre" else x
         out = fn(inner)
         out, extras = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
         x = x + apply_dropout(self.residual_dropout, out, training)
-        return (x if self.norm_position == "pre" else norm(x)), extras
+        return (x if self.norm_position == "pre" else call_sublayer(norm, x)), extras
+
+    def _feedforward(self, training):
+        return lambda h: call_sublayer(self.feedforward, h, training=training)
 
     def compute_mask(self, inputs, previous_mask=None):
         # Keras calls compute_mask(inputs, mask of inputs): the output keeps the padding mask.
@@ -78,7 +83,7 @@ class _Block(keras.layers.Layer):
                       activation=self.activation, key_dim=self.key_dim,
                       value_dim=self.value_dim, attention_dropout=self.attention_dropout,
                       activation_dropout=self.activation_dropout,
-                      layer_norm_epsilon=self.layer_norm_epsilon)
+                      layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias)
         return config
 
 
@@ -89,7 +94,8 @@ class EncoderBlock(_Block):
     Args: see :class:`_Block` (``d_model``, ``num_heads``, ``d_ff``, ``dropout``,
     ``norm_position`` "post"|"pre", ``activation`` "relu"|"gelu", ``key_dim``,
     ``value_dim``, ``attention_dropout``, ``activation_dropout`` (inside the feed-forward
-    network; 0.0 as in the paper), ``layer_norm_epsilon``).
+    network; 0.0 as in the paper), ``layer_norm_epsilon``, ``use_bias`` (biases in the
+    projections and LayerNorm offsets; True as in the paper, False as in nanoGPT)).
 
     Call arguments:
         inputs: ``(batch, length, d_model)``.
@@ -111,12 +117,12 @@ class EncoderBlock(_Block):
              training=None):
         x, extras = self._sublayer(
             inputs, self.self_attention_norm,
-            lambda h: self.self_attention(h, h, value_mask=mask, attention_mask=attention_mask,
-                                          return_attention_scores=return_attention_scores,
-                                          training=training),
+            lambda h: call_sublayer(self.self_attention, h, h, value_mask=mask,
+                                    attention_mask=attention_mask,
+                                    return_attention_scores=return_attention_scores,
+                                    training=training),
             training)
-        x, _ = self._sublayer(x, self.feedforward_norm,
-                              lambda h: self.feedforward(h, training=training), training)
+        x, _ = self._sublayer(x, self.feedforward_norm, self._feedforward(training), training)
         return (x, extras[0]) if return_attention_scores else x
 
 
@@ -181,8 +187,8 @@ class DecoderBlock(_Block):
         new_cache = None if cache is None else dict(cache)
 
         def self_attend(h):
-            return self.self_attention(
-                h, h, value_mask=inputs_mask, attention_mask=attention_mask,
+            return call_sublayer(
+                self.self_attention, h, h, value_mask=inputs_mask, attention_mask=attention_mask,
                 use_causal_mask=True, cache=None if cache is None else cache["self"],
                 cache_index=cache_index, return_attention_scores=return_attention_scores,
                 training=training)
@@ -200,16 +206,16 @@ class DecoderBlock(_Block):
                                  "(the encoder output) or a cross-attention cache")
 
             def cross_attend(h):
-                return self.cross_attention_layer(
-                    h, context, value_mask=context_mask, cache=cross_cache,
-                    return_attention_scores=return_attention_scores, training=training)
+                return call_sublayer(
+                    self.cross_attention_layer, h, context, value_mask=context_mask,
+                    cache=cross_cache, return_attention_scores=return_attention_scores,
+                    training=training)
 
             x, extras = self._sublayer(x, self.cross_attention_norm, cross_attend, training)
             if return_attention_scores:
                 scores["cross"] = extras[0]
 
-        x, _ = self._sublayer(x, self.feedforward_norm,
-                              lambda h: self.feedforward(h, training=training), training)
+        x, _ = self._sublayer(x, self.feedforward_norm, self._feedforward(training), training)
         results = (x,)
         if return_attention_scores:
             results += (scores,)

@@ -2,6 +2,7 @@
 
 import keras
 
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.layers.dropout import apply_dropout
 
 ACTIVATIONS = ("relu", "gelu")
@@ -16,37 +17,42 @@ class FeedForward(keras.layers.Layer):
         d_ff: int, inner width (2048 in the base model).
         activation: "relu" (the paper) or "gelu" (exact erf form, as in BERT).
         dropout: float, dropout on the inner activations (tensor2tensor's relu_dropout).
+        use_bias: bool, biases ``b1``, ``b2`` (default True; nanoGPT's GPTs have none).
 
     Shapes: ``(batch, length, d_model)`` -> ``(batch, length, d_model)``; masks pass through.
     """
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0,
-                 kernel_initializer="glorot_uniform", **kwargs):
+                 kernel_initializer="glorot_uniform", use_bias=True, **kwargs):
         super().__init__(**kwargs)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.d_model, self.d_ff = int(d_model), int(d_ff)
         self.activation = activation
         self.dropout = float(dropout)
+        self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 
     def build(self, input_shape):
         self.inner = keras.layers.Dense(self.d_ff, activation=self.activation,
                                         kernel_initializer=self.kernel_initializer,
+                                        use_bias=self.use_bias,
                                         dtype=self.dtype_policy, name="inner")
         self.outer = keras.layers.Dense(self.d_model, kernel_initializer=self.kernel_initializer,
+                                        use_bias=self.use_bias,
                                         dtype=self.dtype_policy, name="outer")
         self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.inner.build(input_shape)
         self.outer.build((*input_shape[:-1], self.d_ff))
 
     def call(self, inputs, training=None):
-        return self.outer(apply_dropout(self.inner_dropout, self.inner(inputs), training))
+        inner = apply_dropout(self.inner_dropout, call_sublayer(self.inner, inputs), training)
+        return call_sublayer(self.outer, inner)
 
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, d_ff=self.d_ff, activation=self.activation,
-                      dropout=self.dropout,
+                      dropout=self.dropout, use_bias=self.use_bias,
                       kernel_initializer=keras.initializers.serialize(self.kernel_initializer))
         return config

@@ -11,6 +11,7 @@ from transformerkit.layers import (
     padding_mask,
 )
 from transformerkit.layers.blocks import NORM_POSITIONS
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.embeddings import POSITIONAL_KINDS
 from transformerkit.layers.feedforward import ACTIVATIONS
@@ -82,6 +83,8 @@ def _concrete_numpy(x):
 class TransformerBase(keras.Model):
     """Shared constructor checks and building blocks of ``Transformer``, ``GPT``, ``Encoder``."""
 
+    use_bias = True  # projection biases and LayerNorm offsets (a GPT may turn them off)
+
     def _check_common(self, d_model, num_heads, key_dim, norm_position, activation, positional,
                       max_length):
         check_choice("norm_position", norm_position, NORM_POSITIONS)
@@ -99,7 +102,7 @@ class TransformerBase(keras.Model):
                     activation=self.activation, key_dim=self.key_dim, value_dim=self.value_dim,
                     attention_dropout=self.attention_dropout,
                     activation_dropout=self.activation_dropout,
-                    layer_norm_epsilon=self.layer_norm_epsilon)
+                    layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias)
 
     def _token_embedding(self, vocab_size, pretrained, name, scale=True):
         embedding = TokenEmbedding(vocab_size, self.d_model, scale=scale, pretrained=pretrained,
@@ -121,7 +124,8 @@ class TransformerBase(keras.Model):
     def _final_norm(self, name):
         if self.norm_position != "pre":
             return None
-        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name=name)
+        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon,
+                                               center=self.use_bias, name=name)
 
     def _ensure_built(self):
         """Methods other than ``call`` (``encode``, ``init_caches``) may run first."""
@@ -130,7 +134,7 @@ class TransformerBase(keras.Model):
 
     def _embed(self, ids, token_embedding, positions, start_index=0, training=None):
         """``(batch, len)`` ids -> ``(batch, len, d_model)``: embed, add positions, dropout."""
-        x = positions(token_embedding(ids), start_index=start_index)
+        x = call_sublayer(positions, call_sublayer(token_embedding, ids), start_index=start_index)
         return apply_dropout(self.embedding_dropout, x, training)
 
     def _run_encoder(self, x, mask, blocks, final_norm, training=None,
@@ -138,12 +142,13 @@ class TransformerBase(keras.Model):
         """Encoder stack over ``(batch, len, d_model)`` with ``(batch, len)`` padding mask."""
         scores = []
         for block in blocks:
-            out = block(x, mask=mask, return_attention_scores=return_attention_scores,
-                        training=training)
+            out = call_sublayer(block, x, mask=mask,
+                                return_attention_scores=return_attention_scores,
+                                training=training)
             x, s = out if return_attention_scores else (out, None)
             scores.append(s)
         if final_norm is not None:
-            x = final_norm(x)
+            x = call_sublayer(final_norm, x)
         return (x, scores) if return_attention_scores else x
 
     def _run_decoder(self, x, mask, blocks, final_norm, context=None, context_mask=None,
@@ -155,9 +160,9 @@ class TransformerBase(keras.Model):
             kwargs = {}
             if caches is not None:
                 kwargs.update(cache=caches[i], cache_index=cache_index)
-            out = block(x, context, inputs_mask=mask, context_mask=context_mask,
-                        return_attention_scores=return_attention_scores, training=training,
-                        **kwargs)
+            out = call_sublayer(block, x, context, inputs_mask=mask, context_mask=context_mask,
+                                return_attention_scores=return_attention_scores,
+                                training=training, **kwargs)
             out = out if isinstance(out, tuple) else (out,)
             x = out[0]
             if return_attention_scores:
@@ -165,7 +170,7 @@ class TransformerBase(keras.Model):
             if caches is not None:
                 new_caches.append(out[-1])
         if final_norm is not None:
-            x = final_norm(x)
+            x = call_sublayer(final_norm, x)
         results = (x,)
         if return_attention_scores:
             results += (scores,)
@@ -175,6 +180,13 @@ class TransformerBase(keras.Model):
 
     @staticmethod
     def _padding_mask(ids):
+        """``(batch, len)`` bool mask of the real tokens of ``ids``, for attention; None when
+        the ids are concrete (eager, not traced) and hold no padding, as language-model
+        batches never do: attention then needs no mask (or only the causal flag, PyTorch's
+        fused causal kernel) instead of building masks in every layer."""
+        values = _concrete_numpy(ids)
+        if values is not None and values.size and values.all():
+            return None
         return padding_mask(ids)
 
     def components(self):

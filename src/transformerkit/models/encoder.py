@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.dropout import apply_dropout
+from transformerkit.layers.masks import padding_mask
 from transformerkit.models.base import TransformerBase, check_choice, check_token_ids
 
 POOLING = (None, "cls", "mean")
@@ -153,7 +154,7 @@ class Encoder(TransformerBase):
         hidden = self.encode(ids, token_type_ids, training=training)
         if self.pooling is None:
             return hidden
-        pooled = self.pool(hidden, self._padding_mask(ids))
+        pooled = self.pool(hidden, padding_mask(ids))
         if self.classifier is None:
             return pooled
         logits = self.classifier(apply_dropout(self.classifier_dropout, pooled, training))

@@ -15,7 +15,7 @@ _COMMON = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_d
            "layer_norm_epsilon", "embeddings_trainable")
 
 
-_GPT_ONLY = ("scale_embeddings", "initialization")  # model keys only a GPT accepts
+_GPT_ONLY = ("scale_embeddings", "initialization", "use_bias")  # model keys only a GPT accepts
 
 
 def build_model(model_config, source_vocab_size, target_vocab_size=None):

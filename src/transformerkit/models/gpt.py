@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.models.base import TIE_OPTIONS, TransformerBase, check_choice, check_token_ids
 from transformerkit.models.heads import LogitsProjection
 
@@ -33,6 +34,8 @@ class GPT(TransformerBase):
             layers' own initializers (Glorot uniform, embeddings N(0, d_model^-0.5)).
             On tiny Shakespeare with nanoGPT's CPU recipe, GPT-2's choices reach a lower
             validation loss (``bench/gpt_vs_nanogpt.py``).
+        use_bias: biases in every projection and offsets in every LayerNorm (default True;
+            nanoGPT's ``bias=False``, GPT-2 without biases, is ``use_bias=False``).
 
     Call: ``model(ids)`` with ``(batch, length)`` ids -> logits ``(batch, length, vocab_size)``
     float32, position t depending only on ids[:, :t+1].
@@ -48,7 +51,7 @@ class GPT(TransformerBase):
                  positional="learned", tie_embeddings="none", key_dim=None, value_dim=None,
                  attention_dropout=0.0, activation_dropout=0.0, layer_norm_epsilon=1e-5,
                  embeddings=None, embeddings_trainable=True, scale_embeddings=False,
-                 initialization="gpt2", **kwargs):
+                 initialization="gpt2", use_bias=True, **kwargs):
         super().__init__(**kwargs)
         self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
                            max_length)
@@ -66,6 +69,7 @@ class GPT(TransformerBase):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.embeddings_trainable = bool(embeddings_trainable)
         self.scale_embeddings, self.initialization = bool(scale_embeddings), initialization
+        self.use_bias = bool(use_bias)
         self._pretrained_embeddings = embeddings is not None
 
         self.token_embedding = self._token_embedding(self.vocab_size, embeddings,
@@ -75,7 +79,8 @@ class GPT(TransformerBase):
         self.blocks = self._decoder_stack(self.num_layers, cross_attention=False, prefix="block")
         self.final_norm = self._final_norm("final_norm")
         self.output_projection = (None if tie_embeddings != "none" else
-                                  LogitsProjection(self.vocab_size, name="output_projection"))
+                                  LogitsProjection(self.vocab_size, use_bias=self.use_bias,
+                                                   name="output_projection"))
         if initialization == "gpt2":
             # built now: Keras' own first build can be symbolic, where assignments are lost
             self.build(None)
@@ -127,9 +132,9 @@ class GPT(TransformerBase):
                                 return_attention_scores=return_attention_scores)
         out = out if isinstance(out, tuple) else (out,)
         if self.output_projection is not None:
-            logits = self.output_projection(out[0])
+            logits = call_sublayer(self.output_projection, out[0])
         else:
-            logits = self.token_embedding(out[0], reverse=True)
+            logits = call_sublayer(self.token_embedding, out[0], reverse=True)
         logits = ops.cast(logits, "float32")
         return (logits, *out[1:]) if len(out) > 1 else logits
 
@@ -162,7 +167,8 @@ class GPT(TransformerBase):
             activation_dropout=self.activation_dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
             embeddings_trainable=self.embeddings_trainable,
-            scale_embeddings=self.scale_embeddings, initialization=self.initialization)
+            scale_embeddings=self.scale_embeddings, initialization=self.initialization,
+            use_bias=self.use_bias)
         return config
 
     @classmethod

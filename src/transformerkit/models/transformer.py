@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.models.base import TIE_OPTIONS, TransformerBase, check_choice, check_token_ids
 from transformerkit.models.heads import LogitsProjection
 
@@ -164,9 +165,9 @@ class Transformer(TransformerBase):
 
     def _logits(self, hidden):
         if self.output_projection is not None:
-            logits = self.output_projection(hidden)
+            logits = call_sublayer(self.output_projection, hidden)
         else:
-            logits = self.target_embedding(hidden, reverse=True)
+            logits = call_sublayer(self.target_embedding, hidden, reverse=True)
         return ops.cast(logits, "float32")
 
     def call(self, inputs, training=None):

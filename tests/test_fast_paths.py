@@ -1,0 +1,107 @@
+"""Shortcuts that only skip work must not change a number: direct sub-layer calls on PyTorch,
+no padding mask for batches without padding, and models without biases (nanoGPT's
+``bias=False``) against the same model with zero biases."""
+
+import keras
+import numpy as np
+import pytest
+
+from transformerkit.layers import calls
+from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.masks import padding_mask
+from transformerkit.models import GPT, Transformer
+from transformerkit.models.base import TransformerBase
+
+SMALL = dict(num_layers=2, d_model=32, num_heads=4, d_ff=64, max_length=12, dropout=0.0)
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def ids(rows, length, vocab, seed, pad_from=None):
+    x = np.random.default_rng(seed).integers(1, vocab, (rows, length)).astype("int32")
+    if pad_from is not None:
+        x[0, pad_from:] = 0
+    return x
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position):
+    model = Transformer(40, 40, norm_position=norm_position, **SMALL)
+    source, target = ids(3, 7, 40, 0, pad_from=4), ids(3, 6, 40, 1, pad_from=3)
+    monkeypatch.setattr(calls, "FAST_CALLS", True)
+    fast = to_numpy(model((source, target)))
+    monkeypatch.setattr(calls, "FAST_CALLS", False)
+    keras_calls = to_numpy(model((source, target)))
+    np.testing.assert_allclose(fast, keras_calls, rtol=0, atol=1e-6)
+
+
+def test_call_sublayer_keeps_keras_calls_where_they_matter():
+    dense = keras.layers.Dense(3)
+    symbolic = call_sublayer(dense, keras.KerasTensor((None, 4)))  # builds: a Keras call
+    assert isinstance(symbolic, keras.KerasTensor) and dense.built
+    mixed = keras.layers.Dense(3, dtype="mixed_bfloat16")
+    mixed.build((None, 4))
+    out = call_sublayer(mixed, keras.ops.ones((2, 4)))
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"  # autocast was applied
+
+
+def test_batches_without_padding_take_no_mask_and_give_the_same_logits(monkeypatch):
+    model = GPT(30, **SMALL)
+    x = ids(2, 10, 30, 2)
+    assert TransformerBase._padding_mask(x) is None
+    padded = x.copy()
+    padded[1, 7:] = 0
+    np.testing.assert_array_equal(to_numpy(TransformerBase._padding_mask(padded)), padded != 0)
+    unmasked = to_numpy(model(x))
+    monkeypatch.setattr(TransformerBase, "_padding_mask", staticmethod(padding_mask))
+    np.testing.assert_allclose(unmasked, to_numpy(model(x)), rtol=0, atol=1e-6)
+
+
+def _copy_weights_zero_biases(source, target):
+    """Copy ``source``'s (bias-free) weights into ``target``; its biases/offsets become 0."""
+    by_path = {v.path.split("/", 1)[1]: v for v in source.weights}
+    for variable in target.weights:
+        path = variable.path.split("/", 1)[1]
+        if path in by_path:
+            variable.assign(by_path[path])
+        else:
+            assert path.endswith(("bias", "beta")), path
+            variable.assign(np.zeros(variable.shape, "float32"))
+
+
+def test_gpt_without_biases_equals_the_gpt_with_zero_biases():
+    plain = GPT(30, use_bias=False, tie_embeddings="none", name="a", **SMALL)
+    biased = GPT(30, use_bias=True, tie_embeddings="none", name="b", **SMALL)
+    names = [v.path for v in plain.weights]
+    assert not any(n.endswith(("bias", "beta")) for n in names)
+    assert len(biased.weights) > len(plain.weights)
+    _copy_weights_zero_biases(plain, biased)
+    x = ids(2, 9, 30, 3)
+    np.testing.assert_allclose(to_numpy(plain(x)), to_numpy(biased(x)), rtol=0, atol=1e-5)
+
+
+def test_nanogpt_cpu_recipe_has_nanogpts_parameter_count():
+    # nanoGPT prints "number of parameters: 0.80M" = 795,904 without the 64 x 128 positions
+    model = GPT(65, num_layers=4, d_model=128, num_heads=4, d_ff=512, max_length=64,
+                tie_embeddings="all", use_bias=False)
+    assert model.count_params() == 795_904 + 64 * 128
+
+
+def test_gpt_without_biases_saves_and_decodes_with_its_cache(tmp_path):
+    from transformerkit.decoding import generate_ids
+    from transformerkit.saving import load_model
+
+    model = GPT(30, use_bias=False, **SMALL)
+    path = str(tmp_path / "gpt.keras")
+    model.save(path)
+    loaded = load_model(path, compile=False)
+    assert loaded.use_bias is False
+    x = ids(2, 5, 30, 4)
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), rtol=0, atol=1e-6)
+    prompts = [list(row) for row in x]
+    cached = generate_ids(loaded, prompts, max_new_tokens=6, temperature=0, use_cache=True)
+    recomputed = generate_ids(loaded, prompts, max_new_tokens=6, temperature=0,
+                              use_cache=False)
+    assert cached == recomputed and all(len(c) == 6 for c in cached)

@@ -1,0 +1,89 @@
+"""The Adam update (fused on PyTorch) against a float64 NumPy reference of its documented
+formula: global-norm clipping, decoupled weight decay on matrices only, the bias-corrected
+step, over several steps on a learning-rate schedule."""
+
+import keras
+import numpy as np
+import pytest
+
+from transformerkit.training.gpt_recipe import MatrixDecayAdam, WarmupCosineSchedule
+from transformerkit.training.optimizers import Adam
+
+SHAPES = [(6, 4), (4,), (3, 5), (5,)]  # two matrices (decayed), two vectors (not)
+
+
+def reference_adam(params, grad_steps, rates, beta_1, beta_2, epsilon, clip=None,
+                   weight_decay=0.0):
+    """float64: clip by global norm (scale min(1, clip / norm)), theta -= lr * wd * theta on
+    matrices, then theta -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)."""
+    params = [p.astype("float64") for p in params]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    for t, (grads, lr) in enumerate(zip(grad_steps, rates, strict=True), start=1):
+        grads = [g.astype("float64") for g in grads]
+        if clip is not None:
+            norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
+            grads = [g * min(1.0, clip / norm) for g in grads]
+        for i, g in enumerate(grads):
+            if weight_decay and params[i].ndim >= 2:
+                params[i] = params[i] - lr * weight_decay * params[i]
+            m[i] = beta_1 * m[i] + (1 - beta_1) * g
+            v[i] = beta_2 * v[i] + (1 - beta_2) * g * g
+            denom = np.sqrt(v[i]) / np.sqrt(1 - beta_2 ** t) + epsilon
+            params[i] = params[i] - lr / (1 - beta_1 ** t) * m[i] / denom
+    return params
+
+
+def run(optimizer, params, grad_steps):
+    variables = [keras.Variable(p) for p in params]
+    for grads in grad_steps:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    return [keras.ops.convert_to_numpy(v) for v in variables]
+
+
+def draws(seed, steps=5, scale=1.0):
+    rng = np.random.default_rng(seed)
+    params = [rng.normal(size=s).astype("float32") for s in SHAPES]
+    grads = [[(scale * rng.normal(size=s)).astype("float32") for s in SHAPES]
+             for _ in range(steps)]
+    return params, grads
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["no-clip", "clip"])
+def test_adam_matches_the_reference(clip):
+    params, grads = draws(0, scale=3.0)  # norms of ~10: clipping is active
+    optimizer = Adam(2e-2, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=clip)
+    got = run(optimizer, params, grads)
+    want = reference_adam(params, grads, [2e-2] * 5, 0.9, 0.98, 1e-9, clip=clip)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    # a wrong clip (or none) would move the parameters differently
+    unclipped = reference_adam(params, grads, [2e-2] * 5, 0.9, 0.98, 1e-9)
+    if clip is not None:
+        assert not np.allclose(got[0], unclipped[0], atol=1e-4)
+
+
+def test_matrix_decay_adam_on_a_schedule_matches_the_reference():
+    params, grads = draws(1, steps=6)
+    schedule = WarmupCosineSchedule(1e-2, warmup_steps=2, decay_steps=6, minimum=1e-3)
+    rates = [float(keras.ops.convert_to_numpy(schedule(i))) for i in range(6)]
+    optimizer = MatrixDecayAdam(learning_rate=schedule, beta_1=0.9, beta_2=0.99, epsilon=1e-8,
+                                weight_decay=0.5, global_clipnorm=1.0)
+    got = run(optimizer, params, grads)
+    want = reference_adam(params, grads, rates, 0.9, 0.99, 1e-8, clip=1.0, weight_decay=0.5)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    # vectors are not decayed: decaying them too would give other values
+    params_2d = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+    grads_2d = [[g.reshape(1, -1) if g.ndim == 1 else g for g in step] for step in grads]
+    everything = reference_adam(params_2d, grads_2d, rates, 0.9, 0.99, 1e-8, clip=1.0,
+                                weight_decay=0.5)
+    assert not np.allclose(got[1], everything[1].reshape(-1), atol=1e-6)
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 6
+
+
+def test_a_non_finite_gradient_makes_the_update_non_finite_as_in_keras():
+    params, grads = draws(2, steps=1)
+    grads[0][0][0, 0] = np.inf
+    got = run(Adam(1e-3, global_clipnorm=1.0), params, grads)
+    assert not np.isfinite(got[0]).all() and not np.isfinite(got[1]).all()
