@@ -281,15 +281,45 @@ def time_to_reach(result, target):
     return None
 
 
+def full_validation_verdict(results):
+    """Per system, over the runs: its full-validation loss and loop time against the
+    nanoGPT run beside it (both after the same iterations); None without nanoGPT's score."""
+    lines = []
+    for system in dict.fromkeys(r["system"] for r in results if r["system"] != "nanoGPT"):
+        pairs = [(r, _nanogpt_of(results, r["run"])) for r in results
+                 if r["system"] == system and "error" not in r]
+        pairs = [(r, n) for r, n in pairs if n and n.get("full_val_loss") is not None
+                 and r.get("full_val_loss") is not None]
+        if not pairs:
+            continue
+        met = [r["full_val_loss"] <= n["full_val_loss"] and r["loop_seconds"] < n["loop_seconds"]
+               for r, n in pairs]
+        ratios = ", ".join(f"{r['loop_seconds'] / n['loop_seconds']:.2f}x" for r, n in pairs)
+        r, n = pairs[0]
+        lines.append(
+            f"{system}: full validation loss {r['full_val_loss']:.4f} against nanoGPT's "
+            f"{n['full_val_loss']:.4f} (both runs are deterministic); loop time against "
+            f"nanoGPT's, run by run: {ratios}. The target (nanoGPT's loss in less wall time) "
+            f"is met in {sum(met)} of {len(met)} run(s).")
+    return "\n".join(lines) or None
+
+
+def _nanogpt_of(results, run):
+    return next((r for r in results if r["system"] == "nanoGPT" and r["run"] == run
+                 and "error" not in r), None)
+
+
 def report(recipe_name, recipe, args, results):
-    nano = next((r for r in results if r["system"] == "nanoGPT" and "error" not in r), None)
-    target = nano["final_val_loss"] if nano else None
+    first = _nanogpt_of(results, 1)
+    target = first["final_val_loss"] if first else None
     rows = ["| system | iterations | ms/iter | loop s | final val loss | full val loss | s to "
             "nanoGPT's val loss | ms/iter vs nanoGPT | time to its loss vs nanoGPT |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        nano = _nanogpt_of(results, r["run"])
+        label = r["system"] + (f", run {r['run']}" if args.runs > 1 else "")
         if "error" in r:
-            rows.append(f"| {r['system']} | failed: {r['error'].splitlines()[-1][:80]} "
+            rows.append(f"| {label} | failed: {r['error'].splitlines()[-1][:80]} "
                         "| | | | | | | |")
             continue
         reach = time_to_reach(r, target) if target is not None else None
@@ -302,7 +332,7 @@ def report(recipe_name, recipe, args, results):
         full = "" if full is None else f"{full:.4f}"
         if r.get("checkpoint_iter") not in (None, args.iters):
             full += f" (iter {r['checkpoint_iter']})"
-        rows.append(f"| {r['system']} | {r['iterations']} | {r['ms_per_iter']:.1f} | "
+        rows.append(f"| {label} | {r['iterations']} | {r['ms_per_iter']:.1f} | "
                     f"{r['loop_seconds']:.1f} | {r['final_val_loss']:.4f} | {full} | "
                     f"{'' if reach is None else f'{reach:.1f}'} | {speed} | {wall} |")
     note = (f"\nRecipe `{recipe_name}`: {recipe['n_layer']} layers, {recipe['n_head']} heads, "
@@ -314,8 +344,9 @@ def report(recipe_name, recipe, args, results):
             "ms/iter: median over iterations without an evaluation; loop s: the training "
             "loop with its evaluations; full val loss: the final model on every "
             f"non-overlapping {recipe['block_size']}-token block of the validation split. "
-            "Ratios below 1 mean we are faster.")
-    table = "\n".join(rows) + "\n" + note
+            "Ratios (against the nanoGPT run beside each) below 1 mean we are faster.")
+    verdict = full_validation_verdict(results)
+    table = "\n".join(rows) + "\n" + note + (f"\n\n{verdict}" if verdict else "")
     payload = {"recipe": recipe_name, "settings": {**recipe, "iters": args.iters,
                                                    "eval_interval": args.eval_interval,
                                                    "eval_iters": args.eval_iters},
@@ -335,6 +366,9 @@ def main():
     parser.add_argument("--backend", default="torch", help="Keras backend for ours (torch)")
     parser.add_argument("--jit", action="store_true",
                         help="also run ours with jit_compile=True (torch.compile)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="repeat nanoGPT then ours this many times (this machine's speed "
+                             "varies by 10%% between minutes: compare runs side by side)")
     parser.add_argument("--name", help="results file name (default gpt_vs_nanogpt[_RECIPE])")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -346,16 +380,19 @@ def main():
                      f"{args.eval_interval}")
     if args.worker:
         return worker(recipe, args)
+    if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
+        parser.error(f"--nanogpt {args.nanogpt}: no train.py there")
     results = []
-    if args.nanogpt:
-        if not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
-            parser.error(f"--nanogpt {args.nanogpt}: no train.py there")
-        with tempfile.TemporaryDirectory(prefix="nanogpt-bench-") as work:
-            prepare_nanogpt_data(work)
-            results.append(run_nanogpt(args.nanogpt, recipe, args, work))
-    results.append(run_ours(args.recipe, args, jit=False))
-    if args.jit:
-        results.append(run_ours(args.recipe, args, jit=True))
+    for run in range(1, args.runs + 1):
+        if args.nanogpt:
+            with tempfile.TemporaryDirectory(prefix="nanogpt-bench-") as work:
+                prepare_nanogpt_data(work)
+                results.append(run_nanogpt(args.nanogpt, recipe, args, work))
+        results.append(run_ours(args.recipe, args, jit=False))
+        if args.jit:
+            results.append(run_ours(args.recipe, args, jit=True))
+        for result in results[-(1 + bool(args.nanogpt) + args.jit):]:
+            result["run"] = run
     report(args.recipe, recipe, args, results)
 
 
