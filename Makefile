@@ -26,7 +26,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/train_step.py --batches 6 --repeats 1
+	$(BIN)/python bench/train_step.py --batches 6 --repeats 1 --rounds 3
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

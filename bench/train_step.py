@@ -17,6 +17,7 @@ Reported: real (non-padding) target tokens per second of forward+backward+update
 achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward).
 
     python bench/train_step.py            # writes bench/results/train_step.{json,md}
+    python bench/train_step.py --batches 6 --repeats 1 --rounds 3  # `make bench`: medians
     python bench/train_step.py --precision float32,mixed_bfloat16   # + a bf16 row (small model)
 """
 
@@ -126,6 +127,10 @@ def main():
     parser.add_argument("--base-batches", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backends", default="torch,jax,tensorflow")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the small-model systems this many times, one after the "
+                             "other, and report each one's median (the machine's speed drifts "
+                             "between minutes)")
     parser.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="float32",
                         help="comma-separated dtype policies (float32, mixed_bfloat16); each "
@@ -140,6 +145,30 @@ def main():
 
     common.multi30k_batches(args.batches)  # build the shared batches once
     script = os.path.abspath(__file__)
+    rounds = [small_model_rows(args, script) for _ in range(args.rounds)]
+    rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
+    peak = round(common.matmul_peak(), 1)
+    common.multi30k_batches(args.base_batches)
+    r = common.run_worker(script, ["--worker", "keras", "--size", "base", "--batches",
+                                   str(args.base_batches), "--repeats", "1"],
+                          {"KERAS_BACKEND": "torch"})
+    rows.append({"system": "transformerkit (torch)", "model": "base", **r})
+    print(rows[-1], flush=True)
+    write_report(args, rows, rounds, peak)
+
+
+def median_row(runs):
+    """The run with the median tokens/s of one system over the rounds (all listed)."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[0]
+    good.sort(key=lambda r: r["target_tokens_per_s"])
+    return {**good[(len(good) - 1) // 2],
+            "rounds_tokens_per_s": [r.get("target_tokens_per_s") for r in runs]}
+
+
+def small_model_rows(args, script):
+    """One round: every backend, the extra precisions, Marian and Marian + our malloc."""
     rows = []
     for backend in args.backends.split(","):
         r = common.run_worker(script, ["--worker", "keras", "--batches", str(args.batches),
@@ -163,14 +192,10 @@ def main():
                                    str(args.batches), "--repeats", str(args.repeats)])
     rows.append({"system": "HF Marian + transformerkit's malloc setting", "model": "small", **r})
     print(rows[-1], flush=True)
-    peak = round(common.matmul_peak(), 1)
-    common.multi30k_batches(args.base_batches)
-    r = common.run_worker(script, ["--worker", "keras", "--size", "base", "--batches",
-                                   str(args.base_batches), "--repeats", "1"],
-                          {"KERAS_BACKEND": "torch"})
-    rows.append({"system": "transformerkit (torch)", "model": "base", **r})
-    print(rows[-1], flush=True)
+    return rows
 
+
+def write_report(args, rows, rounds, peak):
     marian = next((r for r in rows if r["system"] == "HF transformers MarianMTModel"
                    and "error" not in r), None)
     lines = ["| model | system | target tokens/s | GFLOP/s | vs Marian | % of matmul peak |",
@@ -188,6 +213,15 @@ def main():
                  f"base = 6+6, 512, 8 heads, 2048, vocab 37000. Batches: "
                  f"{args.batches} (small) / {args.base_batches} (base) Multi30k batches of "
                  "~4096 tokens, warm-up pass excluded.")
+    if args.rounds > 1:
+        index = {r["system"]: i for i, r in enumerate(rounds[0])}
+        ours, peer = index.get("transformerkit (torch)"), index.get("HF transformers MarianMTModel")
+        per_round = [f"{r[ours]['target_tokens_per_s'] / r[peer]['target_tokens_per_s']:.2f}x"
+                     for r in rounds if ours is not None and peer is not None
+                     and "error" not in r[ours] and "error" not in r[peer]]
+        lines.append(f"Small model: the median of {args.rounds} rounds per system (each round "
+                     "runs every system once, one after the other); transformerkit (torch) "
+                     f"against Marian round by round: {', '.join(per_round)}.")
     common.write_results("train_step", {"machine": common.machine(), "matmul_peak_gflops": peak,
                                         "rows": rows}, "\n".join(lines))
 
