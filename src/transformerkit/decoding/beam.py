@@ -26,6 +26,7 @@ from transformerkit.decoding.common import (
     NEG_INF,
     TokenRules,
     check_max_new_tokens,
+    chunked_top_k,
     cut_at_eos,
     length_penalty,
     prepare_sources,
@@ -73,12 +74,11 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         position = index + 1
         logits, new_state = steps.step(s["alive"], index, s["state"], static)
         logits = ops.cast(logits, "float32")
-        # log p(prefix) + log softmax(logits), without materialising the log-softmax
-        offset = ops.reshape(s["alive_logp"], (-1, 1)) - ops.logsumexp(logits, axis=-1,
-                                                                       keepdims=True)
-        candidates = rules.apply(logits + offset, index < min_new)  # (batch * beam, vocab)
-        top_logp, top_ids = ops.top_k(ops.reshape(candidates, (batch, beam * vocab)), 2 * beam)
-        top_ids = ops.cast(top_ids, "int32")
+        # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
+        scores = ops.log_softmax(logits, axis=-1) + ops.reshape(s["alive_logp"], (-1, 1))
+        candidates = rules.apply(scores, index < min_new)  # (batch * beam, vocab)
+        top_logp, top_ids = chunked_top_k(ops.reshape(candidates, (batch, beam * vocab)),
+                                          2 * beam)
         parent, token = ops.floor_divide(top_ids, vocab), ops.mod(top_ids, vocab)
         # (batch * 2beam, width): the parents' sequences with the new token written in
         grown = ops.take(s["alive"], _flat_rows(parent, beam), axis=0)

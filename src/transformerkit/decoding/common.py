@@ -101,3 +101,32 @@ def cut_at_eos(ids, eos_id):
         if i != PAD_ID:
             out.append(i)
     return out
+
+
+def chunked_top_k(x, k, chunk=64):
+    """``ops.top_k(x, k)`` over the last axis of a wide ``(rows, n)`` tensor, exactly, by
+    looking at few of its values: the maxima of chunks of ``chunk`` columns (one cheap
+    vectorised pass), then the ``k`` chunks with the largest maxima (plus the ``n % chunk``
+    leftover columns) in full. Every value above the k-th largest lies in a chunk whose
+    maximum is above it, and fewer than ``k`` chunks have such a maximum, so the top ``k``
+    values are among those columns. Beam search takes the best ``2 * beam`` of
+    ``beam * vocab`` scores every step; a full ``top_k`` there costs ~7x more on CPU.
+
+    Returns ``(values (rows, k), indices (rows, k) int32)``, largest first (ties in any
+    order, as ``ops.top_k``).
+    """
+    rows, n = x.shape
+    chunks = n // chunk
+    if chunks < 4 * k:  # too narrow to gain anything
+        values, indices = ops.top_k(x, k)
+        return values, ops.cast(indices, "int32")
+    maxima = ops.max(ops.reshape(x[:, : chunks * chunk], (rows, chunks, chunk)), axis=2)
+    _, best_chunks = ops.top_k(maxima, k)  # (rows, k)
+    columns = ops.reshape(ops.expand_dims(ops.cast(best_chunks, "int32") * chunk, 2)
+                          + ops.arange(chunk, dtype="int32"), (rows, k * chunk))
+    if n > chunks * chunk:  # the leftover columns are always looked at
+        tail = ops.broadcast_to(ops.arange(chunks * chunk, n, dtype="int32"),
+                                (rows, n - chunks * chunk))
+        columns = ops.concatenate([columns, tail], axis=1)
+    values, picked = ops.top_k(ops.take_along_axis(x, columns, axis=1), k)
+    return values, ops.take_along_axis(columns, ops.cast(picked, "int32"), axis=1)

@@ -7,8 +7,10 @@ masks, autocasting, name scopes) costs several times the arithmetic it wraps at
 and recompiles inside Keras' call machinery). So this module runs the same math as
 ``DecoderBlock`` / ``MultiHeadAttention`` / ``Transformer.decode`` for ONE new position with
 ``torch`` functions on the layers' own weights (read at the start of every batch, so it
-follows training). It also keeps the caches as ``(rows, heads, max_len, dim)``, written in
-place, and attends over the filled prefix only (no causal mask needed for one query).
+follows training). It also keeps the caches position-major, ``(max_len, rows, heads, dim)``,
+written in place one position at a time, and attends over the filled prefix only (no causal
+mask needed for one query). Position-major makes that prefix one contiguous block, so beam
+search reorders its rows with a single ``index_select`` into a fresh buffer (no copy back).
 
 It is used for float32 models on PyTorch when ``use_cache=True``; ``use_cache="keras"``
 runs the model's own Keras cache path instead. ``tests/test_decoding.py`` checks that
@@ -63,14 +65,12 @@ class _Weights:
         self.embedding = embedding.embeddings.value
         self.embedding_scale = math.sqrt(embedding.d_model) if embedding.scale else 1.0
         self.positions = positions.table.value
-        # the output projection as (vocab, d_model) and a (vocab, 1) bias: logits are
-        # computed transposed, (vocab, d_model) @ (d_model, rows), because at 64 rows and
-        # 8000 words MKL does that product ~1.8x faster than (rows, d) @ (d, vocab)
-        if projection is None:  # tied: the embedding matrix itself
-            self.projection = (self.embedding, None)
+        # the output projection as a contiguous (d_model, vocab) matrix (tied: the
+        # embedding table transposed once per batch), so logits are one (rows, vocab) product
+        if projection is None:
+            self.projection = (self.embedding.t().contiguous(), None)
         else:
-            kernel, bias = _dense(projection)
-            self.projection = (kernel.t().contiguous(), None if bias is None else bias[:, None])
+            self.projection = _dense(projection)
 
 
 def _linear(x, weights):
@@ -104,8 +104,8 @@ class TorchSteps:
                         m.output_projection)
 
     def _empty_caches(self, rows, max_len, like):
-        shape_k = (rows, self.heads, max_len, self.key_dim)
-        shape_v = (rows, self.heads, max_len, self.value_dim)
+        shape_k = (max_len, rows, self.heads, self.key_dim)
+        shape_v = (max_len, rows, self.heads, self.value_dim)
         layers = self.model.num_decoder_layers if self.seq2seq else self.model.num_layers
         return [(torch.zeros(shape_k, dtype=like.dtype, device=like.device),
                  torch.zeros(shape_v, dtype=like.dtype, device=like.device))
@@ -136,9 +136,9 @@ class TorchSteps:
         if prefill > 0:  # the shared prompt prefix in one Keras call, copied into our caches
             caches = self.model.init_caches(buffer.shape[0], prefill)
             _, caches = self.model(buffer[:, :prefill], caches=caches, cache_index=0)
-            for (k, v), cache in zip(state, caches, strict=True):
-                k[:, :, :prefill] = cache["self"][0].transpose(1, 2)
-                v[:, :, :prefill] = cache["self"][1].transpose(1, 2)
+            for (k, v), cache in zip(state, caches, strict=True):  # Keras: (rows, len, h, d)
+                k[:prefill] = cache["self"][0][:, :prefill].transpose(0, 1)
+                v[:prefill] = cache["self"][1][:, :prefill].transpose(0, 1)
         return state, (weights, None, None)
 
     def step(self, buffer, index, state, static):
@@ -157,9 +157,7 @@ class TorchSteps:
                 self.activation(_linear(h, w["inner"])), w["outer"]))
         if weights.final_norm is not None:
             x = _layer_norm(x, weights.final_norm)
-        table, bias = weights.projection
-        logits_t = torch.mm(table, x.t()) if bias is None else torch.addmm(bias, table, x.t())
-        return logits_t.t().contiguous(), state  # (rows, vocab)
+        return _linear(x, weights.projection), state  # (rows, vocab)
 
     def _sublayer(self, x, norm, fn):
         if self.pre_norm:
@@ -167,24 +165,24 @@ class TorchSteps:
         return _layer_norm(x + fn(x), norm)
 
     def _heads(self, x, width):
-        return x.reshape(x.shape[0], self.heads, 1, width)  # (rows, h, 1, width)
-
-    def _attend(self, q, k, v, w, bias=None):
-        """softmax(q k^T / sqrt(d_k) + bias) v for one query per row and head, then W^O.
-        (Two ``matmul`` calls beat ``scaled_dot_product_attention`` at one query.)"""
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.key_dim))
-        if bias is not None:
-            scores = scores + bias  # (rows, h, 1, keys)
-        out = torch.matmul(scores.softmax(-1), v)  # (rows, h, 1, dv)
-        return _linear(out.reshape(q.shape[0], self.heads * self.value_dim), w)
+        return x.view(x.shape[0], self.heads, width)  # (rows, h, width)
 
     def _self_attention(self, h, w, k_cache, v_cache, index):
-        width = self.heads * self.key_dim
+        """softmax(q k^T / sqrt(d_k)) v for the one new query of each row and head, over
+        the filled cache prefix ``(index + 1, rows, h, d)``, then W^O."""
+        rows, width = h.shape[0], self.heads * self.key_dim
         qkv = _linear(h, w["qkv"])  # (rows, 2 * h * d_k + h * d_v)
-        q = self._heads(qkv[:, :width], self.key_dim)
-        k_cache[:, :, index:index + 1] = self._heads(qkv[:, width:2 * width], self.key_dim)
-        v_cache[:, :, index:index + 1] = self._heads(qkv[:, 2 * width:], self.value_dim)
-        return self._attend(q, k_cache[:, :, : index + 1], v_cache[:, :, : index + 1], w["o"])
+        q = self._heads(qkv[:, :width], self.key_dim)  # (rows, h, d_k)
+        k_cache[index] = self._heads(qkv[:, width:2 * width], self.key_dim)
+        v_cache[index] = self._heads(qkv[:, 2 * width:], self.value_dim)
+        # batched over rows * h: (1, d_k) @ (d_k, keys) and (1, keys) @ (keys, d_v), on
+        # strided views of the caches (no copies)
+        keys = k_cache[: index + 1].view(index + 1, rows * self.heads, self.key_dim)
+        values = v_cache[: index + 1].view(index + 1, rows * self.heads, self.value_dim)
+        scores = torch.bmm(q.reshape(rows * self.heads, 1, self.key_dim),
+                           keys.permute(1, 2, 0)) * (1.0 / math.sqrt(self.key_dim))
+        out = torch.bmm(scores.softmax(-1), values.transpose(0, 1))  # (rows * h, 1, d_v)
+        return _linear(out.view(rows, self.heads * self.value_dim), w["o"])
 
     def _cross_attention(self, h, w, cross, bias_and_copies):
         """Cross-attention; the ``copies`` rows (beams) of a sentence are its queries
@@ -198,9 +196,15 @@ class TorchSteps:
         return _linear(out.reshape(rows, self.heads * self.value_dim), w["cross_o"])
 
     def reorder(self, state, rows, filled):
-        """Beam search: rows of the caches taken from ``rows``, in place, filled part only."""
+        """Beam search: caches whose rows are taken from ``rows``; only the filled
+        positions are copied (the rest of the new buffers is written before it is read)."""
         rows = torch.as_tensor(rows).long()
-        for k, v in state:
-            k[:, :, :filled] = k[:, :, :filled].index_select(0, rows)
-            v[:, :, :filled] = v[:, :, :filled].index_select(0, rows)
-        return state
+        reordered = []
+        for cache in state:
+            pair = []
+            for t in cache:
+                new = torch.empty_like(t)
+                torch.index_select(t[:filled], 1, rows, out=new[:filled])
+                pair.append(new)
+            reordered.append(tuple(pair))
+        return reordered
