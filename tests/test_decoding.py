@@ -25,7 +25,7 @@ from transformerkit.decoding import (
     sequence_log_probs,
     translate_texts,
 )
-from transformerkit.decoding.common import length_penalty
+from transformerkit.decoding.common import chunked_top_k, length_penalty
 from transformerkit.decoding.sampling import filter_logits, sampling_choice
 from transformerkit.models import GPT, Transformer
 
@@ -206,6 +206,53 @@ def test_best_beam_never_scores_below_greedy(options, alpha):
         assert best[row][0].score >= greedy_score - 1e-4
 
 
+def test_chunked_top_k_equals_top_k():
+    rng = np.random.default_rng(0)
+    for rows, n, k, chunk in [(3, 1000, 8, 16), (2, 640, 4, 32), (5, 50, 3, 8), (1, 300, 8, 4)]:
+        x = rng.normal(size=(rows, n)).astype("float32")
+        x[0, : n // 2] = -np.inf  # dead beams: whole regions at -inf
+        x[-1, 7::9] = 5.0  # ties across chunks, and in the leftover columns
+        values, indices = chunked_top_k(ops.convert_to_tensor(x), k, chunk=chunk)
+        values, indices = ops.convert_to_numpy(values), ops.convert_to_numpy(indices)
+        expected = -np.sort(-x, axis=1)[:, :k]
+        np.testing.assert_array_equal(values, expected)
+        np.testing.assert_array_equal(np.take_along_axis(x, indices, 1), values)
+        assert (np.sort(indices, 1)[:, 1:] != np.sort(indices, 1)[:, :-1]).all()  # distinct
+
+
+def _plain_top_k(x, k):
+    values, indices = ops.top_k(x, k)
+    return values, ops.cast(indices, "int32")
+
+
+def large_vocabulary_beams_equal():
+    """Beam 4 over 600 words takes the chunked top-k path; a twin model (its own compiled
+    decoder on JAX/TensorFlow) searching with plain ``top_k`` must find the same beams."""
+    from transformerkit.decoding import beam
+
+    results, weights = [], None
+    for top_k in (beam.chunked_top_k, _plain_top_k):
+        model = Transformer(600, 600, num_layers=1, d_model=16, num_heads=2, d_ff=24,
+                            max_length=12, tie_embeddings="all")
+        model((SOURCES, SOURCES[:, :3]))
+        if weights is None:
+            weights = randomize(model, seed=5, scale=0.5).get_weights()
+        model.set_weights(weights)
+        chosen, beam.chunked_top_k = beam.chunked_top_k, top_k
+        try:
+            results.append(beam_translate(model, SOURCES, max_new_tokens=8, beam_size=4,
+                                          n_best=4))
+        finally:
+            beam.chunked_top_k = chosen
+    return all([h.ids for h in a] == [h.ids for h in b] and
+               np.allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
+               for a, b in zip(*results, strict=True))
+
+
+def test_beam_search_with_a_large_vocabulary_equals_plain_top_k():
+    assert large_vocabulary_beams_equal()
+
+
 def test_beam_arguments_are_checked():
     model = make_transformer()
     with pytest.raises(ValueError, match="n_best"):
@@ -317,6 +364,7 @@ def probe():
     sample = sample_translate(model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
     results["same_seed_same_sample"] = sample == sample_translate(
         model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
+    results["large_vocabulary_beams_equal"] = large_vocabulary_beams_equal()
     gpt = make_gpt()
     prompts = [[5, 6, 7, 8], [9, 10]]
     cached = generate_ids(gpt, prompts, 6, temperature=0)
