@@ -10,7 +10,7 @@ import math
 import keras
 from keras import ops
 
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import call_sublayer, reshape
 from transformerkit.layers.masks import attention_mask
 
 _MASKED_SCORE = -1e9  # finite: an all-masked row can never turn into NaN
@@ -169,7 +169,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _split_heads(self, x, width):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.reshape(x, (batch, length, self.num_heads, width))  # (b, t, h, width)
+        return reshape(x, (batch, length, self.num_heads, width))  # (b, t, h, width)
 
     def compute_key_value(self, value, key=None):
         """Project a sequence into ``(key, value)`` heads: two ``(batch, len, heads, dim)``."""
@@ -207,7 +207,7 @@ class MultiHeadAttention(keras.layers.Layer):
         out, scores = out if return_attention_scores else (out, None)
         batch, length = ops.shape(out)[0], ops.shape(out)[1]
         out = call_sublayer(self.output_dense,
-                            ops.reshape(out, (batch, length, self.num_heads * self.value_dim)))
+                            reshape(out, (batch, length, self.num_heads * self.value_dim)))
         results = (out,)
         if return_attention_scores:
             results += (scores,)

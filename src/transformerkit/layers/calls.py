@@ -1,6 +1,7 @@
-"""One helper: call a sub-layer we own without Keras' per-call bookkeeping where it is moot."""
+"""Calls without Keras' per-call bookkeeping where it is moot: sub-layers we own, reshapes."""
 
 import keras
+from keras import ops
 
 _EAGER_BACKEND = keras.backend.backend() == "torch"
 if _EAGER_BACKEND:
@@ -59,3 +60,12 @@ def _layer_norm(layer, x):
     gamma = None if layer.gamma is None else layer.gamma.value
     beta = None if layer.beta is None else layer.beta.value
     return F.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
+
+
+def reshape(x, shape):
+    """``keras.ops.reshape(x, shape)``; on PyTorch, for a torch tensor, ``x.reshape(shape)``
+    itself: the ``keras.ops`` wrapper's checks (symbolic inputs, shape validation) cost
+    ~20-40 us a call, and attention makes four reshapes per layer."""
+    if FAST_CALLS and _EAGER_BACKEND and isinstance(x, torch.Tensor):
+        return x.reshape(shape)
+    return ops.reshape(x, shape)
