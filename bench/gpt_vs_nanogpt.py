@@ -23,7 +23,11 @@ as nanoGPT's ``estimate_loss``), and the loop time each system needs to reach na
 final validation loss. Twenty random batches estimate a loss to about +-0.02, so both final
 models are also scored on the whole validation split (every non-overlapping block, the same
 blocks for both: "full val loss"); for nanoGPT that is its last checkpoint (``ckpt.pt``,
-written at each evaluation that improved on the best). Writes
+written at each evaluation that improved on the best). With ``--nanogpt``, runs go
+nanoGPT, ours, nanoGPT, ..., ours, nanoGPT, and each of ours is compared with the mean of
+the two nanoGPT runs around it: this shared machine's speed drifts by 10-30% over minutes
+(one earlier 3-run pairing put ours at 0.77x of the nanoGPT run before it while nanoGPT's
+own in-process step had become 1.5x faster). Writes
 ``results/gpt_vs_nanogpt[_baby].{json,md}``.
 
 Usage:
@@ -283,7 +287,7 @@ def time_to_reach(result, target):
 
 def full_validation_verdict(results):
     """Per system, over the runs: its full-validation loss and loop time against the
-    nanoGPT run beside it (both after the same iterations); None without nanoGPT's score."""
+    nanoGPT runs around it (both after the same iterations); None without nanoGPT's score."""
     lines = []
     for system in dict.fromkeys(r["system"] for r in results if r["system"] != "nanoGPT"):
         pairs = [(r, _nanogpt_of(results, r["run"])) for r in results
@@ -305,8 +309,19 @@ def full_validation_verdict(results):
 
 
 def _nanogpt_of(results, run):
-    return next((r for r in results if r["system"] == "nanoGPT" and r["run"] == run
-                 and "error" not in r), None)
+    """The nanoGPT reference for our run ``run``: the mean of the nanoGPT runs just before
+    (``run``) and just after it (``run + 1``). This machine's speed drifts by 10-30% over
+    minutes; an A-B-A order cancels a steady drift, where one neighbour alone would not."""
+    runs = [r for r in results if r["system"] == "nanoGPT" and "error" not in r
+            and r["run"] in (run, run + 1)]
+    if len(runs) < 2:
+        return runs[0] if runs else None
+    reference = dict(runs[0], ms_per_iter=statistics.mean(r["ms_per_iter"] for r in runs),
+                     loop_seconds=statistics.mean(r["loop_seconds"] for r in runs))
+    reference["evals"] = [dict(entry, seconds=statistics.mean(r["evals"][i]["seconds"]
+                                                               for r in runs))
+                          for i, entry in enumerate(runs[0]["evals"])]
+    return reference
 
 
 def report(recipe_name, recipe, args, results):
@@ -316,8 +331,8 @@ def report(recipe_name, recipe, args, results):
             "nanoGPT's val loss | ms/iter vs nanoGPT | time to its loss vs nanoGPT |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        nano = _nanogpt_of(results, r["run"])
-        label = r["system"] + (f", run {r['run']}" if args.runs > 1 else "")
+        nano = _nanogpt_of(results, r["run"]) if r["system"] != "nanoGPT" else None
+        label = r["system"] + (f", run {r['run']}" if args.runs > 1 or r["run"] > 1 else "")
         if "error" in r:
             rows.append(f"| {label} | failed: {r['error'].splitlines()[-1][:80]} "
                         "| | | | | | | |")
@@ -344,7 +359,8 @@ def report(recipe_name, recipe, args, results):
             "ms/iter: median over iterations without an evaluation; loop s: the training "
             "loop with its evaluations; full val loss: the final model on every "
             f"non-overlapping {recipe['block_size']}-token block of the validation split. "
-            "Ratios (against the nanoGPT run beside each) below 1 mean we are faster.")
+            "Ratios (against the mean of the nanoGPT runs just before and just after each of ours: "
+            "nanoGPT runs once more at the end) below 1 mean we are faster.")
     verdict = full_validation_verdict(results)
     table = "\n".join(rows) + "\n" + note + (f"\n\n{verdict}" if verdict else "")
     payload = {"recipe": recipe_name, "settings": {**recipe, "iters": args.iters,
@@ -367,8 +383,9 @@ def main():
     parser.add_argument("--jit", action="store_true",
                         help="also run ours with jit_compile=True (torch.compile)")
     parser.add_argument("--runs", type=int, default=1,
-                        help="repeat nanoGPT then ours this many times (this machine's speed "
-                             "varies by 10%% between minutes: compare runs side by side)")
+                        help="repeat nanoGPT then ours this many times, then nanoGPT once "
+                             "more; each of ours is compared with the mean of the nanoGPT runs "
+                             "around it (this machine's speed drifts by 10-30%% over minutes)")
     parser.add_argument("--name", help="results file name (default gpt_vs_nanogpt[_RECIPE])")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -383,16 +400,16 @@ def main():
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
         parser.error(f"--nanogpt {args.nanogpt}: no train.py there")
     results = []
-    for run in range(1, args.runs + 1):
+    for run in range(1, args.runs + 2):  # nanoGPT, ours, ..., nanoGPT: A-B-...-A
         if args.nanogpt:
             with tempfile.TemporaryDirectory(prefix="nanogpt-bench-") as work:
                 prepare_nanogpt_data(work)
-                results.append(run_nanogpt(args.nanogpt, recipe, args, work))
-        results.append(run_ours(args.recipe, args, jit=False))
+                results.append(dict(run_nanogpt(args.nanogpt, recipe, args, work), run=run))
+        if run > args.runs:
+            break
+        results.append(dict(run_ours(args.recipe, args, jit=False), run=run))
         if args.jit:
-            results.append(run_ours(args.recipe, args, jit=True))
-        for result in results[-(1 + bool(args.nanogpt) + args.jit):]:
-            result["run"] = run
+            results.append(dict(run_ours(args.recipe, args, jit=True), run=run))
     report(args.recipe, recipe, args, results)
 
 

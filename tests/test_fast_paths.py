@@ -45,6 +45,15 @@ def test_call_sublayer_keeps_keras_calls_where_they_matter():
     mixed.build((None, 4))
     out = call_sublayer(mixed, keras.ops.ones((2, 4)))
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"  # autocast was applied
+    # inside an enclosing mixed-precision layer's autocast scope, a float32 sub-layer still
+    # reads its weights in float32, as Keras' call makes it do
+    from keras.src.backend import AutocastScope
+
+    x = keras.ops.ones((2, 4))
+    with AutocastScope("bfloat16"):
+        inside = call_sublayer(dense, x)
+    assert keras.backend.standardize_dtype(inside.dtype) == "float32"
+    np.testing.assert_allclose(to_numpy(inside), to_numpy(dense(x)), rtol=0, atol=1e-6)
 
 
 def test_batches_without_padding_take_no_mask_and_give_the_same_logits(monkeypatch):

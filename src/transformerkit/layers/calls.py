@@ -7,6 +7,7 @@ _EAGER_BACKEND = keras.backend.backend() == "torch"
 if _EAGER_BACKEND:
     import torch
     import torch.nn.functional as F
+    from keras.src.backend import get_autocast_scope  # no public accessor in Keras 3
 
 FAST_CALLS = True  # module switch, for tests and benchmarks that compare both paths
 
@@ -31,11 +32,7 @@ def call_sublayer(layer, *args, **kwargs):
     mask: callers pass masks on explicitly.
     """
     x = args[0]
-    if not (FAST_CALLS and _EAGER_BACKEND and layer.built and isinstance(x, torch.Tensor)
-            and layer.compute_dtype == layer.variable_dtype
-            and (not x.is_floating_point()  # Keras would cast float inputs to compute_dtype
-                 or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
-            and keras.distribution.distribution() is None):
+    if not direct_call_allowed(layer, x):
         return layer(*args, **kwargs)
     kind = type(layer).call
     if kind is keras.layers.Dense.call and not layer.lora_enabled \
@@ -45,6 +42,18 @@ def call_sublayer(layer, *args, **kwargs):
             and layer.axis in (-1, [-1]) and not kwargs:
         return _layer_norm(layer, x)
     return layer.call(*args, **kwargs)
+
+
+def direct_call_allowed(layer, x):
+    """Whether ``layer(x, ...)`` would only run ``layer.call(x, ...)`` (see
+    :func:`call_sublayer`): eager PyTorch, a built layer, a torch tensor input of its compute
+    dtype (or ids), no mixed-precision autocast (the layer's own or an enclosing one), no
+    distribution layout to apply."""
+    return (FAST_CALLS and _EAGER_BACKEND and layer.built and isinstance(x, torch.Tensor)
+            and layer.compute_dtype == layer.variable_dtype and get_autocast_scope() is None
+            and (not x.is_floating_point()  # Keras would cast float inputs to compute_dtype
+                 or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
+            and keras.distribution.distribution() is None)
 
 
 def _dense(layer, x):
