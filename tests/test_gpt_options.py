@@ -138,3 +138,34 @@ def test_apply_dropout_skips_only_calls_that_cannot_change_the_input():
     dropped = keras.ops.convert_to_numpy(apply_dropout(keras.layers.Dropout(0.5), x,
                                                        training=True))
     assert (dropped == 0).any() and set(np.unique(dropped)) <= {0.0, 2.0}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the PyTorch fast path")
+def test_fast_dropout_is_dropout(monkeypatch):
+    """On PyTorch a plain Dropout draws its mask with ``rand_like``: kept values scaled by
+    1 / (1 - rate), the dropped share near the rate, gradients through the same mask, the
+    global seed reproducing it; seeded or noise-shaped layers keep Keras' own call."""
+    import torch
+
+    rate, layer = 0.3, keras.layers.Dropout(0.3)
+    x = torch.ones(300, 400, requires_grad=True)
+    torch.manual_seed(5)
+    out = apply_dropout(layer, x, training=True)
+    torch.manual_seed(5)
+    again = apply_dropout(layer, x, training=True)
+    torch.testing.assert_close(out, again, rtol=0, atol=0)
+    values = out.detach().numpy()
+    assert set(np.unique(values)) == {0.0, np.float32(1 / (1 - rate))}
+    dropped = (values == 0).mean()
+    assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / values.size)
+    out.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), values, rtol=1e-6)
+
+    def no_fast_path(*args, **kwargs):
+        raise AssertionError("the fast path was taken")
+
+    monkeypatch.setattr(torch, "rand_like", no_fast_path)
+    for kept_by_keras in (keras.layers.Dropout(0.3, seed=1),
+                          keras.layers.Dropout(0.3, noise_shape=(300, 1))):
+        values = keras.ops.convert_to_numpy(apply_dropout(kept_by_keras, x.detach(), True))
+        assert (values == 0).any() and set(np.unique(values)) <= {0.0, np.float32(1 / 0.7)}
