@@ -25,7 +25,7 @@ from transformerkit.decoding import (
     sequence_log_probs,
     translate_texts,
 )
-from transformerkit.decoding.common import chunked_top_k, length_penalty
+from transformerkit.decoding.common import argmax_ids, chunked_top_k, length_penalty
 from transformerkit.decoding.sampling import filter_logits, sampling_choice
 from transformerkit.models import GPT, Transformer
 
@@ -206,6 +206,19 @@ def test_best_beam_never_scores_below_greedy(options, alpha):
         assert best[row][0].score >= greedy_score - 1e-4
 
 
+@pytest.mark.parametrize("options", MODEL_OPTIONS)
+def test_beam_search_is_the_same_on_every_cache_path(options):
+    """The backend's fast cache (on PyTorch: TorchSteps, whose ``reorder`` moves the caches
+    with their beams), the Keras cache and recomputation find the same beams."""
+    model = make_transformer(options)
+    found = [beam_translate(model, SOURCES, max_new_tokens=10, beam_size=4, n_best=4,
+                            use_cache=mode) for mode in (True, "keras", False)]
+    for other in found[1:]:
+        for a, b in zip(found[0], other, strict=True):
+            assert [h.ids for h in a] == [h.ids for h in b]
+            np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
+
+
 def test_chunked_top_k_equals_top_k():
     rng = np.random.default_rng(0)
     for rows, n, k, chunk in [(3, 1000, 8, 16), (2, 640, 4, 32), (5, 50, 3, 8), (1, 300, 8, 4)]:
@@ -218,6 +231,24 @@ def test_chunked_top_k_equals_top_k():
         np.testing.assert_array_equal(values, expected)
         np.testing.assert_array_equal(np.take_along_axis(x, indices, 1), values)
         assert (np.sort(indices, 1)[:, 1:] != np.sort(indices, 1)[:, :-1]).all()  # distinct
+
+
+def argmax_ids_equal_numpy():
+    """``argmax_ids`` (``torch.max`` on PyTorch) = NumPy's argmax: the first column on ties,
+    rows with -inf regions, a row that is all -inf, one column."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 1000)).astype("float32")
+    x[1, 3::50] = 9.0  # ties: the first one wins
+    x[2, :] = 4.0
+    x[3, :500] = -np.inf
+    x[4, :] = -np.inf
+    cases = [x, x[:, :1]]
+    return all(np.array_equal(ops.convert_to_numpy(argmax_ids(ops.convert_to_tensor(c))),
+                              np.argmax(c, axis=1).astype("int32")) for c in cases)
+
+
+def test_argmax_ids_equals_numpy():
+    assert argmax_ids_equal_numpy()
 
 
 def _plain_top_k(x, k):
@@ -365,6 +396,7 @@ def probe():
     results["same_seed_same_sample"] = sample == sample_translate(
         model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
     results["large_vocabulary_beams_equal"] = large_vocabulary_beams_equal()
+    results["argmax_ids_equal_numpy"] = argmax_ids_equal_numpy()
     gpt = make_gpt()
     prompts = [[5, 6, 7, 8], [9, 10]]
     cached = generate_ids(gpt, prompts, 6, temperature=0)

@@ -13,6 +13,7 @@ from transformerkit.decoding.common import (
     EOS_ID,
     PAD_ID,
     TokenRules,
+    argmax_ids,
     check_max_new_tokens,
     cut_at_eos,
     prepare_sources,
@@ -23,7 +24,7 @@ from transformerkit.decoding.steps import make_steps, token_at
 
 def argmax_choice(logits, index):
     """Greedy choice: the most likely id of each row, ``(rows,)`` int32."""
-    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+    return argmax_ids(logits)
 
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,

@@ -17,6 +17,7 @@ from transformerkit.decoding.common import (
     EOS_ID,
     NEG_INF,
     PAD_ID,
+    argmax_ids,
     check_max_new_tokens,
     cut_at_eos,
 )
@@ -53,7 +54,7 @@ def sampling_choice(seed, temperature, top_k, top_p):
     def choose(logits, index):
         x = filter_logits(logits, temperature, top_k, top_p)
         gumbel = -ops.log(-ops.log(noise(index, tuple(x.shape))))
-        return ops.cast(ops.argmax(x + ops.cast(gumbel, x.dtype), axis=-1), "int32")
+        return argmax_ids(x + ops.cast(gumbel, x.dtype))
 
     return choose
 
