@@ -25,7 +25,13 @@ from transformerkit.decoding import (
     sequence_log_probs,
     translate_texts,
 )
-from transformerkit.decoding.common import argmax_ids, chunked_top_k, length_penalty
+from transformerkit.decoding.common import (
+    TokenRules,
+    argmax_ids,
+    chunked_top_k,
+    length_penalty,
+    log_softmax_plus,
+)
 from transformerkit.decoding.sampling import filter_logits, sampling_choice
 from transformerkit.models import GPT, Transformer
 
@@ -245,6 +251,24 @@ def argmax_ids_equal_numpy():
     cases = [x, x[:, :1]]
     return all(np.array_equal(ops.convert_to_numpy(argmax_ids(ops.convert_to_tensor(c))),
                               np.argmax(c, axis=1).astype("int32")) for c in cases)
+
+
+def test_token_rules_in_place_equal_the_added_bias_and_log_softmax_plus_numpy():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(5, 40)).astype("float32")
+    rules = TokenRules(40, eos_id=2)
+    for forbid in (True, False, np.bool_(True), ops.convert_to_tensor(False)):
+        expected = ops.convert_to_numpy(rules.apply(ops.convert_to_tensor(x), forbid))
+        owned = ops.convert_to_numpy(rules.apply(ops.convert_to_tensor(x.copy()), forbid,
+                                                 owned=True))
+        np.testing.assert_array_equal(owned, expected)
+        assert np.isneginf(owned[:, :2]).all() and np.isneginf(owned[:, 2]).all() == bool(forbid)
+    row_scores = rng.normal(size=(5,)).astype("float32")
+    x64 = x.astype("float64")
+    reference = x64 - x64.max(1, keepdims=True)
+    reference = reference - np.log(np.exp(reference).sum(1, keepdims=True)) + row_scores[:, None]
+    got = log_softmax_plus(ops.convert_to_tensor(x), ops.convert_to_tensor(row_scores))
+    np.testing.assert_allclose(ops.convert_to_numpy(got), reference, atol=1e-5)
 
 
 def test_argmax_ids_equals_numpy():

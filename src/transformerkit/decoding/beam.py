@@ -29,6 +29,7 @@ from transformerkit.decoding.common import (
     chunked_top_k,
     cut_at_eos,
     length_penalty,
+    log_softmax_plus,
     prepare_sources,
 )
 from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
@@ -75,8 +76,8 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         logits, new_state = steps.step(s["alive"], index, s["state"], static)
         logits = ops.cast(logits, "float32")
         # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
-        scores = ops.log_softmax(logits, axis=-1) + ops.reshape(s["alive_logp"], (-1, 1))
-        candidates = rules.apply(scores, index < min_new)  # (batch * beam, vocab)
+        scores = log_softmax_plus(logits, s["alive_logp"])
+        candidates = rules.apply(scores, index < min_new, owned=True)  # (batch * beam, vocab)
         top_logp, top_ids = chunked_top_k(ops.reshape(candidates, (batch, beam * vocab)),
                                           2 * beam)
         parent, token = ops.floor_divide(top_ids, vocab), ops.mod(top_ids, vocab)

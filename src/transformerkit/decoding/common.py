@@ -58,6 +58,21 @@ def prepare_sources(model, source_ids):
     return padded, active
 
 
+def _torch_eager():
+    """Whether decode loops run eagerly on PyTorch (where in-place updates pay)."""
+    return keras.backend.backend() == "torch"
+
+
+def log_softmax_plus(logits, row_scores):
+    """``log_softmax(logits) + row_scores[:, None]`` for ``(rows, vocab)`` logits and
+    ``(rows,)`` scores: a fresh tensor (on PyTorch the addition is made in place)."""
+    if _torch_eager():
+        import torch
+
+        return torch.log_softmax(logits, -1).add_(row_scores.reshape(-1, 1))
+    return ops.log_softmax(logits, axis=-1) + ops.reshape(row_scores, (-1, 1))
+
+
 class TokenRules:
     """Which ids may be chosen: never PAD or BOS, and not EOS while ``min_new_tokens`` is
     not reached. Built once per decode; :meth:`apply` adds a 0 / -inf bias to the logits.
@@ -75,11 +90,20 @@ class TokenRules:
             without_eos[0, eos_id] = NEG_INF
         self.always = ops.convert_to_tensor(always)
         self.without_eos = ops.convert_to_tensor(without_eos)
+        if _torch_eager():  # the forbidden columns, for apply(..., owned=True)
+            import torch
 
-    def apply(self, logits, forbid_eos):
+            self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF))
+                            for flag, row in ((False, always), (True, without_eos))}
+
+    def apply(self, logits, forbid_eos, owned=False):
         """``(rows, vocab)`` logits with the forbidden ids at -inf. ``forbid_eos`` is a
         Python/NumPy bool (decided on the host: no work per row), a scalar tensor, or a
-        ``(rows,)`` tensor."""
+        ``(rows,)`` tensor. ``owned=True``: ``logits`` is a fresh tensor of the caller's,
+        which PyTorch may overwrite: its forbidden columns are filled in place (no pass over
+        the whole vocabulary; beam search, 256 rows x 8000 ids: ~2.5x cheaper)."""
+        if owned and _torch_eager() and len(getattr(forbid_eos, "shape", ())) == 0:
+            return logits.index_fill_(1, self.columns[bool(forbid_eos)], NEG_INF)
         if isinstance(forbid_eos, (bool, np.bool_)):
             return logits + (self.without_eos if forbid_eos else self.always)
         if len(forbid_eos.shape) == 1:
@@ -109,7 +133,7 @@ def argmax_ids(x):
     first one on ties (as ``ops.argmax``). On PyTorch this is ``torch.max(x, -1).indices``
     (same tie rule, documented), ~3x faster on CPU than ``torch.argmax`` over a vocabulary:
     greedy decoding takes one per step."""
-    if keras.backend.backend() == "torch":
+    if _torch_eager():
         import torch
 
         if isinstance(x, torch.Tensor):

@@ -60,7 +60,7 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         logits = ops.cast(logits, "float32")
         position = index + 1
         made = position - prompt_lengths  # tokens generated before this one (per row)
-        token = choose(rules.apply(logits, made < min_new), index)
+        token = choose(rules.apply(logits, made < min_new, owned=not collect_logits), index)
         if per_row_prompts:  # rows still inside their prompt copy it
             in_prompt = ops.less(position, prompt_lengths)
             token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), token)
