@@ -41,16 +41,25 @@ def greedy_decode(model, source, max_steps):
     return np.concatenate(outputs, axis=1)
 
 
+STEPS = 400
+
+
 def test_transformer_learns_to_copy():
+    # Seeded weights (the test must not depend on what ran before it in the process) and a
+    # learning rate decayed to 0: with a constant 3e-3 and 300 steps, exact copies ranged
+    # from 91% to 100% with the seed and the CPU's kernels; this setting gave 99-100% over
+    # six seeds.
+    keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     model = Transformer(VOCAB, VOCAB, num_layers=1, d_model=32, num_heads=4, d_ff=64,
                         dropout=0.0, max_length=MAX_LEN + 1)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=MaskedCrossEntropy(),
+    schedule = keras.optimizers.schedules.CosineDecay(3e-3, STEPS)
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss=MaskedCrossEntropy(),
                   metrics=[MaskedAccuracy()])
     held_out = copy_batch(rng, 64)
     before = float(keras.ops.convert_to_numpy(
         masked_cross_entropy(held_out[2], model(held_out[:2]))))
-    source, target_input, labels = copy_batch(rng, 300 * 64)
+    source, target_input, labels = copy_batch(rng, STEPS * 64)
     model.fit((source, target_input), labels, batch_size=64, epochs=1, shuffle=False, verbose=0)
     loss, accuracy = model.evaluate(held_out[:2], held_out[2], batch_size=64, verbose=0)
     assert before > 2.0  # about log(13) untrained
