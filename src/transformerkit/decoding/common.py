@@ -2,11 +2,10 @@
 
 import warnings
 
-import keras
 import numpy as np
 from keras import ops
 
-from transformerkit.decoding.compiled import batch_bucket, bucket
+from transformerkit.decoding.compiled import batch_bucket, bucket, is_eager_loop
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 NEG_INF = float("-inf")
@@ -58,15 +57,10 @@ def prepare_sources(model, source_ids):
     return padded, active
 
 
-def _torch_eager():
-    """Whether decode loops run eagerly on PyTorch (where in-place updates pay)."""
-    return keras.backend.backend() == "torch"
-
-
 def log_softmax_plus(logits, row_scores):
     """``log_softmax(logits) + row_scores[:, None]`` for ``(rows, vocab)`` logits and
     ``(rows,)`` scores: a fresh tensor (on PyTorch the addition is made in place)."""
-    if _torch_eager():
+    if is_eager_loop():
         import torch
 
         return torch.log_softmax(logits, -1).add_(row_scores.reshape(-1, 1))
@@ -90,7 +84,7 @@ class TokenRules:
             without_eos[0, eos_id] = NEG_INF
         self.always = ops.convert_to_tensor(always)
         self.without_eos = ops.convert_to_tensor(without_eos)
-        if _torch_eager():  # the forbidden columns, for apply(..., owned=True)
+        if is_eager_loop():  # the forbidden columns, for apply(..., owned=True)
             import torch
 
             self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF))
@@ -102,7 +96,7 @@ class TokenRules:
         ``(rows,)`` tensor. ``owned=True``: ``logits`` is a fresh tensor of the caller's,
         which PyTorch may overwrite: its forbidden columns are filled in place (no pass over
         the whole vocabulary; beam search, 256 rows x 8000 ids: ~2.5x cheaper)."""
-        if owned and _torch_eager() and len(getattr(forbid_eos, "shape", ())) == 0:
+        if owned and is_eager_loop() and len(getattr(forbid_eos, "shape", ())) == 0:
             return logits.index_fill_(1, self.columns[bool(forbid_eos)], NEG_INF)
         if isinstance(forbid_eos, (bool, np.bool_)):
             return logits + (self.without_eos if forbid_eos else self.always)
@@ -133,7 +127,7 @@ def argmax_ids(x):
     first one on ties (as ``ops.argmax``). On PyTorch this is ``torch.max(x, -1).indices``
     (same tie rule, documented), ~3x faster on CPU than ``torch.argmax`` over a vocabulary:
     greedy decoding takes one per step."""
-    if _torch_eager():
+    if is_eager_loop():
         import torch
 
         if isinstance(x, torch.Tensor):
