@@ -114,3 +114,33 @@ def test_gpt_without_biases_saves_and_decodes_with_its_cache(tmp_path):
     recomputed = generate_ids(loaded, prompts, max_new_tokens=6, temperature=0,
                               use_cache=False)
     assert cached == recomputed and all(len(c) == 6 for c in cached)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_torch_loss_equals_the_keras_ops_loss(monkeypatch, label_smoothing):
+    """On PyTorch ``masked_cross_entropy`` is one ``F.cross_entropy``; it must give the
+    ``keras.ops`` formula's value and gradient (padding ignored, smoothing as ours), and 0
+    for a batch of padding only."""
+    from transformerkit.training import masked_cross_entropy
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(1, 9, (3, 5)).astype("int32")
+    labels[0, 2:] = 0
+    labels[2, 4] = 0
+    logits = rng.normal(size=(3, 5, 9)).astype("float32")
+    results = {}
+    for fast in (True, False):
+        monkeypatch.setattr(calls, "FAST_CALLS", fast)
+        x = keras.Variable(logits)
+        if keras.backend.backend() == "torch":
+            loss = masked_cross_entropy(labels, x.value, label_smoothing)
+            loss.backward()
+            results[fast] = (float(loss), x.value.grad.numpy().copy())
+        else:
+            results[fast] = (float(masked_cross_entropy(labels, x, label_smoothing)), None)
+        results[fast, "empty"] = float(masked_cross_entropy(
+            np.zeros_like(labels), keras.ops.convert_to_tensor(logits)))
+    assert results[True][0] == pytest.approx(results[False][0], abs=1e-6)
+    if results[True][1] is not None:
+        np.testing.assert_allclose(results[True][1], results[False][1], atol=1e-7)
+    assert results[True, "empty"] == results[False, "empty"] == 0.0

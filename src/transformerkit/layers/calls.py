@@ -49,7 +49,7 @@ def direct_call_allowed(layer, x):
     :func:`call_sublayer`): eager PyTorch, a built layer, a torch tensor input of its compute
     dtype (or ids), no mixed-precision autocast (the layer's own or an enclosing one), no
     distribution layout to apply."""
-    return (FAST_CALLS and _EAGER_BACKEND and layer.built and isinstance(x, torch.Tensor)
+    return (eager_torch_tensor(x) and layer.built
             and layer.compute_dtype == layer.variable_dtype and get_autocast_scope() is None
             and (not x.is_floating_point()  # Keras would cast float inputs to compute_dtype
                  or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
@@ -71,10 +71,16 @@ def _layer_norm(layer, x):
     return F.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
 
 
+def eager_torch_tensor(x):
+    """Whether ``x`` is a concrete PyTorch tensor on the PyTorch backend with the shortcuts on
+    (:data:`FAST_CALLS`): where this package may call ``torch`` directly."""
+    return FAST_CALLS and _EAGER_BACKEND and isinstance(x, torch.Tensor)
+
+
 def reshape(x, shape):
     """``keras.ops.reshape(x, shape)``; on PyTorch, for a torch tensor, ``x.reshape(shape)``
     itself: the ``keras.ops`` wrapper's checks (symbolic inputs, shape validation) cost
     ~20-40 us a call, and attention makes four reshapes per layer."""
-    if FAST_CALLS and _EAGER_BACKEND and isinstance(x, torch.Tensor):
+    if eager_torch_tensor(x):
         return x.reshape(shape)
     return ops.reshape(x, shape)

@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from transformerkit.layers.masks import padding_mask
+from transformerkit.layers import calls
+from transformerkit.layers.masks import PAD_ID, padding_mask
 
 
 def masked_cross_entropy(labels, logits, label_smoothing=0.0):
@@ -28,6 +29,8 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
         A float32 scalar. 0 when the batch has no real token.
     """
     _check_label_smoothing(label_smoothing)
+    if calls.eager_torch_tensor(logits):
+        return _torch_masked_cross_entropy(labels, logits, label_smoothing)
     labels = ops.cast(labels, "int32")
     logits = ops.cast(logits, "float32")
     # One fused log-softmax pass (forward and backward) instead of logsumexp, gather and
@@ -40,6 +43,21 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
         nll = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     mask = ops.cast(padding_mask(labels), "float32")
     return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+
+def _torch_masked_cross_entropy(labels, logits, label_smoothing):
+    """The same loss on eager PyTorch as one ``F.cross_entropy`` (``ignore_index`` = the
+    padding id, PyTorch's label smoothing = ours): one autograd node instead of about ten
+    ``keras.ops`` calls, which at a small vocabulary cost more than the arithmetic."""
+    import torch
+    import torch.nn.functional as F
+
+    labels = torch.as_tensor(labels, device=logits.device).long()
+    logits = logits.float()
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                            ignore_index=PAD_ID, label_smoothing=float(label_smoothing),
+                            reduction="sum")
+    return total / (labels != PAD_ID).sum().clamp(min=1)
 
 
 def _check_label_smoothing(label_smoothing):
