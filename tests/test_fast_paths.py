@@ -26,9 +26,9 @@ def ids(rows, length, vocab, seed, pad_from=None):
     return x
 
 
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
-def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position):
-    model = Transformer(40, 40, norm_position=norm_position, **SMALL)
+@pytest.mark.parametrize("norm_position,activation", [("post", "relu"), ("pre", "gelu")])
+def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position, activation):
+    model = Transformer(40, 40, norm_position=norm_position, activation=activation, **SMALL)
     source, target = ids(3, 7, 40, 0, pad_from=4), ids(3, 6, 40, 1, pad_from=3)
     monkeypatch.setattr(calls, "FAST_CALLS", True)
     fast = to_numpy(model((source, target)))
@@ -144,3 +144,49 @@ def test_torch_loss_equals_the_keras_ops_loss(monkeypatch, label_smoothing):
     if results[True][1] is not None:
         np.testing.assert_allclose(results[True][1], results[False][1], atol=1e-7)
     assert results[True, "empty"] == results[False, "empty"] == 0.0
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the lean step is PyTorch's")
+@pytest.mark.parametrize("kind", ["gpt", "transformer"])
+def test_lean_torch_train_step_equals_keras_train_step(kind):
+    """``TransformerBase.train_step`` on PyTorch (one weight walk, gradients reset to None,
+    the model called through ``call_sublayer``) must train exactly as Keras' own
+    ``train_step``: same losses and weights after several steps (a gradient that is not
+    reset accumulates and changes both), frozen weights untouched, a loss added in ``call``
+    counted once per step (not accumulated over steps)."""
+    from transformerkit.training import MaskedCrossEntropy
+
+    class GPTWithActivityLoss(GPT):
+        def call(self, *args, **kwargs):
+            logits = super().call(*args, **kwargs)
+            self.add_loss(1e-2 * keras.ops.mean(logits ** 2))
+            return logits
+
+    def make():
+        keras.utils.set_random_seed(5)
+        if kind == "gpt":
+            model = GPTWithActivityLoss(30, **SMALL)
+            x = ids(4, 10, 30, 7)
+            data = (x[:, :-1], x[:, 1:])
+        else:
+            model = Transformer(30, 30, **SMALL)
+            source, target = ids(4, 9, 30, 8, pad_from=6), ids(4, 8, 30, 9, pad_from=5)
+            data = ((source, target[:, :-1]), target[:, 1:])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2, global_clipnorm=1.0),
+                      loss=MaskedCrossEntropy(0.1))
+        model(data[0])
+        frozen = model.token_embedding if kind == "gpt" else model.source_embedding
+        frozen.trainable = False
+        return model, data, frozen
+
+    lean, data, frozen_layer = make()
+    reference, _, _ = make()
+    frozen = to_numpy(frozen_layer.embeddings)
+    keras_step = super(TransformerBase, reference).train_step
+    batch = tuple(keras.tree.map_structure(keras.ops.convert_to_tensor, data))
+    for _ in range(4):
+        lean_logs, keras_logs = lean.train_step(batch), keras_step(batch)
+        assert float(lean_logs["loss"]) == pytest.approx(float(keras_logs["loss"]), abs=1e-6)
+    for a, b in zip(lean.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6, err_msg=a.path)
+    np.testing.assert_array_equal(to_numpy(frozen_layer.embeddings), frozen)

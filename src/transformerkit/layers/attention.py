@@ -10,6 +10,7 @@ import math
 import keras
 from keras import ops
 
+from transformerkit.layers import calls
 from transformerkit.layers.calls import call_sublayer, reshape
 from transformerkit.layers.masks import attention_mask
 
@@ -39,7 +40,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
         ``(batch, query_len, heads, value_dim)`` and, if asked, the weights. Query rows whose
         keys are all masked get a zero output (never NaN).
     """
-    key_dim = ops.shape(query)[-1]
+    key_dim = calls.shape(query)[-1]
     scale = 1.0 / math.sqrt(key_dim)
     rows_with_keys = None
     if mask is not None:
@@ -76,7 +77,7 @@ def _fused_attention(query, key, value, mask, scale, is_causal):
     is called directly on transposed views: Keras' wrapper first copies the three inputs to
     contiguous ``(batch, heads, len, dim)`` tensors, which on CPU made a small GPT's
     attention ~20% slower forward and backward."""
-    if keras.backend.backend() != "torch":
+    if not calls.eager_torch_tensor(query):
         return ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
                                          is_causal=is_causal)
     import torch
@@ -168,7 +169,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def _split_heads(self, x, width):
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        batch, length = calls.shape(x)[:2]
         return reshape(x, (batch, length, self.num_heads, width))  # (b, t, h, width)
 
     def compute_key_value(self, value, key=None):
@@ -205,7 +206,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k, v, mask=mask, is_causal=causal_only, dropout=self.attention_dropout,
             training=training, return_scores=return_attention_scores)
         out, scores = out if return_attention_scores else (out, None)
-        batch, length = ops.shape(out)[0], ops.shape(out)[1]
+        batch, length = calls.shape(out)[:2]
         out = call_sublayer(self.output_dense,
                             reshape(out, (batch, length, self.num_heads * self.value_dim)))
         results = (out,)

@@ -11,6 +11,11 @@ if _EAGER_BACKEND:
 
 FAST_CALLS = True  # module switch, for tests and benchmarks that compare both paths
 
+# Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
+# (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
+_TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu,
+                      keras.activations.relu: F.relu} if _EAGER_BACKEND else {}
+
 
 def call_sublayer(layer, *args, **kwargs):
     """``layer(*args, **kwargs)`` for a built sub-layer that this package's layers call with
@@ -61,7 +66,9 @@ def _dense(layer, x):
     y = torch.matmul(x, layer.kernel.value)
     if layer.bias is not None:
         y = y + layer.bias.value
-    return y if layer.activation is None else layer.activation(y)
+    if layer.activation is None:
+        return y
+    return _TORCH_ACTIVATIONS.get(layer.activation, layer.activation)(y)
 
 
 def _layer_norm(layer, x):
@@ -75,6 +82,14 @@ def eager_torch_tensor(x):
     """Whether ``x`` is a concrete PyTorch tensor on the PyTorch backend with the shortcuts on
     (:data:`FAST_CALLS`): where this package may call ``torch`` directly."""
     return FAST_CALLS and _EAGER_BACKEND and isinstance(x, torch.Tensor)
+
+
+def shape(x):
+    """``keras.ops.shape(x)``; on PyTorch, for a torch tensor, its ``shape`` itself (the
+    wrapper's symbolic-tensor checks cost a few us a call, attention makes a dozen)."""
+    if eager_torch_tensor(x):
+        return x.shape
+    return ops.shape(x)
 
 
 def reshape(x, shape):
