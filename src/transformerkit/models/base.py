@@ -86,31 +86,32 @@ class TransformerBase(keras.Model):
 
     use_bias = True  # projection biases and LayerNorm offsets (a GPT may turn them off)
 
-    def train_step(self, data):
+    def train_step(self, *args):
         """One optimisation step on a batch (``model.fit`` calls it): Keras' own step, and on
         eager PyTorch the same step with less Python around it.
 
         Keras' PyTorch ``train_step`` walks the layer tree for the trainable weights twice,
         ``torch.nn.Module.zero_grad`` walks it once more, and ``Model.__call__`` adds its
         per-call bookkeeping (see :func:`transformerkit.layers.calls.call_sublayer`): about
-        0.6 ms of a small GPT's ~30 ms CPU step. Here the weights are listed once, their
+        0.5 ms of a small GPT's ~30 ms CPU step. Here the weights are listed once, their
         gradients reset to None before the backward pass (what ``zero_grad`` does), and the
         model is called through ``call_sublayer`` after clearing the losses of the previous
         call (what the outermost ``__call__`` does). The loss (``compile``'s, with any layer
         losses), loss scaling, optimizer update, loss tracker and metrics are Keras' own, so
         every number is the same (``tests/test_fast_paths.py``). Under ``jit_compile``
         (``torch.compile``), on JAX and TensorFlow and with
-        :data:`transformerkit.layers.calls.FAST_CALLS` off, it is Keras' ``train_step``.
+        :data:`transformerkit.layers.calls.FAST_CALLS` off, it is Keras' ``train_step``
+        (JAX's takes ``(state, data)``, the others ``(data)``).
         """
         if not (calls.FAST_CALLS and keras.backend.backend() == "torch" and not self.jit_compile
                 and self.optimizer is not None):
-            return super().train_step(data)
+            return super().train_step(*args)
         weights = self.trainable_weights
         if not weights:
-            return super().train_step(data)  # Keras warns
+            return super().train_step(*args)  # Keras warns
         import torch
 
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(*args)
         self._clear_losses()
         y_pred = call_sublayer(self, x, training=True)
         for variable in weights:
