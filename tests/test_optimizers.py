@@ -87,3 +87,29 @@ def test_a_non_finite_gradient_makes_the_update_non_finite_as_in_keras():
     grads[0][0][0, 0] = np.inf
     got = run(Adam(1e-3, global_clipnorm=1.0), params, grads)
     assert not np.isfinite(got[0]).all() and not np.isfinite(got[1]).all()
+
+
+def test_the_reused_fused_plan_follows_variable_lists_and_assignments():
+    """On PyTorch the fused update reuses its per-variable-list plan (the variables' tensors,
+    grouped by weight decay). Switching to another list of variables (a layer frozen between
+    fits) must make a new plan, and values assigned to a variable between steps must be the
+    ones updated: the same steps with the plan rebuilt before every update give the same
+    numbers."""
+    params, grads = draws(3, steps=6)
+    results = []
+    for rebuild in (False, True):
+        optimizer = MatrixDecayAdam(1e-2, weight_decay=0.3, global_clipnorm=1.0)
+        variables = [keras.Variable(p) for p in params]
+        optimizer.build(variables)
+        for step, step_grads in enumerate(grads):
+            chosen = [0, 1, 2, 3] if step in (0, 1, 4) else [2, 0]  # a subset, reordered
+            if step == 3:
+                variables[2].assign(np.full(SHAPES[2], 0.5, "float32"))
+            if rebuild:
+                optimizer.__dict__.pop("_fused_plan", None)
+            optimizer.apply([keras.ops.convert_to_tensor(step_grads[i]) for i in chosen],
+                            [variables[i] for i in chosen])
+        results.append([keras.ops.convert_to_numpy(v) for v in variables])
+    for reused, rebuilt in zip(*results, strict=True):
+        np.testing.assert_array_equal(reused, rebuilt)
+    assert not np.allclose(results[0][2], 0.5)  # the assigned value was updated afterwards

@@ -1,6 +1,7 @@
 """Adam with a fused update on the PyTorch backend."""
 
 import keras
+from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public accessor
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -45,31 +46,54 @@ class Adam(keras.optimizers.Adam):
         # fused: applied inside _backend_update_step
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not self._fused():
+        if not self._fused() or in_stateless_scope():
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import torch
 
-        decays = self.weight_decay is not None and float(self.weight_decay) > 0
-        groups = {True: ([], []), False: ([], [])}
-        for grad, variable in zip(grads, trainable_variables, strict=True):
-            group = groups[decays and self._use_weight_decay(variable)]
-            group[0].append(variable)
-            group[1].append(grad)
         learning_rate = float(learning_rate)
         step = torch.as_tensor(float(self.iterations.value) + 1.0, dtype=torch.float32)
         with torch.no_grad():
-            for decayed, (variables, group_grads) in groups.items():
-                if not variables:
-                    continue
-                params = [v.value for v in variables]
-                index = [self._get_variable_index(v) for v in variables]
+            for decayed, positions, params, momentums, velocities in \
+                    self._fused_groups(trainable_variables):
                 fused = torch._fused_adamw_ if decayed else torch._fused_adam_
-                fused(params, [g.to(p.dtype) for g, p in zip(group_grads, params, strict=True)],
-                      [self._momentums[i].value for i in index],
-                      [self._velocities[i].value for i in index], [], [step] * len(params),
+                group_grads = [_as_dtype(grads[i], p)
+                               for i, p in zip(positions, params, strict=True)]
+                fused(params, group_grads, momentums, velocities, [], [step] * len(params),
                       lr=learning_rate, beta1=float(self.beta_1), beta2=float(self.beta_2),
                       weight_decay=float(self.weight_decay) if decayed else 0.0,
                       eps=float(self.epsilon), amsgrad=False, maximize=False)
+
+    def _fused_groups(self, variables):
+        """The fused kernels' arguments for ``variables``: one ``(decayed, positions, params,
+        momentums, velocities)`` group per weight-decay choice, with the variables' torch
+        tensors. Built once per list of variables and reused: reading ``Variable.value`` (a
+        property with scope checks) 81 times and sorting the variables cost ~0.2 ms of
+        Python a step for a small GPT's 27 variables (2.4 -> 2.2 ms per update, clipping
+        included). The tensors stay valid: a Keras variable on PyTorch
+        keeps its tensor for life (``assign`` copies into it); a new list of variables
+        (a layer frozen or unfrozen) or a rebuilt optimizer makes a new plan."""
+        decays = self.weight_decay is not None and float(self.weight_decay) > 0
+        cached = self.__dict__.get("_fused_plan")
+        if cached is not None and cached[1] is self._momentums and cached[2] == decays \
+                and len(cached[0]) == len(variables) \
+                and all(a is b for a, b in zip(cached[0], variables, strict=True)):
+            return cached[3]
+        groups = []
+        for decayed in (True, False):
+            positions = [i for i, v in enumerate(variables)
+                         if (decays and self._use_weight_decay(v)) == decayed]
+            if positions:
+                index = [self._get_variable_index(variables[i]) for i in positions]
+                groups.append((decayed, positions, [variables[i].value for i in positions],
+                               [self._momentums[j].value for j in index],
+                               [self._velocities[j].value for j in index]))
+        # a plain attribute, which Keras' attribute tracking does not see
+        self.__dict__["_fused_plan"] = (tuple(variables), self._momentums, decays, groups)
+        return groups
+
+
+def _as_dtype(grad, param):
+    return grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
 
 def _compiling():
