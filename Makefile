@@ -19,8 +19,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/transformerkit train configs/multi30k_de_en.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# the numerics tests again with every PyTorch shortcut off (transformerkit/fastpath.py)
+NUMERICS := tests/test_layers.py tests/test_masks.py tests/test_models.py \
+	tests/test_decoding.py tests/test_decode_steps.py tests/test_training_math.py \
+	tests/test_optimizers.py tests/test_fast_paths.py tests/test_gpt_options.py
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 -q
+	TRANSFORMERKIT_FAST_PATHS=0 $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

@@ -68,11 +68,11 @@ def load_inputs(run_dir, sentences, batch):
     import numpy as np
 
     from transformerkit.data.corpora import load_multi30k
+    from transformerkit.data.pipeline import pad_batch
     from transformerkit.data.tokenizers import load_tokenizer
-    from transformerkit.training.data_setup import tokenizer_paths
+    from transformerkit.run_directory import RunDirectory
 
-    src_path, tgt_path = tokenizer_paths(run_dir, os.path.exists(
-        os.path.join(run_dir, "tokenizer.json")))
+    src_path, tgt_path = RunDirectory(run_dir).tokenizer_paths()
     source_tok, target_tok = load_tokenizer(src_path), load_tokenizer(tgt_path)
     sources, references = load_multi30k("test2016", "de", "en", data_dir=common.data_dir())
     sources, references = sources[:sentences], references[:sentences]
@@ -81,18 +81,16 @@ def load_inputs(run_dir, sentences, batch):
     batches = []
     for start in range(0, len(order), batch):
         chunk = order[start:start + batch]
-        ids = np.zeros((len(chunk), max(len(encoded[i]) for i in chunk)), "int32")
-        for row, i in enumerate(chunk):
-            ids[row, : len(encoded[i])] = encoded[i]
-        batches.append((chunk, ids))
+        batches.append((chunk, pad_batch([encoded[i] for i in chunk])))
     return batches, references, target_tok, source_tok.vocab_size
 
 
 def transformerkit_decoder(run_dir, search, tokens, cache, forced):
     from transformerkit.decoding import beam_translate, greedy_translate
+    from transformerkit.run_directory import RunDirectory
     from transformerkit.saving import load_model
 
-    model = load_model(os.path.join(run_dir, "model.keras"), compile=False)
+    model = load_model(RunDirectory(run_dir).model)
     extra = dict(max_new_tokens=tokens, min_new_tokens=tokens if forced else 0, use_cache=cache)
     if search == "greedy":
         return lambda ids: greedy_translate(model, ids, **extra)
@@ -126,8 +124,10 @@ def hf_decoder(vocab, search, tokens, cache, forced):
 def worker(spec):
     """Measure every configuration of ``spec`` round-robin, ``repeats`` rounds, keeping each
     one's best pass: all systems see the same changes of this shared machine's load."""
-    import transformerkit  # noqa: F401  (the backend is chosen before keras is imported)
+    import transformerkit  # the backend is chosen before keras is imported
 
+    # the CLI's malloc setting, for every system this process measures alike
+    transformerkit.keep_freed_memory()
     backend, run_dir, batch = spec["backend"], spec["run"], spec["batch"]
     jobs = []
     for system, search, tokens, cache, forced, share in spec["configs"]:

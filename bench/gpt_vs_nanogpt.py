@@ -202,7 +202,9 @@ def worker(recipe, args):
     """Train our GPT with nanoGPT's recipe; print one JSON line."""
     import keras
 
-    import transformerkit  # noqa: F401  (picks the backend before keras is imported)
+    import transformerkit  # picks the backend before keras is imported
+
+    transformerkit.keep_freed_memory()  # as `transformerkit train` does
     from transformerkit.data.pipeline import LanguageModelBatches, split_train_val
     from transformerkit.data.tokenizers import CharTokenizer
     from transformerkit.models import GPT

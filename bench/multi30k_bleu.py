@@ -46,7 +46,9 @@ def train(config, run_dir, minutes, overrides):
 
 def read_history(run_dir):
     """Rows of the run's ``history.csv`` as dicts of floats."""
-    with open(os.path.join(run_dir, "history.csv"), newline="") as f:
+    from transformerkit.run_directory import RunDirectory
+
+    with open(RunDirectory(run_dir).history, newline="") as f:
         return [{k: float(v) for k, v in row.items() if v not in ("", None)}
                 for row in csv.DictReader(f)]
 

@@ -10,8 +10,9 @@ de->en batches of about 4096 target tokens (shared BPE vocabulary of 8000):
     backend, next to this machine's float32 matmul peak measured in the same run.
 
 Marian runs twice: as its users run it, and with the glibc ``malloc`` setting that
-``import transformerkit`` applies (:mod:`transformerkit.allocator`), to show how much of
-our lead is that setting, which any PyTorch program can adopt.
+``transformerkit train`` applies (``transformerkit.keep_freed_memory()``, applied to our
+workers here too), to show how much of our lead is that setting, which any PyTorch program
+can adopt.
 
 Reported: real (non-padding) target tokens per second of forward+backward+update, and the
 achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward).
@@ -35,6 +36,9 @@ BASE = dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=37000)
 
 
 def keras_worker(size, num_batches, repeats, precision="float32"):
+    import transformerkit
+
+    transformerkit.keep_freed_memory()  # as `transformerkit train` does
     import keras
     import numpy as np
 
@@ -62,7 +66,7 @@ def marian_worker(num_batches, repeats, allocator=False):
     import numpy as np
     import torch
 
-    if allocator:  # the same glibc malloc setting transformerkit applies on import
+    if allocator:  # the same glibc malloc setting transformerkit's CLI applies
         from transformerkit.allocator import keep_freed_memory
 
         keep_freed_memory()

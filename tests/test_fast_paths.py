@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from transformerkit.layers import calls
+from transformerkit import fastpath
 from transformerkit.layers.calls import call_sublayer
 from transformerkit.layers.masks import padding_mask
 from transformerkit.models import GPT, Transformer
@@ -30,9 +30,9 @@ def ids(rows, length, vocab, seed, pad_from=None):
 def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position, activation):
     model = Transformer(40, 40, norm_position=norm_position, activation=activation, **SMALL)
     source, target = ids(3, 7, 40, 0, pad_from=4), ids(3, 6, 40, 1, pad_from=3)
-    monkeypatch.setattr(calls, "FAST_CALLS", True)
+    monkeypatch.setattr(fastpath, "ENABLED", True)
     fast = to_numpy(model((source, target)))
-    monkeypatch.setattr(calls, "FAST_CALLS", False)
+    monkeypatch.setattr(fastpath, "ENABLED", False)
     keras_calls = to_numpy(model((source, target)))
     np.testing.assert_allclose(fast, keras_calls, rtol=0, atol=1e-6)
 
@@ -130,7 +130,7 @@ def test_torch_loss_equals_the_keras_ops_loss(monkeypatch, label_smoothing):
     logits = rng.normal(size=(3, 5, 9)).astype("float32")
     results = {}
     for fast in (True, False):
-        monkeypatch.setattr(calls, "FAST_CALLS", fast)
+        monkeypatch.setattr(fastpath, "ENABLED", fast)
         x = keras.Variable(logits)
         if keras.backend.backend() == "torch":
             loss = masked_cross_entropy(labels, x.value, label_smoothing)

@@ -56,7 +56,7 @@ def test_gpt2_initialisation_is_seeded_and_keeps_pretrained_embeddings():
                                   table)
 
 
-def test_embeddings_are_unscaled_by_default_and_old_saved_gpts_keep_their_scale():
+def test_embeddings_are_unscaled_by_default_and_a_choice_is_checked():
     ids = np.array([[5, 6, 7]])
     model = GPT(50, **SIZE)
     table = keras.ops.convert_to_numpy(model.token_embedding.embeddings)
@@ -69,8 +69,6 @@ def test_embeddings_are_unscaled_by_default_and_old_saved_gpts_keep_their_scale(
         rtol=1e-6)
     config = model.get_config()
     assert config["scale_embeddings"] is False and config["initialization"] == "gpt2"
-    del config["scale_embeddings"]  # a config written before the option existed
-    assert GPT.from_config(config).scale_embeddings is True
     with pytest.raises(ValueError, match="initialization"):
         GPT(50, initialization="xavier", **SIZE)
 

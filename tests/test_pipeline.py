@@ -17,9 +17,7 @@ from transformerkit.data.pipeline import (
     EpochSync,
     LanguageModelBatches,
     TranslationBatches,
-    cached_encode,
     encode_pairs,
-    file_digest,
     pad_batch,
     split_train_val,
     teacher_forcing,
@@ -277,28 +275,6 @@ def test_split_train_val_matches_nanogpt_shakespeare():
     assert train[-1] + 1 == val[0]
     with pytest.raises(ValueError, match="val_fraction"):
         split_train_val(np.arange(10), 1.0)
-
-
-# --------------------------------------------------------------------------------- cache
-def test_cached_encode_reuses_the_npz_and_keys_on_every_part(tmp_path, char_tok):
-    tok_file = tmp_path / "tok.json"
-    char_tok.save(tok_file)
-    calls = []
-
-    def encode():
-        calls.append(1)
-        return encode_pairs(["abc", "de", "a" * 30], ["x", "yz", "b"], char_tok, char_tok, 20)
-
-    key = [file_digest(tok_file), ["corpus.de", 123], 20]
-    first = cached_encode(tmp_path / "cache", key, encode)
-    second = cached_encode(tmp_path / "cache", key, encode)
-    assert len(calls) == 1
-    assert second.dropped == first.dropped == 1
-    assert [s.tolist() for s in second.source] == [s.tolist() for s in first.source]
-    assert [t.tolist() for t in second.target] == [t.tolist() for t in first.target]
-    cached_encode(tmp_path / "cache", key[:2] + [21], encode)
-    assert len(calls) == 2
-    assert all(p.suffix == ".npz" for p in (tmp_path / "cache").iterdir())  # no temp files
 
 
 # ----------------------------------------------------------------- model.fit per backend

@@ -3,12 +3,15 @@
 glibc's ``malloc`` serves every block above 32 MiB with a fresh ``mmap`` and gives it back
 to the kernel on ``free``. A training step allocates and frees tensors of that size all the
 time (the ``(batch, length, vocabulary)`` logits are 100-600 MB), so each one is faulted
-in page by page again: on a 2-core machine that makes element-wise work on them 3-7x
-slower than the arithmetic itself. Turning the ``mmap`` path off (``M_MMAP_MAX = 0``) and
+in page by page again, and the page faults cost several times the element-wise arithmetic
+on them. Turning the ``mmap`` path off (``M_MMAP_MAX = 0``) and
 never trimming the heap makes freed blocks reusable; memory is reused, not grown.
 
-Measured by ``bench/train_step.py`` (its README table lists the effect). Set
-``TRANSFORMERKIT_MALLOC=system`` to keep the C library's default.
+It changes the whole process (a long-lived server that imports the library would keep
+its peak memory), so nothing applies it on import: the CLI's ``train``, ``translate``,
+``generate`` and ``evaluate`` commands call :func:`keep_freed_memory`, and Python users
+call ``transformerkit.keep_freed_memory()`` themselves. ``bench/train_step.py`` measures
+the effect. ``TRANSFORMERKIT_MALLOC=system`` keeps the C library's default.
 """
 
 import ctypes

@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from transformerkit.config import load_config
-
-MODEL_FILES = {"model": "model.keras", "best": os.path.join("checkpoints", "best.keras")}
+from transformerkit.run_directory import RunDirectory
+from transformerkit.special_tokens import SPECIAL_TOKENS
 
 
 def load(run_dir, checkpoint="model"):
@@ -32,27 +32,18 @@ def load(run_dir, checkpoint="model"):
     """
     from transformerkit.data.tokenizers import load_tokenizer
     from transformerkit.saving import load_model
-    from transformerkit.training.data_setup import tokenizer_paths
 
-    run_dir = os.fspath(run_dir)
-    config_path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{run_dir} is not a run directory: no config.yaml in it")
-    config = load_config(config_path)
-    model_path = MODEL_FILES.get(checkpoint, checkpoint)
-    if not os.path.isabs(model_path) and checkpoint in MODEL_FILES:
-        model_path = os.path.join(run_dir, model_path)
-    model = load_model(model_path, compile=False)
-    kind = config["model"]["type"]
-    if kind == "gpt":
-        source_path = target_path = os.path.join(run_dir, "tokenizer.json")
-    else:
-        shared = os.path.exists(os.path.join(run_dir, "tokenizer.json"))
-        source_path, target_path = tokenizer_paths(run_dir, shared)
+    run = RunDirectory(run_dir)
+    if not os.path.isfile(run.config):
+        raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
+    config = load_config(run.config)
+    model = load_model(run.model_file(checkpoint), compile=False)
+    source_path, target_path = run.tokenizer_paths(
+        shared=True if config["model"]["type"] == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
-    return Run(model, config, source_tokenizer, target_tokenizer, run_dir)
+    return Run(model, config, source_tokenizer, target_tokenizer, run.path)
 
 
 class Run:
@@ -197,7 +188,7 @@ def _stack(per_layer):
     return np.stack([ops.convert_to_numpy(s)[0] for s in per_layer]).astype("float32")
 
 
-SPECIAL_LABELS = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
+SPECIAL_LABELS = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", "</s>", "<unk>"
 
 
 def token_labels(tokenizer, ids):

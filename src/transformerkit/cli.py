@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+from transformerkit.run_directory import RunDirectory
+
 
 def _parser():
     parser = argparse.ArgumentParser(
@@ -100,6 +102,11 @@ def _add_use_commands(sub):
     plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png)")
 
 
+# commands that run a model over many batches: they keep freed memory for reuse
+# (transformerkit.allocator; a process-wide setting the library never makes on import)
+_HEAVY_COMMANDS = ("train", "translate", "generate", "evaluate")
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     if args.backend:
@@ -111,6 +118,10 @@ def main(argv=None):
         commands = {"train": _train, "summary": _summary, "translate": _translate,
                     "generate": _generate, "evaluate": _evaluate, "attention": _attention,
                     "plot": _plot}
+        if args.command in _HEAVY_COMMANDS:
+            from transformerkit.allocator import keep_freed_memory
+
+            keep_freed_memory()
         return commands[args.command](args)
     except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
             FloatingPointError) as err:
@@ -119,6 +130,8 @@ def main(argv=None):
 
 
 def _train(args):
+    """``train CONFIG``: resolve the config, then :func:`transformerkit.training.trainer.train`
+    (whose docstring shows the way to the gradient step)."""
     from transformerkit.config import load_config
     from transformerkit.training.trainer import train
 
@@ -127,7 +140,7 @@ def _train(args):
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
     if args.resume:
-        saved = os.path.join(run_dir, "config.yaml")
+        saved = RunDirectory(run_dir).config
         if not os.path.exists(saved):
             raise FileNotFoundError(f"--resume: {saved} not found")
         config = load_config(saved, overrides)
@@ -144,7 +157,7 @@ def _print_results(run_dir, metrics):
                 "val_masked_accuracy", "val_bleu", "val_chrf"):
         if key in metrics:
             print(f"  {key}: {metrics[key]}")
-    samples = os.path.join(run_dir, "samples.txt")
+    samples = RunDirectory(run_dir).samples
     if os.path.exists(samples):
         with open(samples, encoding="utf-8") as f:
             print("\n" + f.read())
@@ -158,7 +171,7 @@ def _summary(args):
     if os.path.isdir(args.target):
         from transformerkit.saving import load_model
 
-        model = load_model(os.path.join(args.target, "model.keras"), compile=False)
+        model = load_model(RunDirectory(args.target).model, compile=False)
     else:
         config = load_config(args.target, args.overrides)
         vocab = args.vocab_size or config["data"]["vocab_size"]
@@ -291,9 +304,9 @@ def _evaluation_data(args, run):
         sources, references = corpora.load_multi30k(split, data["source_lang"],
                                                     data["target_lang"], data["data_dir"])
     elif split == "val":
-        from transformerkit.training.data_setup import _load_pairs
+        from transformerkit.training.data_setup import load_pairs
 
-        pairs = _load_pairs(data, "val")
+        pairs = load_pairs(data, "val")
         if pairs is None:
             raise ValueError("the run's config names no validation data; use --source and "
                              "--reference")
@@ -305,8 +318,6 @@ def _evaluation_data(args, run):
 
 
 def _evaluate(args):
-    import json
-
     from rich.progress import Progress
 
     from transformerkit.evaluation import corpus_scores
@@ -333,16 +344,13 @@ def _evaluate(args):
     _print(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}")
     _print(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
     _print(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
-    path = os.path.join(args.run_dir, "metrics.json")
-    metrics = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            metrics = json.load(f)
+    run_dir = RunDirectory(args.run_dir)
+    metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
     metrics.setdefault("evaluate", {})[name] = dict(
         scores, sentences=len(sources), beam_size=args.beam, alpha=args.alpha,
         checkpoint=args.checkpoint)
-    atomic_write_text(path, json.dumps(metrics, indent=2))
-    _print(f"stored in {path}")
+    run_dir.write_metrics(metrics)
+    _print(f"stored in {run_dir.metrics}")
     return 0
 
 
@@ -384,8 +392,8 @@ def _attention(args):
 def _plot(args):
     from transformerkit.plotting import plot_history
 
-    out = args.out or os.path.join(args.run_dir, "history.png")
-    out = plot_history(os.path.join(args.run_dir, "history.csv"), out, title=args.run_dir)
+    run_dir = RunDirectory(args.run_dir)
+    out = plot_history(run_dir.history, args.out or run_dir.history_plot, title=args.run_dir)
     _print(f"wrote {out}")
     return 0
 

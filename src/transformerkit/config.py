@@ -1,13 +1,16 @@
 """Run configuration: three YAML sections (``model``, ``data``, ``train``), validated.
 
-Every key has a default and a type here; unknown keys and wrong types are errors that
-name the key. ``--set section.key=value`` overrides parse ``value`` as YAML
-(``--set train.epochs=3``, ``--set model.norm_position=pre``).
+Every key has a default and a type (:func:`schema`; the ``model`` keys are the models'
+options, documented in ``Transformer``, ``GPT`` and ``Encoder``); unknown keys and wrong
+types are errors that name the key. ``--set section.key=value`` overrides parse ``value``
+as YAML (``--set train.epochs=3``, ``--set model.norm_position=pre``).
 """
 
 import copy
+import functools
 import os
 import re
+from dataclasses import fields
 
 import yaml
 
@@ -16,21 +19,6 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
-# key: (default, allowed types). None default = "not set".
-_MODEL = {
-    "type": ("transformer", str),
-    "num_layers": (6, int), "num_decoder_layers": (None, int), "d_model": (512, int),
-    "num_heads": (8, int), "d_ff": (2048, int), "dropout": (0.1, float),
-    "attention_dropout": (0.0, float), "activation_dropout": (0.0, float), "max_length": (256, int),
-    "norm_position": (None, str), "activation": (None, str), "positional": (None, str),
-    "tie_embeddings": ("none", str), "key_dim": (None, int), "value_dim": (None, int),
-    "layer_norm_epsilon": (None, float), "embeddings_trainable": (True, bool),
-    "pretrained_embeddings": (None, str),
-    # GPT only: scale token embeddings by sqrt(d_model) (default false, as GPT-2),
-    # initialization gpt2 (default) | paper, use_bias (default true; false is nanoGPT's
-    # bias=False: no projection biases, no LayerNorm offsets); see models/gpt.py
-    "scale_embeddings": (None, bool), "initialization": (None, str), "use_bias": (None, bool),
-}
 _DATA = {
     "dataset": ("multi30k", str),  # multi30k | parallel | tsv | text | ted_hrlr
     "data_dir": (None, str), "source_lang": ("de", str), "target_lang": ("en", str),
@@ -67,7 +55,38 @@ _TRAIN = {
     "sample_every": (None, int), "sample_unit": ("epoch", str),
     "bleu_every": (None, int), "bleu_max_sentences": (200, int), "eval_beam_size": (1, int),
 }
-SCHEMA = {"model": _MODEL, "data": _DATA, "train": _TRAIN}
+
+
+@functools.cache
+def schema():
+    """``{section: {key: (default, allowed types)}}``; a None default means "not set".
+
+    The ``model`` section is derived from the models' option dataclasses
+    (:mod:`transformerkit.models.options`): ``type``, one key per option a run config may
+    set, and ``pretrained_embeddings`` (a ``.npy`` matrix). The options every model takes
+    default to the paper's base model whatever ``model.type`` (data preparation reads
+    ``model.max_length``), except the conventions each model sets its own way
+    (``norm_position``, ``activation``, ...); those and the options only some models take
+    default to None, the model's own default. Built on first use: importing the
+    ``transformerkit.models`` package imports Keras, which importing this module must not.
+    """
+    from transformerkit.models import options
+
+    shared = {f.name: f for f in fields(options.ModelOptions)}
+    model = {"type": ("transformer", str)}
+    for options_class in options.MODEL_OPTIONS.values():
+        for f in options.config_fields(options_class):
+            base = shared.get(f.name)
+            own = base is None or base.metadata.get("own_default")
+            model[f.name] = (None if own else base.default, options.value_type(f))
+    model["pretrained_embeddings"] = (None, str)
+    return {"model": model, "data": _DATA, "train": _TRAIN}
+
+
+def __getattr__(name):
+    if name == "SCHEMA":  # built on first use, see schema()
+        return schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ConfigError(ValueError):
@@ -75,7 +94,7 @@ class ConfigError(ValueError):
 
 
 def defaults():
-    return {section: {k: v[0] for k, v in keys.items()} for section, keys in SCHEMA.items()}
+    return {section: {k: v[0] for k, v in keys.items()} for section, keys in schema().items()}
 
 
 def load_config(path=None, overrides=()):
@@ -107,11 +126,12 @@ def load_config(path=None, overrides=()):
 
 
 def resolve(raw, source="config"):
-    """Validate ``raw`` against :data:`SCHEMA` and fill defaults."""
-    unknown_sections = set(raw) - set(SCHEMA)
+    """Validate ``raw`` against :func:`schema` and fill defaults."""
+    sections = schema()
+    unknown_sections = set(raw) - set(sections)
     if unknown_sections:
         raise ConfigError(f"{source}: unknown section(s) {sorted(map(str, unknown_sections))}; "
-                          f"expected {sorted(SCHEMA)}")
+                          f"expected {sorted(sections)}")
     config = defaults()
     for section, values in raw.items():
         if values is None:
@@ -119,11 +139,12 @@ def resolve(raw, source="config"):
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping")
         for key, value in values.items():
-            if key not in SCHEMA[section]:
-                close = [k for k in SCHEMA[section] if k.split("_")[0] == str(key).split("_")[0]]
+            if key not in sections[section]:
+                close = [k for k in sections[section]
+                         if k.split("_")[0] == str(key).split("_")[0]]
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
-            default, types = SCHEMA[section][key]
+            default, types = sections[section][key]
             if value is None and default is not None:  # keys with a default must have a value
                 raise ConfigError(f"{source}: {section}.{key} must be "
                                   f"{_names(types if isinstance(types, tuple) else (types,))}, "
@@ -216,9 +237,9 @@ def _parse_override(item):
         raise ConfigError(f"--set expects section.key=value, got {item!r}")
     dotted, value = item.split("=", 1)
     section, key = dotted.split(".", 1)
-    if section not in SCHEMA:
+    if section not in schema():
         raise ConfigError(f"--set {item!r}: unknown section {section!r}; "
-                          f"expected one of {sorted(SCHEMA)}")
+                          f"expected one of {sorted(schema())}")
     try:
         parsed = yaml.safe_load(value) if value != "" else None
     except yaml.YAMLError:

@@ -42,7 +42,6 @@ def read_history(path):
 
 def _save(figure, out):
     out = os.fspath(out)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     FigureCanvasAgg(figure)
     with atomic_path(out) as tmp:
         figure.savefig(tmp, format="png", dpi=DPI)

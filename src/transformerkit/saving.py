@@ -1,11 +1,21 @@
-"""Loading saved models with every transformerkit class registered, and clear errors."""
+"""Loading saved ``.keras`` models with the layer and model classes registered, and clear
+errors.
+
+Only ``transformerkit.layers`` and ``transformerkit.models`` are registered here, so that
+this module sits below ``training``: a model loads for inference with ``compile=False``.
+Loading a compiled checkpoint (``compile=True``) needs the loss, metric and optimizer
+classes registered too, which ``transformerkit.training.callbacks.load_checkpoint`` does.
+"""
 
 import os
 import zipfile
 
 
-def load_model(path, compile=True):
+def load_model(path, compile=False):
     """Load a ``.keras`` file written by transformerkit (Keras safe mode: no pickles or lambdas).
+
+    ``compile=True`` also restores the loss, metrics and optimizer, whose classes must be
+    registered first (importing ``transformerkit.training.callbacks`` registers them all).
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
     a truncated or corrupt one, instead of an error from deep inside Keras (a file refused
@@ -15,7 +25,6 @@ def load_model(path, compile=True):
 
     import transformerkit.layers  # noqa: F401  (registers the classes a .keras file names)
     import transformerkit.models  # noqa: F401
-    import transformerkit.training  # noqa: F401
 
     path = os.fspath(path)
     if not os.path.isfile(path):

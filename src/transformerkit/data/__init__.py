@@ -1,6 +1,7 @@
 """Data: tokenizers, corpora and batch pipelines.
 
->>> from transformerkit.data import SubwordTokenizer, load_multi30k, encode_pairs
+>>> from transformerkit.data import (SubwordTokenizer, TranslationBatches, encode_pairs,
+...                                  load_multi30k)
 >>> src, tgt = load_multi30k("train", "de", "en")
 >>> tok = SubwordTokenizer.train(src + tgt, vocab_size=8000)
 >>> batches = TranslationBatches(encode_pairs(src, tgt, tok, tok, 128), tokens_per_batch=4096)
@@ -22,28 +23,23 @@ from transformerkit.data.pipeline import (
     EpochSync,
     LanguageModelBatches,
     TranslationBatches,
-    cached_encode,
     encode_pairs,
-    file_digest,
     pad_batch,
     split_train_val,
     teacher_forcing,
 )
 from transformerkit.data.tokenizers import (
-    BOS,
-    EOS,
-    PAD,
-    UNK,
     CharTokenizer,
     SubwordTokenizer,
     load_hf_tokenizer,
     load_tokenizer,
 )
+from transformerkit.special_tokens import BOS, EOS, PAD, UNK
 
 __all__ = [
     "BOS", "EOS", "LANGS", "PAD", "UNK", "CharTokenizer", "ChecksumError", "EncodedPairs",
-    "EpochSync", "LanguageModelBatches", "SubwordTokenizer", "TranslationBatches", "cached_encode",
-    "encode_pairs", "file_digest", "load_hf_tokenizer", "load_multi30k", "load_ted_hrlr",
+    "EpochSync", "LanguageModelBatches", "SubwordTokenizer", "TranslationBatches",
+    "encode_pairs", "load_hf_tokenizer", "load_multi30k", "load_ted_hrlr",
     "load_text", "load_tokenizer", "pad_batch", "read_lines", "read_parallel", "read_tsv",
     "resolve_data_dir", "split_train_val", "teacher_forcing",
 ]

@@ -12,13 +12,13 @@ empty after stripping, and report how many with a ``logging`` WARNING on the
 """
 
 import gzip
-import hashlib
 import logging
 import os
 import pathlib
-import tempfile
 import urllib.error
 import urllib.request
+
+from transformerkit.files import atomic_path, file_sha256
 
 LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SPLITS = ("train", "val", "test2016")
@@ -197,20 +197,13 @@ def download_verified(url, path, sha256, gunzip=False):
             data = gzip.decompress(data)
         except (OSError, EOFError) as e:
             raise ChecksumError(f"{url} is not a valid gzip file: {e}") from e
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise ChecksumError(f"checksum mismatch for {url}: expected sha256 {sha256}, "
-                            f"got {digest}; the file was not saved")
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:  # checked before the rename: a mismatch leaves nothing
+        pathlib.Path(tmp).write_bytes(data)
+        digest = file_sha256(tmp)
+        if digest != sha256:
+            raise ChecksumError(f"checksum mismatch for {url}: expected sha256 {sha256}, "
+                                f"got {digest}; the file was not saved")
     return path
 
 

@@ -1,7 +1,7 @@
 """From text pairs to padded batches: encoding, length filter, token-budget bucketing,
 teacher forcing, and language-model blocks.
 
-Special-token placement (ids from :mod:`transformerkit.data.tokenizers`):
+Special-token placement (ids from :mod:`transformerkit.special_tokens`):
 
 - source: ``pieces + [EOS]`` (no BOS: the encoder sees the whole source at once, the EOS
   marks its end as in tensor2tensor / fairseq);
@@ -14,14 +14,11 @@ which ``model.fit`` accepts on every backend for a ``keras.utils.PyDataset``. Pa
 """
 
 import dataclasses
-import hashlib
-import json
-import os
-import pathlib
-import tempfile
 
 import keras
 import numpy as np
+
+from transformerkit.special_tokens import PAD_ID
 
 
 @dataclasses.dataclass
@@ -72,9 +69,10 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer, max_lengt
 
 
 def pad_batch(sequences, length=None):
-    """Right-pad 1-D int sequences with 0 -> int32 ``(batch, length or longest)``."""
+    """Right-pad 1-D int sequences (arrays or lists) with PAD -> int32 ``(batch, length or
+    longest)``."""
     length = max(len(s) for s in sequences) if length is None else length
-    out = np.zeros((len(sequences), length), dtype="int32")
+    out = np.full((len(sequences), length), PAD_ID, dtype="int32")
     for row, seq in enumerate(sequences):
         out[row, :len(seq)] = seq
     return out
@@ -347,45 +345,3 @@ def split_train_val(tokens, val_fraction=0.1):
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n = int(len(tokens) * (1.0 - val_fraction))
     return tokens[:n], tokens[n:]
-
-
-def file_digest(path):
-    """sha256 hex digest of a file (e.g. a tokenizer file, for :func:`cached_encode` keys)."""
-    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
-
-
-def cached_encode(cache_dir, key_parts, fn):
-    """Return ``fn()`` (an :class:`EncodedPairs`), cached in ``cache_dir`` as ``.npz``.
-
-    The cache file is named by a hash of ``key_parts`` (any json-able values; e.g.
-    ``[file_digest(tokenizer_path), [str(p), p.stat().st_size], max_length]``), so a change
-    of any part encodes again. Written atomically (temp file + ``os.replace``).
-    """
-    key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()
-    path = pathlib.Path(cache_dir) / f"encoded-{key[:32]}.npz"
-    if path.is_file():
-        with np.load(path) as f:
-            return EncodedPairs(_unflatten(f["source"], f["source_lengths"]),
-                                _unflatten(f["target"], f["target_lengths"]), int(f["dropped"]))
-    encoded = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, dropped=encoded.dropped, **_flatten("source", encoded.source),
-                     **_flatten("target", encoded.target))
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    return encoded
-
-
-def _flatten(name, sequences):
-    lengths = np.array([len(s) for s in sequences], dtype="int64")
-    flat = np.concatenate(sequences).astype("int32") if sequences else np.zeros(0, "int32")
-    return {name: flat, f"{name}_lengths": lengths}
-
-
-def _unflatten(flat, lengths):
-    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []

@@ -1,15 +1,7 @@
 """Tokenizers: subword (BPE / WordPiece / Unigram via the `tokenizers` library) and char.
 
-Every tokenizer here reserves the same four ids, so the models can rely on them:
-
-    ======  =====  ==============================================
-    token   id     meaning
-    ======  =====  ==============================================
-    <pad>   0      padding (masked everywhere in the models)
-    <s>     1      begin of sequence (first decoder input token)
-    </s>    2      end of sequence (last label; stops decoding)
-    <unk>   3      unknown token
-    ======  =====  ==============================================
+Every tokenizer here reserves the same four ids, so the models can rely on them: ``<pad>``
+0, ``<s>`` 1, ``</s>`` 2, ``<unk>`` 3 (defined in :mod:`transformerkit.special_tokens`).
 
 Subword pipelines (chosen for exact detokenization, ``decode(encode(t)) == t``):
 
@@ -31,14 +23,23 @@ model itself holds that spelling as a piece, the piece becomes ``<unk>``.
 
 import json
 import logging
-import os
 import pathlib
-import tempfile
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3
+from transformerkit.files import atomic_write_text
+from transformerkit.special_tokens import (
+    BOS,
+    BOS_ID,
+    EOS,
+    EOS_ID,
+    PAD,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK,
+    UNK_ID,
+)
+
 SUBWORD_KINDS = ("bpe", "wordpiece", "unigram")
 METADATA_KEY = "transformerkit"  # our top-level key inside the saved json
 
@@ -68,18 +69,9 @@ def _log_training_stats(name, stats):
                          f"({stats['skipped_empty']} empty lines skipped)")
 
 
-def _write_json_atomically(path, payload):
-    """Write ``payload`` as json to ``path`` via a temp file in the same folder + os.replace."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, ensure_ascii=False)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+def _write_json(path, payload):
+    """Write ``payload`` as one line of json (UTF-8) to ``path``, atomically."""
+    atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
 
 
 def _read_json(path):
@@ -111,7 +103,7 @@ def _strip_at_eos(ids, eos_id, drop):
 class _TokenizerBase:
     """What every tokenizer shares: the reserved ids and the batch/lookup helpers."""
 
-    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
     def _with_specials(self, ids, add_bos, add_eos):
         """``[bos] + ids + [eos]`` as asked; PAD/BOS/EOS ids found in text become UNK."""
@@ -150,9 +142,9 @@ class SubwordTokenizer(_TokenizerBase):
         self.lowercase = bool(lowercase)
         for name, i in (special_ids or {}).items():
             setattr(self, f"{name}_id", int(i))
-        if self.pad_id != 0:
-            raise ValueError(f"the padding token must have id 0 (the models mask id 0), "
-                             f"got pad_id={self.pad_id}")
+        if self.pad_id != PAD_ID:
+            raise ValueError(f"the padding token must have id {PAD_ID} (the models mask id "
+                             f"{PAD_ID}), got pad_id={self.pad_id}")
         self.training_stats = {}
         # Spellings of special tokens inside text are plain text, never special tokens.
         self._tokenizer.encode_special_tokens = True
@@ -205,7 +197,7 @@ class SubwordTokenizer(_TokenizerBase):
         tokenizer.train_from_iterator(_nonempty_lines(texts, stats), trainer)
         _log_training_stats(f"SubwordTokenizer({kind})", stats)
         got = [tokenizer.token_to_id(t) for t in specials]
-        if got != [0, 1, 2, 3]:  # a guard on the library's behaviour, not a user error
+        if got != list(range(len(specials))):  # a guard on the library, not a user error
             raise RuntimeError(f"reserved tokens {specials} got ids {got}, expected 0..3")
         result = cls(tokenizer, kind=kind, lowercase=lowercase)
         result.training_stats = stats
@@ -267,7 +259,7 @@ class SubwordTokenizer(_TokenizerBase):
         """Write one json file: the `tokenizers` json plus our ``"transformerkit"`` key."""
         payload = json.loads(self._tokenizer.to_str())
         payload[METADATA_KEY] = self._metadata()
-        _write_json_atomically(path, payload)
+        _write_json(path, payload)
 
     @classmethod
     def load(cls, path):
@@ -372,8 +364,8 @@ class CharTokenizer(_TokenizerBase):
 
     def save(self, path):
         """Write one json file ``{"transformerkit": {...}, "chars": [...]}`` atomically."""
-        _write_json_atomically(path, {METADATA_KEY: {"type": "char"},
-                                      "chars": self._chars[len(SPECIAL_TOKENS):]})
+        _write_json(path, {METADATA_KEY: {"type": "char"},
+                           "chars": self._chars[len(SPECIAL_TOKENS):]})
 
     @classmethod
     def load(cls, path):

@@ -21,8 +21,6 @@ import numpy as np
 from keras import ops
 
 from transformerkit.decoding.common import (
-    BOS_ID,
-    EOS_ID,
     NEG_INF,
     TokenRules,
     check_max_new_tokens,
@@ -34,6 +32,7 @@ from transformerkit.decoding.common import (
 )
 from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
 from transformerkit.decoding.steps import make_steps
+from transformerkit.special_tokens import BOS_ID, EOS_ID
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ import warnings
 import numpy as np
 from keras import ops
 
-from transformerkit.decoding.compiled import batch_bucket, bucket, is_eager_loop
+from transformerkit import fastpath
+from transformerkit.decoding.compiled import batch_bucket, bucket
+from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 NEG_INF = float("-inf")
 SOURCE_BUCKET = 8  # source lengths are rounded up to a multiple of this on JAX/TensorFlow
 
@@ -59,8 +60,9 @@ def prepare_sources(model, source_ids):
 
 def log_softmax_plus(logits, row_scores):
     """``log_softmax(logits) + row_scores[:, None]`` for ``(rows, vocab)`` logits and
-    ``(rows,)`` scores: a fresh tensor (on PyTorch the addition is made in place)."""
-    if is_eager_loop():
+    ``(rows,)`` scores: a fresh tensor (on eager PyTorch, a :mod:`transformerkit.fastpath`
+    shortcut, the addition is made in place)."""
+    if fastpath.applies(logits):
         import torch
 
         return torch.log_softmax(logits, -1).add_(row_scores.reshape(-1, 1))
@@ -84,7 +86,8 @@ class TokenRules:
             without_eos[0, eos_id] = NEG_INF
         self.always = ops.convert_to_tensor(always)
         self.without_eos = ops.convert_to_tensor(without_eos)
-        if is_eager_loop():  # the forbidden columns, for apply(..., owned=True)
+        self.columns = None  # the forbidden columns, for apply(..., owned=True) on PyTorch
+        if fastpath.applies():
             import torch
 
             self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF))
@@ -95,8 +98,9 @@ class TokenRules:
         Python/NumPy bool (decided on the host: no work per row), a scalar tensor, or a
         ``(rows,)`` tensor. ``owned=True``: ``logits`` is a fresh tensor of the caller's,
         which PyTorch may overwrite: its forbidden columns are filled in place (no pass over
-        the whole vocabulary; beam search, 256 rows x 8000 ids: ~2.5x cheaper)."""
-        if owned and is_eager_loop() and len(getattr(forbid_eos, "shape", ())) == 0:
+        the whole vocabulary; a :mod:`transformerkit.fastpath` shortcut)."""
+        if owned and self.columns is not None and fastpath.applies(logits) \
+                and len(getattr(forbid_eos, "shape", ())) == 0:
             return logits.index_fill_(1, self.columns[bool(forbid_eos)], NEG_INF)
         if isinstance(forbid_eos, (bool, np.bool_)):
             return logits + (self.without_eos if forbid_eos else self.always)
@@ -124,14 +128,13 @@ def cut_at_eos(ids, eos_id):
 
 def argmax_ids(x):
     """``(rows,)`` int32: the column of each row's largest value in ``(rows, n)`` ``x``, the
-    first one on ties (as ``ops.argmax``). On PyTorch this is ``torch.max(x, -1).indices``
-    (same tie rule, documented), ~3x faster on CPU than ``torch.argmax`` over a vocabulary:
-    greedy decoding takes one per step."""
-    if is_eager_loop():
+    first one on ties (as ``ops.argmax``). On eager PyTorch (a :mod:`transformerkit.fastpath`
+    shortcut) this is ``torch.max(x, -1).indices`` (same tie rule, documented), cheaper on CPU
+    than ``torch.argmax`` over a vocabulary: greedy decoding takes one per step."""
+    if fastpath.applies(x):
         import torch
 
-        if isinstance(x, torch.Tensor):
-            return torch.max(x, dim=-1).indices.int()
+        return torch.max(x, dim=-1).indices.int()
     return ops.cast(ops.argmax(x, axis=-1), "int32")
 
 

@@ -1,7 +1,7 @@
 """Running a decode loop fast on each backend: compiled where compiling pays, eager elsewhere.
 
-A decode loop is written once with ``keras.ops`` (see :mod:`.search`) as a function of
-arrays. :func:`run_decoder` then runs it
+A decode loop is written once with ``keras.ops`` (:mod:`.greedy`, :mod:`.beam`,
+:mod:`.sampling`) as a function of arrays. :func:`run_decoder` then runs it
 
 - on **JAX** as one ``jax.jit``-compiled function per shape bucket, the whole loop inside
   (``lax.while_loop``); the model's weights are arguments (through ``keras.StatelessScope``),
@@ -133,9 +133,9 @@ class UniformNoise:
         self._generator = None
         if backend() == "torch":
             import torch
-            from keras.src.backend.torch.core import get_device
 
-            self._generator = torch.Generator(device=get_device())
+            # the device Keras puts new tensors on
+            self._generator = torch.Generator(device=ops.convert_to_tensor(0.0).device)
             self._generator.manual_seed(int(seed))
 
     def __call__(self, step, shape):

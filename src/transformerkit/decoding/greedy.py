@@ -9,9 +9,6 @@ import numpy as np
 from keras import ops
 
 from transformerkit.decoding.common import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
     TokenRules,
     argmax_ids,
     check_max_new_tokens,
@@ -20,6 +17,7 @@ from transformerkit.decoding.common import (
 )
 from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
 from transformerkit.decoding.steps import make_steps, token_at
+from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def argmax_choice(logits, index):

@@ -12,18 +12,12 @@ import warnings
 import numpy as np
 from keras import ops
 
-from transformerkit.decoding.common import (
-    BOS_ID,
-    EOS_ID,
-    NEG_INF,
-    PAD_ID,
-    argmax_ids,
-    check_max_new_tokens,
-    cut_at_eos,
-)
+from transformerkit.data.pipeline import pad_batch
+from transformerkit.decoding.common import NEG_INF, argmax_ids, check_max_new_tokens
 from transformerkit.decoding.compiled import UniformNoise, bucket, run_decoder
 from transformerkit.decoding.greedy import argmax_choice, token_search, translate_ids
 from transformerkit.decoding.steps import make_steps
+from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PROMPT_BUCKET = 16  # GPT buffer widths are rounded up to a multiple of this on JAX/TF
 
@@ -89,9 +83,10 @@ def _choice_args(temperature, top_k, top_p, seed):
 def sample_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
                      temperature=1.0, top_k=None, top_p=None, seed=None, min_new_tokens=0,
                      use_cache=True):
-    """Sampled translations of a batch (arguments as :func:`greedy_translate`, plus
-    ``temperature`` (0 = greedy), ``top_k``, ``top_p`` and ``seed``: the same seed gives
-    the same output on the same backend). Returns ``batch`` lists of ids."""
+    """Sampled translations of a batch (arguments as
+    :func:`~transformerkit.decoding.greedy.greedy_translate`, plus ``temperature`` (0 =
+    greedy), ``top_k``, ``top_p`` and ``seed``: the same seed gives the same output on the
+    same backend). Returns ``batch`` lists of ids."""
     key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
     return translate_ids(model, source_ids, max_new_tokens, argmax_choice, key, args,
                          make_choose, bos_id=bos_id, eos_id=eos_id,
@@ -181,9 +176,7 @@ def _generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, se
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
     total = min(int(lengths.max()) + max_new, model.max_length)
     width = bucket(total, PROMPT_BUCKET, model.max_length)
-    buffer = np.zeros((len(prompts), width), dtype="int32")
-    for row, p in enumerate(prompts):
-        buffer[row, : len(p)] = p
+    buffer = pad_batch(prompts, width)
     prefill = int(lengths.min()) - 1
     if width != total:  # compiling backends: a prefill bucket too, not one per prompt length
         prefill = prefill // PROMPT_BUCKET * PROMPT_BUCKET
@@ -218,5 +211,5 @@ def generate_text(model, tokenizer, prompt, max_new_tokens=200, **kwargs):
     return tokenizer.decode(list(ids) + [i for i in new if i != tokenizer.eos_id])
 
 
-__all__ = ["cut_at_eos", "filter_logits", "generate_ids", "generate_text", "sample_translate",
+__all__ = ["filter_logits", "generate_ids", "generate_text", "sample_translate",
            "sampling_choice"]

@@ -3,8 +3,8 @@
 import numpy as np
 from keras import ops
 
-from transformerkit.decoding.common import BOS_ID, EOS_ID
-from transformerkit.decoding.translate import pad_batch
+from transformerkit.data.pipeline import pad_batch
+from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def sequence_log_probs(model, source_ids, outputs, bos_id=BOS_ID, eos_id=EOS_ID, add_eos=True):
@@ -21,8 +21,8 @@ def sequence_log_probs(model, source_ids, outputs, bos_id=BOS_ID, eos_id=EOS_ID,
     labels = pad_batch(targets)
     decoder_input = np.concatenate([np.full((len(targets), 1), bos_id, "int32"),
                                     labels[:, :-1]], axis=1)
-    decoder_input[labels == 0] = 0  # no input after the last real label
+    decoder_input[labels == PAD_ID] = PAD_ID  # no input after the last real label
     logits = model((np.asarray(source_ids, "int32"), decoder_input), training=False)
     logp = ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
     picked = np.take_along_axis(logp.astype("float64"), labels[..., None], axis=-1)[..., 0]
-    return np.where(labels != 0, picked, 0.0).sum(axis=1)
+    return np.where(labels != PAD_ID, picked, 0.0).sum(axis=1)

@@ -1,6 +1,6 @@
 """One decoding step of each model kind, with the key/value cache or by recomputation.
 
-The search loops (:mod:`.search`) see a model through two methods:
+The search loops (:mod:`.greedy`, :mod:`.beam`, :mod:`.sampling`) see a model through two methods:
 
 - ``start(...) -> (state, static)``: everything computed once per batch. With the cache
   that is the encoder output's cross-attention keys/values (once per source, paper
@@ -11,15 +11,18 @@ The search loops (:mod:`.search`) see a model through two methods:
   chosen). With the cache only ``buffer[:, index]`` is fed (one new position per step);
   without it the whole prefix is run again (the baseline of ``bench/decode.py``).
 
-State is a list of per-layer self-attention ``(keys, values)``, each
-``(rows, max_len, heads, dim)``; beam search reorders its rows with ``reorder``.
-:func:`make_steps` picks the adapter: on PyTorch the cached step runs as plain torch ops
-(:mod:`.torch_step`, the eager loop's fast path), elsewhere through the model's Keras
-cache API (``Transformer.decode`` / ``GPT.__call__`` with ``caches``).
+State is a list of per-layer self-attention ``(keys, values)``; beam search reorders its
+rows with ``reorder``. :func:`make_steps` picks the adapter: the model's Keras cache API
+(``Transformer.decode`` / ``GPT.__call__`` with ``caches``, caches ``(rows, max_len, heads,
+dim)``) on every backend, or, where the PyTorch shortcuts apply
+(:mod:`transformerkit.fastpath`), :class:`EagerSteps`: the models' own one-position
+``decode_step`` (the fast twin of their cached ``call``, beside it in ``models/base.py``
+and ``layers/``) over position-major caches ``(max_len, rows, heads, dim)``.
 """
 
 from keras import ops
 
+from transformerkit import fastpath
 from transformerkit.decoding.compiled import is_eager_loop
 from transformerkit.layers.masks import padding_mask
 
@@ -41,11 +44,8 @@ def make_steps(model, use_cache=True):
     """
     if use_cache not in CACHE_MODES:
         raise ValueError(f"use_cache must be True, 'keras' or False; got {use_cache!r}")
-    if use_cache is True and is_eager_loop():
-        from transformerkit.decoding import torch_step
-
-        if torch_step.supported(model):
-            return torch_step.TorchSteps(model)
+    if use_cache is True and is_eager_loop() and EagerSteps.supports(model):
+        return EagerSteps(model)
     adapter = Seq2SeqSteps if hasattr(model, "decoder_blocks") else LanguageModelSteps
     return adapter(model, bool(use_cache))
 
@@ -128,3 +128,85 @@ class LanguageModelSteps(_KerasSteps):
         caches = [{"self": s, "cross": None} for s in state]
         logits, caches = self.model(token_at(buffer, index), caches=caches, cache_index=index)
         return logits[:, -1, :], [c["self"] for c in caches]
+
+
+class EagerSteps:
+    """Steps through the models' ``decode_step`` on eager PyTorch (see the module docstring).
+
+    The caches are position-major, ``(max_len, rows, heads, dim)``, written in place one
+    position at a time: the filled prefix is one contiguous block, so beam search reorders
+    its rows with one ``index_select`` into a fresh buffer. Weights are read once per batch
+    (:meth:`start`), so decoding during training follows the weights.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.seq2seq = hasattr(model, "decoder_blocks")
+        self.vocab_size = model.target_vocab_size if self.seq2seq else model.vocab_size
+
+    @staticmethod
+    def supports(model):
+        """Float32 weights and compute (no autocast to emulate) and the shortcuts on."""
+        policy = model.dtype_policy
+        return (fastpath.applies() and policy.compute_dtype == "float32"
+                and policy.variable_dtype == "float32")
+
+    def _empty_caches(self, rows, max_len, like):
+        """One zero ``(keys, values)`` pair per block, with ``like``'s dtype and device."""
+        m = self.model
+        layers = m.num_decoder_layers if self.seq2seq else m.num_layers
+        return [(like.new_zeros((max_len, rows, m.num_heads, m.key_dim)),
+                 like.new_zeros((max_len, rows, m.num_heads, m.value_dim)))
+                for _ in range(layers)]
+
+    def start(self, *args, **kwargs):
+        if self.seq2seq:
+            return self._start_seq2seq(*args, **kwargs)
+        return self._start_language_model(*args, **kwargs)
+
+    def _start_seq2seq(self, source_ids, max_len, copies=1):
+        memory = self.model.encode(source_ids)  # (batch, source_len, d_model)
+        memories = self.model.decode_step_memory(memory, padding_mask(source_ids))
+        state = self._empty_caches(memory.shape[0] * copies, max_len, memory)
+        return state, (self.model.decode_step_weights(), memories, copies)
+
+    def _start_language_model(self, buffer, prefill, max_len):
+        import torch
+
+        buffer = torch.as_tensor(buffer)
+        weights = self.model.decode_step_weights()
+        state = self._empty_caches(buffer.shape[0], max_len, weights["embedding"])
+        if prefill > 0:  # the shared prompt prefix in one Keras call, copied into the caches
+            caches = self.model.init_caches(buffer.shape[0], prefill)
+            _, caches = self.model(buffer[:, :prefill], caches=caches, cache_index=0)
+            for (k, v), cache in zip(state, caches, strict=True):  # Keras: (rows, len, h, d)
+                k[:prefill] = cache["self"][0][:, :prefill].transpose(0, 1)
+                v[:prefill] = cache["self"][1][:, :prefill].transpose(0, 1)
+        return state, (weights, None, 1)
+
+    def step(self, buffer, index, state, static):
+        """Logits ``(rows, vocab)`` for position ``index + 1``; ``state`` updated in place."""
+        import torch
+
+        weights, memories, copies = static
+        tokens = torch.as_tensor(buffer)[:, index].long()
+        return self.model.decode_step(tokens, index, state, weights, memories, copies), state
+
+    def reorder(self, state, rows, filled):
+        """Beam search: caches whose rows are taken from ``rows``; only the filled positions
+        are copied (the rest of the new buffers is written before it is read). The select
+        runs on row-major views ``(rows, filled, h, d)``: PyTorch's row gather along the
+        first axis is faster than along the second."""
+        import torch
+
+        rows = torch.as_tensor(rows).long()
+        reordered = []
+        for cache in state:
+            pair = []
+            for t in cache:
+                new = torch.empty_like(t)
+                torch.index_select(t[:filled].transpose(0, 1), 0, rows,
+                                   out=new[:filled].transpose(0, 1))
+                pair.append(new)
+            reordered.append(tuple(pair))
+        return reordered

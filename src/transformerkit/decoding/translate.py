@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 
+from transformerkit.data.pipeline import pad_batch
 from transformerkit.decoding.beam import beam_translate
 from transformerkit.decoding.greedy import greedy_translate
 from transformerkit.decoding.sampling import sample_translate
@@ -45,15 +46,6 @@ def encode_sources(texts, tokenizer, max_length):
             ids = ids[: max_length - 1] + [tokenizer.eos_id]
         encoded.append(ids)
     return encoded
-
-
-def pad_batch(sequences):
-    """List of id lists -> ``(batch, longest)`` int32 array padded with 0."""
-    width = max(len(s) for s in sequences)
-    batch = np.zeros((len(sequences), width), dtype="int32")
-    for row, ids in enumerate(sequences):
-        batch[row, : len(ids)] = ids
-    return batch
 
 
 def translate_batches(model, source_tokenizer, target_tokenizer, texts, beam_size=1, alpha=0.6,

@@ -10,8 +10,9 @@ import math
 import keras
 from keras import ops
 
+from transformerkit import fastpath
 from transformerkit.layers import calls
-from transformerkit.layers.calls import call_sublayer, reshape
+from transformerkit.layers.calls import call_sublayer, dense_weights, linear, reshape
 from transformerkit.layers.masks import attention_mask
 
 _MASKED_SCORE = -1e9  # finite: an all-masked row can never turn into NaN
@@ -74,10 +75,10 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
 
 def _fused_attention(query, key, value, mask, scale, is_causal):
     """``keras.ops.dot_product_attention``; on PyTorch its kernel, ``scaled_dot_product_attention``,
-    is called directly on transposed views: Keras' wrapper first copies the three inputs to
-    contiguous ``(batch, heads, len, dim)`` tensors, which on CPU made a small GPT's
-    attention ~20% slower forward and backward."""
-    if not calls.eager_torch_tensor(query):
+    is called directly on transposed views (a shortcut, :mod:`transformerkit.fastpath`):
+    Keras' wrapper first copies the three inputs to contiguous ``(batch, heads, len, dim)``
+    tensors, which costs time forward and backward."""
+    if not fastpath.applies(query):
         return ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
                                          is_causal=is_causal)
     import torch
@@ -215,6 +216,98 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (new_cache,)
         return results[0] if len(results) == 1 else results
+
+    # -- The fast twin of ``call`` with a cache: one new position per row, eager PyTorch. --
+    # The decode loop of ``transformerkit.decoding`` uses these where
+    # :func:`transformerkit.fastpath.applies`: a position-major cache written in place, plain
+    # torch kernels on weights read once per batch, no Keras call machinery per step.
+
+    def step_weights(self):
+        """The projections as torch tensors for :meth:`step` and :meth:`cross_step`, read
+        once per decoded batch (so a decoder follows a model that trains): ``qkv``, the
+        query, key and value kernels side by side ``(d_model, 2 h d_k + h d_v)`` (one product
+        for the three), and ``query`` and ``output`` as ``(kernel, bias or None)``."""
+        import torch
+
+        q, k, v = (dense_weights(d) for d in (self.query_dense, self.key_dense, self.value_dense))
+        bias = None if q[1] is None else torch.cat([q[1], k[1], v[1]])
+        return {"qkv": (torch.cat([q[0], k[0], v[0]], 1), bias), "query": q,
+                "output": dense_weights(self.output_dense)}
+
+    def step(self, x, weights, cache, index):
+        """Self-attention of one new position per row: ``call(x, cache=..., cache_index=index,
+        use_causal_mask=True)`` for a single query, computed with torch kernels.
+
+        Args:
+            x: ``(rows, d_model)`` torch tensor, the position ``index`` of every row.
+            weights: from :meth:`step_weights`.
+            cache: ``(keys, values)``, position-major ``(max_len, rows, heads, dim)`` tensors;
+                the new key and value are written in place at ``index``.
+            index: int, the position of ``x``.
+
+        Returns ``(rows, output_dim)``. The query attends over positions ``0..index`` only,
+        so no causal mask is needed, and every row has at least one key (its own).
+        """
+        import torch
+
+        rows, heads, width = x.shape[0], self.num_heads, self.num_heads * self.key_dim
+        qkv = linear(x, weights["qkv"])  # (rows, 2 h d_k + h d_v)
+        keys, values = cache
+        keys[index] = qkv[:, width:2 * width].view(rows, heads, self.key_dim)
+        values[index] = qkv[:, 2 * width:].view(rows, heads, self.value_dim)
+        # batched over rows * heads, on strided views of the filled cache prefix (no copies)
+        q = qkv[:, :width].reshape(rows * heads, 1, self.key_dim)  # (rows h, 1, d_k)
+        k = keys[: index + 1].view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
+        v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)  # (t, rows h, dv)
+        scale = 1.0 / math.sqrt(self.key_dim)
+        scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # (rows h, 1, t)
+        out = torch.bmm(scores.softmax(-1), v.transpose(0, 1))  # (rows h, 1, d_v)
+        return linear(out.view(rows, heads * self.value_dim), weights["output"])
+
+    def step_memory(self, context, context_mask):
+        """Cross-attention keys and values of a source for :meth:`cross_step`, once per batch.
+
+        Args:
+            context: ``(batch, source_len, d_model)`` encoder output (torch).
+            context_mask: ``(batch, source_len)`` bool, True at real tokens.
+
+        Returns ``(keys, values, bias, keep)``: keys and values ``(batch, heads, source_len,
+        dim)``, ``bias`` ``(batch, 1, 1, source_len)`` that is 0 at real tokens and a large
+        finite negative number at padding (a row of scores is never all ``-inf``), and
+        ``keep`` ``(batch, 1, 1, 1)`` that zeroes the output of a source without any real
+        token, as :func:`scaled_dot_product_attention` does (None when every source has one).
+        """
+        import torch
+
+        keys, values = self.compute_key_value(context)  # (b, s, h, d) each
+        mask = context_mask[:, None, None, :]  # (b, 1, 1, s)
+        bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device)
+        bias = bias.masked_fill(~mask, _MASKED_SCORE)
+        has_keys = mask.any(-1, keepdim=True)  # (b, 1, 1, 1)
+        keep = None if bool(has_keys.all()) else has_keys.to(keys.dtype)
+        return (keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous(), bias,
+                keep)
+
+    def cross_step(self, x, weights, memory, copies=1):
+        """Cross-attention of one position per row over a source from :meth:`step_memory`:
+        ``call(x, cache=(keys, values), value_mask=context_mask)`` for a single query.
+
+        ``x`` is ``(rows, d_model)`` with ``rows = batch * copies``: the ``copies`` rows of
+        a sentence (its beams) are adjacent and are queries against ONE copy of its source.
+        Returns ``(rows, output_dim)``.
+        """
+        import torch
+
+        keys, values, bias, keep = memory
+        rows, heads = x.shape[0], self.num_heads
+        q = linear(x, weights["query"]).view(rows // copies, copies, heads, self.key_dim)
+        scores = torch.matmul(q.transpose(1, 2), keys.transpose(-1, -2))  # (b, h, copies, s)
+        attention = (scores * (1.0 / math.sqrt(self.key_dim)) + bias).softmax(-1)
+        out = torch.matmul(attention, values)  # (b, h, copies, d_v)
+        if keep is not None:
+            out = out * keep
+        out = out.transpose(1, 2).reshape(rows, heads * self.value_dim)  # (rows, h d_v)
+        return linear(out, weights["output"])
 
     def compute_mask(self, query, previous_mask=None):
         # Keras calls compute_mask(first input, its mask): the output keeps the query's mask.

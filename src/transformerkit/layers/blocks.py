@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.attention import MultiHeadAttention
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.feedforward import FeedForward
 
@@ -61,13 +61,23 @@ class _Block(keras.layers.Layer):
         self.feedforward_norm.build(input_shape)
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def _sublayer(self, x, norm, fn, training):
-        """One residual connection around ``fn``; returns ``(new_x, extras)``."""
-        inner = call_sublayer(norm, x) if self.norm_position == "pre" else x
-        out = fn(inner)
+    def _connect(self, x, norm, sublayer, dropout=None):
+        """One residual connection (paper section 5.4 for ``post``): ``post``:
+        ``norm(x + dropout(sublayer(x)))``; ``pre``: ``x + dropout(sublayer(norm(x)))``.
+        ``sublayer`` may return a tuple ``(output, *extras)``; returns ``(new_x, extras)``."""
+        out = sublayer(norm(x) if self.norm_position == "pre" else x)
         out, extras = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
-        x = x + apply_dropout(self.residual_dropout, out, training)
-        return (x if self.norm_position == "pre" else call_sublayer(norm, x)), extras
+        x = x + (out if dropout is None else dropout(out))
+        return (x if self.norm_position == "pre" else norm(x)), extras
+
+    def _sublayer(self, x, norm, fn, training):
+        """:meth:`_connect` with a Keras LayerNorm layer and the residual dropout."""
+        return self._connect(x, lambda h: call_sublayer(norm, h), fn,
+                             lambda h: apply_dropout(self.residual_dropout, h, training))
+
+    def _step_sublayer(self, x, norm, fn):
+        """:meth:`_connect` at inference with LayerNorm weights from :func:`norm_weights`."""
+        return self._connect(x, lambda h: normalize(h, norm), fn)[0]
 
     def _feedforward(self, training):
         return lambda h: call_sublayer(self.feedforward, h, training=training)
@@ -222,6 +232,43 @@ class DecoderBlock(_Block):
         if cache is not None:
             results += (new_cache,)
         return results[0] if len(results) == 1 else results
+
+    # -- The fast twin of ``call`` with a cache (see ``MultiHeadAttention.step``). --
+
+    def step_weights(self):
+        """The block's weights as torch tensors for :meth:`step`, read once per batch."""
+        weights = {"self_attention": self.self_attention.step_weights(),
+                   "self_attention_norm": norm_weights(self.self_attention_norm),
+                   "feedforward": self.feedforward.step_weights(),
+                   "feedforward_norm": norm_weights(self.feedforward_norm)}
+        if self.cross_attention:
+            weights["cross_attention"] = self.cross_attention_layer.step_weights()
+            weights["cross_attention_norm"] = norm_weights(self.cross_attention_norm)
+        return weights
+
+    def step(self, x, weights, cache, index, memory=None, copies=1):
+        """``call(x, cache=..., cache_index=index)`` at inference for one position per row.
+
+        Args:
+            x: ``(rows, d_model)`` torch tensor.
+            weights: from :meth:`step_weights`.
+            cache: this block's self-attention ``(keys, values)``, position-major
+                ``(max_len, rows, heads, dim)``, written in place at ``index``.
+            index: int position of ``x``.
+            memory: the source from ``cross_attention_layer.step_memory`` (with
+                ``cross_attention``), ``copies`` rows per source (beams).
+
+        Returns ``(rows, d_model)``.
+        """
+        x = self._step_sublayer(x, weights["self_attention_norm"],
+                                lambda h: self.self_attention.step(
+                                    h, weights["self_attention"], cache, index))
+        if self.cross_attention:
+            x = self._step_sublayer(x, weights["cross_attention_norm"],
+                                    lambda h: self.cross_attention_layer.cross_step(
+                                        h, weights["cross_attention"], memory, copies))
+        return self._step_sublayer(x, weights["feedforward_norm"],
+                                   lambda h: self.feedforward.step(h, weights["feedforward"]))
 
     def get_config(self):
         config = super().get_config()

@@ -1,31 +1,31 @@
-"""Calls without Keras' per-call bookkeeping where it is moot: sub-layers we own, reshapes."""
+"""Sub-layer calls without Keras' per-call bookkeeping where it is moot (PyTorch eager).
+
+The shortcuts here are taken only when :func:`transformerkit.fastpath.applies`; the plain
+path (``layer(...)``, ``keras.ops``) is beside each of them.
+"""
 
 import keras
 from keras import ops
 
-_EAGER_BACKEND = keras.backend.backend() == "torch"
-if _EAGER_BACKEND:
+from transformerkit import fastpath, internals
+
+if keras.backend.backend() == "torch":
     import torch
     import torch.nn.functional as F
-    from keras.src.backend import get_autocast_scope  # no public accessor in Keras 3
 
-FAST_CALLS = True  # module switch, for tests and benchmarks that compare both paths
-
-# Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
-# (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
-_TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu,
-                      keras.activations.relu: F.relu} if _EAGER_BACKEND else {}
+    # Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
+    # (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
+    _TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu, keras.activations.relu: F.relu}
 
 
 def call_sublayer(layer, *args, **kwargs):
     """``layer(*args, **kwargs)`` for a built sub-layer that this package's layers call with
     every mask and ``training`` argument given explicitly.
 
-    On PyTorch, which runs eagerly, Keras' ``Layer.__call__`` costs about 0.1 ms of Python
-    per call (input conversion, call context, mask inference, name and autocast scopes), and
-    each ``keras.ops`` function some 20-60 us more around its ``torch`` kernel; a small GPT
-    makes some fifty layer calls per forward pass, which made its training step ~40% slower
-    than the same model in plain PyTorch (nanoGPT). For a built layer called on PyTorch
+    On PyTorch, which runs eagerly, Keras' ``Layer.__call__`` spends more Python time per
+    call (input conversion, call context, mask inference, name and autocast scopes) than a
+    small layer's arithmetic, and each ``keras.ops`` function adds its own wrapper around
+    the ``torch`` kernel. For a built layer called on PyTorch
     tensors of its compute dtype (floats; ids are not cast), with no mixed-precision
     autocast (compute dtype = variable dtype) and no distribution layout to apply,
     ``__call__`` does nothing but run ``layer.call``: this helper then calls ``layer.call``
@@ -51,11 +51,14 @@ def call_sublayer(layer, *args, **kwargs):
 
 def direct_call_allowed(layer, x):
     """Whether ``layer(x, ...)`` would only run ``layer.call(x, ...)`` (see
-    :func:`call_sublayer`): eager PyTorch, a built layer, a torch tensor input of its compute
-    dtype (or ids), no mixed-precision autocast (the layer's own or an enclosing one), no
-    distribution layout to apply."""
-    return (eager_torch_tensor(x) and layer.built
-            and layer.compute_dtype == layer.variable_dtype and get_autocast_scope() is None
+    :func:`call_sublayer`): the shortcuts apply to ``x`` (:func:`~transformerkit.fastpath.applies`),
+    a built layer, an input of its compute dtype (or ids), no mixed-precision autocast (the
+    layer's own or an enclosing one), no distribution layout to apply."""
+    if not fastpath.applies(x):
+        return False
+    autocast_scope = internals.get("get_autocast_scope")
+    return (autocast_scope is not None and layer.built
+            and layer.compute_dtype == layer.variable_dtype and autocast_scope() is None
             and (not x.is_floating_point()  # Keras would cast float inputs to compute_dtype
                  or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
             and keras.distribution.distribution() is None)
@@ -63,9 +66,7 @@ def direct_call_allowed(layer, x):
 
 def _dense(layer, x):
     """``Dense.call``: ``activation(x @ kernel + bias)``."""
-    y = torch.matmul(x, layer.kernel.value)
-    if layer.bias is not None:
-        y = y + layer.bias.value
+    y = linear(x, dense_weights(layer))
     if layer.activation is None:
         return y
     return _TORCH_ACTIVATIONS.get(layer.activation, layer.activation)(y)
@@ -73,29 +74,51 @@ def _dense(layer, x):
 
 def _layer_norm(layer, x):
     """``LayerNormalization.call`` over the last axis (``F.layer_norm``, as ``keras.ops``)."""
+    return normalize(x, norm_weights(layer))
+
+
+# Weights as torch tensors, and the two kernels that use them. The one-position decoder step
+# (the ``step`` methods next to ``call`` in attention.py, blocks.py, feedforward.py) reads
+# its weights with these once per decoded batch.
+
+def dense_weights(layer):
+    """A ``Dense`` layer's ``(kernel, bias or None)`` as torch tensors."""
+    return layer.kernel.value, None if layer.bias is None else layer.bias.value
+
+
+def norm_weights(layer):
+    """A last-axis ``LayerNormalization``'s ``(gamma, beta or None, epsilon)``."""
     gamma = None if layer.gamma is None else layer.gamma.value
-    beta = None if layer.beta is None else layer.beta.value
-    return F.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
+    return gamma, None if layer.beta is None else layer.beta.value, layer.epsilon
 
 
-def eager_torch_tensor(x):
-    """Whether ``x`` is a concrete PyTorch tensor on the PyTorch backend with the shortcuts on
-    (:data:`FAST_CALLS`): where this package may call ``torch`` directly."""
-    return FAST_CALLS and _EAGER_BACKEND and isinstance(x, torch.Tensor)
+def linear(x, weights):
+    """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
+    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``."""
+    kernel, bias = weights
+    if x.dim() == 2:
+        return torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
+    y = torch.matmul(x, kernel)
+    return y if bias is None else y + bias
+
+
+def normalize(x, weights):
+    """LayerNorm over the last axis with ``weights`` from :func:`norm_weights`."""
+    gamma, beta, epsilon = weights
+    return F.layer_norm(x, (x.shape[-1],), gamma, beta, epsilon)
 
 
 def shape(x):
     """``keras.ops.shape(x)``; on PyTorch, for a torch tensor, its ``shape`` itself (the
-    wrapper's symbolic-tensor checks cost a few us a call, attention makes a dozen)."""
-    if eager_torch_tensor(x):
+    wrapper's symbolic-tensor checks are moot for a concrete tensor)."""
+    if fastpath.applies(x):
         return x.shape
     return ops.shape(x)
 
 
 def reshape(x, shape):
     """``keras.ops.reshape(x, shape)``; on PyTorch, for a torch tensor, ``x.reshape(shape)``
-    itself: the ``keras.ops`` wrapper's checks (symbolic inputs, shape validation) cost
-    ~20-40 us a call, and attention makes four reshapes per layer."""
-    if eager_torch_tensor(x):
+    itself (the ``keras.ops`` wrapper's checks for symbolic inputs are moot for it)."""
+    if fastpath.applies(x):
         return x.reshape(shape)
     return ops.reshape(x, shape)

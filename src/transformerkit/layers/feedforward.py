@@ -2,7 +2,7 @@
 
 import keras
 
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import call_sublayer, dense_weights, linear
 from transformerkit.layers.dropout import apply_dropout
 
 ACTIVATIONS = ("relu", "gelu")
@@ -49,6 +49,18 @@ class FeedForward(keras.layers.Layer):
     def call(self, inputs, training=None):
         inner = apply_dropout(self.inner_dropout, call_sublayer(self.inner, inputs), training)
         return call_sublayer(self.outer, inner)
+
+    def step_weights(self):
+        """``{"inner": ..., "outer": ...}`` as ``(kernel, bias or None)`` torch tensors."""
+        return {"inner": dense_weights(self.inner), "outer": dense_weights(self.outer)}
+
+    def step(self, x, weights):
+        """:meth:`call` at inference on ``(rows, d_model)`` torch tensors with weights from
+        :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``)."""
+        import torch.nn.functional as F
+
+        activation = F.relu if self.activation == "relu" else F.gelu
+        return linear(activation(linear(x, weights["inner"])), weights["outer"])
 
     def get_config(self):
         config = super().get_config()

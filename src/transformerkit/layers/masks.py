@@ -10,7 +10,7 @@ Shapes:
 
 from keras import ops
 
-PAD_ID = 0
+from transformerkit.special_tokens import PAD_ID
 
 
 def padding_mask(token_ids):

@@ -1,30 +1,32 @@
 """Pieces shared by the three models: input checks, embedding, the block stacks, caches."""
 
+import dataclasses
+import inspect
+import math
+
 import keras
 import numpy as np
 
+from transformerkit import fastpath, internals
 from transformerkit.layers import (
     DecoderBlock,
     EncoderBlock,
     PositionalEncoding,
     TokenEmbedding,
-    calls,
     padding_mask,
 )
-from transformerkit.layers.blocks import NORM_POSITIONS
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import (
+    call_sublayer,
+    dense_weights,
+    linear,
+    norm_weights,
+    normalize,
+)
 from transformerkit.layers.dropout import apply_dropout
-from transformerkit.layers.embeddings import POSITIONAL_KINDS
-from transformerkit.layers.feedforward import ACTIVATIONS
 
-TIE_OPTIONS = ("none", "decoder", "all")
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-
-
-def check_choice(name, value, choices):
-    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+# The options a block takes: the arguments of EncoderBlock (DecoderBlock passes them on).
+_BLOCK_OPTIONS = frozenset(inspect.signature(EncoderBlock).parameters)
 
 
 def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
@@ -87,24 +89,23 @@ class TransformerBase(keras.Model):
     use_bias = True  # projection biases and LayerNorm offsets (a GPT may turn them off)
 
     def train_step(self, *args):
-        """One optimisation step on a batch (``model.fit`` calls it): Keras' own step, and on
-        eager PyTorch the same step with less Python around it.
+        """One optimisation step on a batch: what ``model.fit`` calls for every batch.
 
-        Keras' PyTorch ``train_step`` walks the layer tree for the trainable weights twice,
-        ``torch.nn.Module.zero_grad`` walks it once more, and ``Model.__call__`` adds its
-        per-call bookkeeping (see :func:`transformerkit.layers.calls.call_sublayer`): about
-        0.5 ms of a small GPT's ~30 ms CPU step. Here the weights are listed once, their
-        gradients reset to None before the backward pass (what ``zero_grad`` does), and the
-        model is called through ``call_sublayer`` after clearing the losses of the previous
-        call (what the outermost ``__call__`` does). The loss (``compile``'s, with any layer
-        losses), loss scaling, optimizer update, loss tracker and metrics are Keras' own, so
-        every number is the same (``tests/test_fast_paths.py``). Under ``jit_compile``
-        (``torch.compile``), on JAX and TensorFlow and with
-        :data:`transformerkit.layers.calls.FAST_CALLS` off, it is Keras' ``train_step``
-        (JAX's takes ``(state, data)``, the others ``(data)``).
+        The step is Keras' ``Trainer.train_step``: forward pass, the compiled loss
+        (:class:`transformerkit.training.MaskedCrossEntropy`, plus any layer losses),
+        backward pass, ``optimizer.apply`` (:class:`transformerkit.training.Adam`), loss
+        tracker and metrics. On eager PyTorch (a shortcut, :mod:`transformerkit.fastpath`) it
+        is the same step with less Python around it: the trainable weights are listed once,
+        their gradients reset to None before the backward pass (what ``zero_grad`` does),
+        and the model is called through :func:`~transformerkit.layers.calls.call_sublayer`
+        after clearing the previous call's losses (what the outermost ``__call__`` does);
+        loss, loss scaling, optimizer, tracker and metrics are Keras' own objects, so every
+        number is the same (``tests/test_fast_paths.py``). Under ``jit_compile``
+        (``torch.compile``), on JAX and TensorFlow, and with the shortcuts off it is Keras'
+        ``train_step`` (JAX's takes ``(state, data)``, the others ``(data)``).
         """
-        if not (calls.FAST_CALLS and keras.backend.backend() == "torch" and not self.jit_compile
-                and self.optimizer is not None):
+        if not (fastpath.applies() and not self.jit_compile and self.optimizer is not None
+                and internals.available("model_train_step")):
             return super().train_step(*args)
         weights = self.trainable_weights
         if not weights:
@@ -125,24 +126,20 @@ class TransformerBase(keras.Model):
             self.optimizer.apply([v.value.grad for v in weights], weights)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _check_common(self, d_model, num_heads, key_dim, norm_position, activation, positional,
-                      max_length):
-        check_choice("norm_position", norm_position, NORM_POSITIONS)
-        check_choice("activation", activation, ACTIVATIONS)
-        check_choice("positional", positional, POSITIONAL_KINDS)
-        if key_dim is None and d_model % num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}; "
-                             "choose another num_heads or set key_dim explicitly")
-        if int(max_length) < 1:
-            raise ValueError(f"max_length must be positive, got {max_length}")
+    def _set_options(self, options):
+        """Keep ``options`` (a validated dataclass of :mod:`transformerkit.models.options`)
+        and set one attribute per option: ``model.d_model``, ``model.key_dim``, ..."""
+        self.options = options
+        for name, value in dataclasses.asdict(options).items():
+            setattr(self, name, value)
+
+    def get_config(self):
+        """Keras' config plus every option (pretrained matrices are weights, not config)."""
+        return {**super().get_config(), **dataclasses.asdict(self.options)}
 
     def _block_kwargs(self):
-        return dict(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
-                    dropout=self.dropout, norm_position=self.norm_position,
-                    activation=self.activation, key_dim=self.key_dim, value_dim=self.value_dim,
-                    attention_dropout=self.attention_dropout,
-                    activation_dropout=self.activation_dropout,
-                    layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias)
+        return {name: value for name, value in dataclasses.asdict(self.options).items()
+                if name in _BLOCK_OPTIONS}
 
     def _token_embedding(self, vocab_size, pretrained, name, scale=True):
         embedding = TokenEmbedding(vocab_size, self.d_model, scale=scale, pretrained=pretrained,
@@ -218,6 +215,58 @@ class TransformerBase(keras.Model):
             results += (new_caches,)
         return results[0] if len(results) == 1 else results
 
+    # -- The fast twin of the cached decoder, one position per row (eager PyTorch). --
+    # ``transformerkit.decoding`` uses it where :func:`transformerkit.fastpath.applies`; the
+    # plain path is ``_run_decoder`` with caches (see ``DecoderBlock.step``).
+
+    def _decoder_parts(self):
+        """``(token_embedding, positions, blocks, final_norm or None, projection or None)``
+        of the decoder stack; a None projection means the embedding is tied to it."""
+        raise NotImplementedError(f"{type(self).__name__} has no decoder")
+
+    def decode_step_weights(self):
+        """The decoder's weights as torch tensors for :meth:`decode_step`, read once per
+        decoded batch. The output projection is one contiguous ``(d_model, vocab)`` matrix:
+        a tied embedding table is transposed here, once."""
+        embedding, positions, blocks, final_norm, projection = self._decoder_parts()
+        table = embedding.embeddings.value
+        return {"embedding": table,
+                "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
+                "positions": positions.table.value,
+                "blocks": [block.step_weights() for block in blocks],
+                "final_norm": None if final_norm is None else norm_weights(final_norm),
+                "projection": ((table.t().contiguous(), None) if projection is None
+                               else dense_weights(projection))}
+
+    def decode_step_memory(self, memory, memory_mask):
+        """Every decoder block's cross-attention keys/values of ``memory`` ``(batch,
+        source_len, d_model)`` with ``memory_mask`` ``(batch, source_len)``, for
+        :meth:`decode_step` (see ``MultiHeadAttention.step_memory``)."""
+        return [block.cross_attention_layer.step_memory(memory, memory_mask)
+                for block in self._decoder_parts()[2]]
+
+    def decode_step(self, tokens, index, caches, weights, memories=None, copies=1):
+        """Logits ``(rows, vocab)`` predicting position ``index + 1`` from the ids ``tokens``
+        ``(rows,)`` at position ``index``: the decoder with caches (``Transformer.decode`` /
+        ``GPT.call`` with ``caches`` and ``cache_index=index``) for one position, computed by
+        each block's :meth:`~transformerkit.layers.DecoderBlock.step`.
+
+        ``caches``: one position-major ``(keys, values)`` pair per block, ``(max_len, rows,
+        heads, dim)``, updated in place; ``weights`` from :meth:`decode_step_weights`;
+        ``memories`` from :meth:`decode_step_memory` (encoder-decoder models), with
+        ``copies`` adjacent rows per source (beams).
+        """
+        blocks = self._decoder_parts()[2]
+        x = weights["embedding"][tokens] * weights["embedding_scale"] + \
+            weights["positions"][index]  # (rows, d_model); embedding dropout is off
+        memories = memories or [None] * len(blocks)
+        for block, block_weights, cache, memory in zip(blocks, weights["blocks"], caches,
+                                                       memories, strict=True):
+            x = block.step(x, block_weights, cache, index, memory, copies)
+        if weights["final_norm"] is not None:
+            x = normalize(x, weights["final_norm"])
+        return linear(x, weights["projection"])
+
     @staticmethod
     def _padding_mask(ids):
         """``(batch, len)`` bool mask of the real tokens of ``ids``, for attention; None when
@@ -230,5 +279,6 @@ class TransformerBase(keras.Model):
         return padding_mask(ids)
 
     def components(self):
-        """Mapping of component name -> list of layers, for :func:`parameter_summary`."""
+        """Mapping of component name -> list of layers, for
+        :func:`transformerkit.training.parameter_summary`."""
         raise NotImplementedError

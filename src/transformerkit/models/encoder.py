@@ -5,9 +5,14 @@ from keras import ops
 
 from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.masks import padding_mask
-from transformerkit.models.base import TransformerBase, check_choice, check_token_ids
-
-POOLING = (None, "cls", "mean")
+from transformerkit.models.base import TransformerBase, check_token_ids
+from transformerkit.models.options import EncoderOptions
+from transformerkit.models.pretrained import (
+    encoder_kwargs,
+    load_hf_config,
+    load_hf_weights,
+    read_hf_weights,
+)
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -46,40 +51,23 @@ class Encoder(TransformerBase):
                  scale_embeddings=True, pooling=None, num_classes=None, embeddings=None,
                  embeddings_trainable=True, **kwargs):
         super().__init__(**kwargs)
-        self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
-                           max_length)
-        check_choice("pooling", pooling, POOLING)
-        if num_classes is not None and pooling is None:
-            raise ValueError("num_classes needs a pooling ('cls' or 'mean') to classify from")
-        self.vocab_size, self.num_layers = int(vocab_size), int(num_layers)
-        self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
-        self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
-        self.activation_dropout = float(activation_dropout)
-        self.max_length = int(max_length)
-        self.norm_position, self.activation, self.positional = norm_position, activation, positional
-        self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
-        self.value_dim = int(value_dim) if value_dim else self.key_dim
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.type_vocab_size = int(type_vocab_size)
-        self.embedding_norm = bool(embedding_norm)
-        self.scale_embeddings = bool(scale_embeddings)
-        self.pooling = pooling
-        self.num_classes = None if num_classes is None else int(num_classes)
-        self.embeddings_trainable = bool(embeddings_trainable)
+        self._set_options(EncoderOptions.from_arguments(locals()))
 
         self.token_embedding = self._token_embedding(self.vocab_size, embeddings,
-                                                     "token_embedding", scale=scale_embeddings)
+                                                     "token_embedding", scale=self.scale_embeddings)
         self.positions = self._positions("positions")
         self.type_embedding = (keras.layers.Embedding(self.type_vocab_size, self.d_model,
                                                       name="type_embedding")
                                if self.type_vocab_size else None)
-        self.embedding_layer_norm = (keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, name="embedding_norm") if embedding_norm else None)
+        self.embedding_layer_norm = (
+            keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon,
+                                            name="embedding_norm")
+            if self.embedding_norm else None)
         self.embedding_dropout = keras.layers.Dropout(self.dropout)
         self.blocks = self._encoder_stack(self.num_layers, prefix="block")
         self.final_norm = self._final_norm("final_norm")
         self.pooler = (keras.layers.Dense(self.d_model, activation="tanh", name="pooler")
-                       if pooling == "cls" else None)
+                       if self.pooling == "cls" else None)
         self.classifier = None
         if self.num_classes is not None:
             self.classifier_dropout = keras.layers.Dropout(self.dropout)
@@ -107,18 +95,24 @@ class Encoder(TransformerBase):
         """An Encoder with the architecture and weights of a local Hugging Face BERT
         checkpoint folder (``config.json`` + safetensors or ``pytorch_model.bin``).
 
-        ``pooling``: None (hidden states), "mean" (sentence-transformers) or "cls" (BERT's
-        pooler); ``num_classes`` adds a classification head; ``overrides`` replace other
-        constructor arguments (e.g. ``dropout=0.0``). The tokenizer of the folder loads with
-        :func:`transformerkit.data.load_hf_tokenizer`. See
-        :mod:`transformerkit.models.pretrained` for the mapping and its errors.
-        """
-        from transformerkit.models.pretrained import encoder_from_pretrained
+        Args:
+            folder: path to the checkpoint folder.
+            pooling: None (hidden states), "mean" (sentence-transformers mean pooling) or
+                "cls" (BERT's tanh pooler, loaded from the checkpoint when present).
+            num_classes: int or None; adds a classification head (loaded when the
+                checkpoint is a ``BertForSequenceClassification`` with as many labels).
+            **overrides: other constructor arguments, e.g. ``dropout=0.0``.
 
+        The tokenizer of the folder loads with :func:`transformerkit.data.load_hf_tokenizer`.
+        See :mod:`transformerkit.models.pretrained` for the mapping and its errors.
+        """
         if cls is not Encoder:
             raise TypeError("from_pretrained builds an Encoder, not a subclass")
-        return encoder_from_pretrained(folder, pooling=pooling, num_classes=num_classes,
-                                       **overrides)
+        config = load_hf_config(folder)
+        weights = read_hf_weights(folder)  # before building: a broken file fails fast
+        encoder = Encoder(pooling=pooling, num_classes=num_classes,
+                          **{**encoder_kwargs(config), **overrides})
+        return load_hf_weights(encoder, folder, weights)
 
     def encode(self, ids, token_type_ids=None, training=None, return_attention_scores=False):
         """Hidden states ``(batch, length, d_model)`` (and per-layer scores if asked)."""
@@ -171,21 +165,6 @@ class Encoder(TransformerBase):
         return {"embeddings": embeddings,
                 "encoder": self.blocks + [n for n in [self.final_norm] if n],
                 "output_head": [x for x in (self.pooler, self.classifier) if x]}
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            vocab_size=self.vocab_size, num_layers=self.num_layers, d_model=self.d_model,
-            num_heads=self.num_heads, d_ff=self.d_ff, dropout=self.dropout,
-            max_length=self.max_length, norm_position=self.norm_position,
-            activation=self.activation, positional=self.positional, key_dim=self.key_dim,
-            value_dim=self.value_dim, attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            layer_norm_epsilon=self.layer_norm_epsilon, type_vocab_size=self.type_vocab_size,
-            embedding_norm=self.embedding_norm, scale_embeddings=self.scale_embeddings,
-            pooling=self.pooling, num_classes=self.num_classes,
-            embeddings_trainable=self.embeddings_trainable)
-        return config
 
 
 def _unpack_inputs(inputs):

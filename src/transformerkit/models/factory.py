@@ -6,42 +6,39 @@ import numpy as np
 
 from transformerkit.models.encoder import Encoder
 from transformerkit.models.gpt import GPT
+from transformerkit.models.options import MODEL_OPTIONS, config_fields
 from transformerkit.models.transformer import Transformer
-
-# Config keys that every model type accepts; None means "use the model's own default".
-_COMMON = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
-           "activation_dropout",
-           "max_length", "norm_position", "activation", "positional", "key_dim", "value_dim",
-           "layer_norm_epsilon", "embeddings_trainable")
-
-
-_GPT_ONLY = ("scale_embeddings", "initialization", "use_bias")  # model keys only a GPT accepts
 
 
 def build_model(model_config, source_vocab_size, target_vocab_size=None):
     """Instantiate the model described by ``model_config`` (a resolved ``model:`` section).
 
-    ``source_vocab_size`` is the (only) vocabulary of GPT and Encoder models.
+    ``source_vocab_size`` is the (only) vocabulary of GPT and Encoder models. Keys left at
+    None take the model's own default; a key set for a model type that does not take it
+    (``model.use_bias`` for a Transformer) is a ``ValueError``.
     """
-    kwargs = {k: model_config[k] for k in _COMMON if model_config.get(k) is not None}
-    embeddings = _load_embeddings(model_config.get("pretrained_embeddings"))
     kind = model_config["type"]
-    gpt_only = [k for k in _GPT_ONLY if model_config.get(k) is not None]
-    if gpt_only and kind != "gpt":
-        raise ValueError(f"model.{gpt_only[0]} applies to model.type gpt only, not {kind!r}")
+    if kind not in MODEL_OPTIONS:
+        raise ValueError(f"unknown model type {kind!r}")
+    taken = {f.name for f in config_fields(MODEL_OPTIONS[kind])}
+    kwargs = {}
+    for key, value in model_config.items():
+        if key in ("type", "pretrained_embeddings") or value is None:
+            continue
+        if key not in taken:
+            takers = [t for t, options in MODEL_OPTIONS.items()
+                      if key in {f.name for f in config_fields(options)}]
+            if not takers:
+                raise ValueError(f"unknown model option model.{key}")
+            raise ValueError(f"model.{key} applies to model.type {' or '.join(takers)} only, "
+                             f"not {kind!r}")
+        kwargs[key] = value
+    embeddings = _load_embeddings(model_config.get("pretrained_embeddings"))
     if kind == "transformer":
-        if model_config.get("num_decoder_layers") is not None:
-            kwargs["num_decoder_layers"] = model_config["num_decoder_layers"]
         return Transformer(source_vocab_size, target_vocab_size or source_vocab_size,
-                           tie_embeddings=model_config.get("tie_embeddings", "none"),
                            source_embeddings=embeddings, **kwargs)
-    if kind == "gpt":
-        kwargs.update({k: model_config[k] for k in gpt_only})
-        return GPT(source_vocab_size, tie_embeddings=model_config.get("tie_embeddings", "none"),
-                   embeddings=embeddings, **kwargs)
-    if kind == "encoder":
-        return Encoder(source_vocab_size, embeddings=embeddings, **kwargs)
-    raise ValueError(f"unknown model type {kind!r}")
+    model = GPT if kind == "gpt" else Encoder
+    return model(source_vocab_size, embeddings=embeddings, **kwargs)
 
 
 def _load_embeddings(path):

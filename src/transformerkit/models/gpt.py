@@ -6,10 +6,9 @@ import keras
 from keras import ops
 
 from transformerkit.layers.calls import call_sublayer
-from transformerkit.models.base import TIE_OPTIONS, TransformerBase, check_choice, check_token_ids
+from transformerkit.models.base import TransformerBase, check_token_ids
 from transformerkit.models.heads import LogitsProjection
-
-INITIALIZATIONS = ("gpt2", "paper")
+from transformerkit.models.options import GPTOptions
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -53,35 +52,19 @@ class GPT(TransformerBase):
                  embeddings=None, embeddings_trainable=True, scale_embeddings=False,
                  initialization="gpt2", use_bias=True, **kwargs):
         super().__init__(**kwargs)
-        self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
-                           max_length)
-        check_choice("tie_embeddings", tie_embeddings, TIE_OPTIONS)
-        check_choice("initialization", initialization, INITIALIZATIONS)
-        self.vocab_size, self.num_layers = int(vocab_size), int(num_layers)
-        self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
-        self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
-        self.activation_dropout = float(activation_dropout)
-        self.max_length = int(max_length)
-        self.norm_position, self.activation, self.positional = norm_position, activation, positional
-        self.tie_embeddings = tie_embeddings
-        self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
-        self.value_dim = int(value_dim) if value_dim else self.key_dim
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.embeddings_trainable = bool(embeddings_trainable)
-        self.scale_embeddings, self.initialization = bool(scale_embeddings), initialization
-        self.use_bias = bool(use_bias)
+        self._set_options(GPTOptions.from_arguments(locals()))
         self._pretrained_embeddings = embeddings is not None
 
         self.token_embedding = self._token_embedding(self.vocab_size, embeddings,
-                                                     "token_embedding", scale=scale_embeddings)
+                                                     "token_embedding", scale=self.scale_embeddings)
         self.positions = self._positions("positions")
         self.embedding_dropout = keras.layers.Dropout(self.dropout)
         self.blocks = self._decoder_stack(self.num_layers, cross_attention=False, prefix="block")
         self.final_norm = self._final_norm("final_norm")
-        self.output_projection = (None if tie_embeddings != "none" else
+        self.output_projection = (None if self.tie_embeddings != "none" else
                                   LogitsProjection(self.vocab_size, use_bias=self.use_bias,
                                                    name="output_projection"))
-        if initialization == "gpt2":
+        if self.initialization == "gpt2":
             # built now: Keras' own first build can be symbolic, where assignments are lost
             self.build(None)
             self._gpt2_initialization()
@@ -150,29 +133,11 @@ class GPT(TransformerBase):
         _, scores = self(ids, return_attention_scores=True)
         return {"self": [s["self"] for s in scores]}
 
+    def _decoder_parts(self):
+        return (self.token_embedding, self.positions, self.blocks, self.final_norm,
+                self.output_projection)
+
     def components(self):
         return {"embeddings": [self.token_embedding, self.positions],
                 "decoder": self.blocks + [n for n in [self.final_norm] if n],
                 "output_head": [self.output_projection] if self.output_projection else []}
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            vocab_size=self.vocab_size, num_layers=self.num_layers, d_model=self.d_model,
-            num_heads=self.num_heads, d_ff=self.d_ff, dropout=self.dropout,
-            max_length=self.max_length, norm_position=self.norm_position,
-            activation=self.activation, positional=self.positional,
-            tie_embeddings=self.tie_embeddings, key_dim=self.key_dim, value_dim=self.value_dim,
-            attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            embeddings_trainable=self.embeddings_trainable,
-            scale_embeddings=self.scale_embeddings, initialization=self.initialization,
-            use_bias=self.use_bias)
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        # GPTs saved before ``scale_embeddings`` existed scaled their embeddings
-        config = {"scale_embeddings": True, **config}
-        return super().from_config(config)

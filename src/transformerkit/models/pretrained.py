@@ -1,11 +1,12 @@
-"""Import a local Hugging Face BERT-family checkpoint folder into an :class:`Encoder`.
+"""Import a local Hugging Face BERT-family checkpoint folder into a transformerkit ``Encoder``.
 
 A checkpoint folder holds ``config.json`` (``model_type: bert``), the weights
 (``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``)
 and usually its tokenizer (``tokenizer.json``, ``vocab.txt``). BERT is the paper's encoder
 with post-LayerNorm blocks, exact (erf) GELU, learned absolute positions, token-type
 embeddings and a LayerNorm over the summed embeddings, without the sqrt(d_model)
-embedding scale: all options of :class:`Encoder`, so the import is a renaming of tensors:
+embedding scale: all options of :class:`~transformerkit.models.Encoder`, so the import is a
+renaming of tensors:
 
 ==========================================================  =====================================
 Hugging Face (``BertModel``; ``bert.`` prefix stripped)       transformerkit ``Encoder``
@@ -28,6 +29,10 @@ PyTorch ``Linear`` weights are ``(out, in)``; Keras ``Dense`` kernels are ``(in,
 they are transposed. Everything a checkpoint could hold that this mapping cannot reproduce
 (another ``model_type``, a ``hidden_act`` other than ``gelu``/``relu``, relative position
 embeddings, a decoder, a padding id other than 0) is refused with an error naming it.
+
+The entry point is :meth:`Encoder.from_pretrained`, which builds the Encoder from
+:func:`encoder_kwargs` and fills it with :func:`load_hf_weights`; this module works on the
+encoder it is given and does not import ``encoder.py`` (which imports this one).
 
 Example:
 >>> encoder = Encoder.from_pretrained("all-MiniLM-L6-v2", pooling="mean")
@@ -59,7 +64,8 @@ def load_hf_config(folder):
     """``config.json`` of a checkpoint folder as a dict, checked for what we can map.
 
     Raises ``FileNotFoundError`` for a missing folder or file, :class:`CheckpointError`
-    for unparsable JSON or an architecture the :class:`Encoder` cannot reproduce.
+    for unparsable JSON or an architecture the
+    :class:`~transformerkit.models.Encoder` cannot reproduce.
     """
     folder = pathlib.Path(folder)
     if not folder.is_dir():
@@ -266,25 +272,5 @@ def load_hf_weights(encoder, folder, weights=None):
     return encoder
 
 
-def encoder_from_pretrained(folder, pooling=None, num_classes=None, **overrides):
-    """An :class:`Encoder` with the architecture and weights of a BERT checkpoint folder.
-
-    Args:
-        folder: path to a local Hugging Face checkpoint folder (``config.json`` + weights).
-        pooling: None (hidden states), "mean" (sentence-transformers mean pooling) or "cls"
-            (BERT's tanh pooler, loaded from the checkpoint when present).
-        num_classes: int or None; adds a classification head (loaded when the checkpoint is
-            a ``BertForSequenceClassification`` with as many labels, else initialised).
-        **overrides: other ``Encoder`` arguments, e.g. ``dropout=0.0``.
-    """
-    from transformerkit.models.encoder import Encoder
-
-    config = load_hf_config(folder)
-    weights = read_hf_weights(folder)  # before building: a broken file fails fast
-    kwargs = {**encoder_kwargs(config), **overrides}
-    encoder = Encoder(pooling=pooling, num_classes=num_classes, **kwargs)
-    return load_hf_weights(encoder, folder, weights)
-
-
-__all__ = ["CheckpointError", "encoder_from_pretrained", "encoder_kwargs", "load_hf_config",
-           "load_hf_weights", "read_hf_weights"]
+__all__ = ["CheckpointError", "encoder_kwargs", "load_hf_config", "load_hf_weights",
+           "read_hf_weights"]

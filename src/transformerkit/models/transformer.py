@@ -4,8 +4,9 @@ import keras
 from keras import ops
 
 from transformerkit.layers.calls import call_sublayer
-from transformerkit.models.base import TIE_OPTIONS, TransformerBase, check_choice, check_token_ids
+from transformerkit.models.base import TransformerBase, check_token_ids
 from transformerkit.models.heads import LogitsProjection
+from transformerkit.models.options import TransformerOptions
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -50,32 +51,11 @@ class Transformer(TransformerBase):
                  layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
                  embeddings_trainable=True, **kwargs):
         super().__init__(**kwargs)
-        self._check_common(d_model, num_heads, key_dim, norm_position, activation, positional,
-                           max_length)
-        check_choice("tie_embeddings", tie_embeddings, TIE_OPTIONS)
-        if tie_embeddings == "all" and source_vocab_size != target_vocab_size:
-            raise ValueError(
-                "tie_embeddings='all' shares one matrix between source and target, so it needs "
-                f"one shared vocabulary, but source_vocab_size={source_vocab_size} != "
-                f"target_vocab_size={target_vocab_size}")
-        self.source_vocab_size, self.target_vocab_size = int(source_vocab_size), int(
-            target_vocab_size)
-        self.num_layers = int(num_layers)
-        self.num_decoder_layers = int(num_decoder_layers or num_layers)
-        self.d_model, self.num_heads, self.d_ff = int(d_model), int(num_heads), int(d_ff)
-        self.dropout, self.attention_dropout = float(dropout), float(attention_dropout)
-        self.activation_dropout = float(activation_dropout)
-        self.max_length = int(max_length)
-        self.norm_position, self.activation, self.positional = norm_position, activation, positional
-        self.tie_embeddings = tie_embeddings
-        self.key_dim = int(key_dim) if key_dim else self.d_model // self.num_heads
-        self.value_dim = int(value_dim) if value_dim else self.key_dim
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.embeddings_trainable = bool(embeddings_trainable)
+        self._set_options(TransformerOptions.from_arguments(locals()))
 
         self.source_embedding = self._token_embedding(self.source_vocab_size, source_embeddings,
                                                       "source_embedding")
-        if tie_embeddings == "all":
+        if self.tie_embeddings == "all":
             if target_embeddings is not None:
                 raise ValueError("tie_embeddings='all' uses one matrix: pass source_embeddings "
                                  "only")
@@ -91,7 +71,7 @@ class Transformer(TransformerBase):
         self.encoder_norm = self._final_norm("encoder_norm")
         self.decoder_norm = self._final_norm("decoder_norm")
         self.output_projection = (
-            None if tie_embeddings != "none"
+            None if self.tie_embeddings != "none"
             else LogitsProjection(self.target_vocab_size, name="output_projection"))
 
     def build(self, input_shape=None):
@@ -185,6 +165,10 @@ class Transformer(TransformerBase):
                 "decoder_self": [s["self"] for s in decoder_scores],
                 "cross": [s["cross"] for s in decoder_scores]}
 
+    def _decoder_parts(self):
+        return (self.target_embedding, self.target_positions, self.decoder_blocks,
+                self.decoder_norm, self.output_projection)
+
     def components(self):
         embeddings = [self.source_embedding, self.source_positions, self.target_positions]
         if self.target_embedding is not self.source_embedding:
@@ -195,21 +179,6 @@ class Transformer(TransformerBase):
             "decoder": self.decoder_blocks + [n for n in [self.decoder_norm] if n],
             "output_head": [self.output_projection] if self.output_projection else [],
         }
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            source_vocab_size=self.source_vocab_size, target_vocab_size=self.target_vocab_size,
-            num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
-            d_ff=self.d_ff, dropout=self.dropout, max_length=self.max_length,
-            norm_position=self.norm_position, activation=self.activation,
-            positional=self.positional, tie_embeddings=self.tie_embeddings,
-            key_dim=self.key_dim, value_dim=self.value_dim,
-            num_decoder_layers=self.num_decoder_layers, attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            embeddings_trainable=self.embeddings_trainable)
-        return config
 
 
 def _unpack_pair(inputs):

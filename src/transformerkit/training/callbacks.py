@@ -1,29 +1,30 @@
 """Callbacks of ``transformerkit train``: atomic, verified checkpoints and stopping rules."""
 
 import base64
-import glob
-import hashlib
 import json
 import math
 import os
-import re
 import time
 import warnings
 
 import keras
 
-from transformerkit.files import atomic_path, atomic_write_text
-
-STATE_FILE = "latest.json"
-_EPOCH_FILE = re.compile(r"^epoch-(\d+)\.keras$")
+# Registers the classes a compiled checkpoint names (loss, metric, optimizers, schedules).
+import transformerkit.training.gpt_recipe  # noqa: F401
+import transformerkit.training.losses  # noqa: F401
+import transformerkit.training.optimizers  # noqa: F401
+import transformerkit.training.schedules  # noqa: F401
+from transformerkit.files import atomic_path, atomic_write_text, file_sha256, remove_temporaries
+from transformerkit.run_directory import CHECKPOINT_STATE, CheckpointDirectory
 
 
 class RunCheckpoint(keras.callbacks.Callback):
     """Saves the model with its optimizer state after every epoch, atomically.
 
-    Layout in ``directory``: ``epoch-0003.keras`` (the last ``keep`` of them),
-    ``best.keras`` (lowest ``monitor``) and ``latest.json`` = ``{"epoch": 3, "step": 540,
-    "checkpoint": "epoch-0003.keras", "sha256": "...", "best": 2.31}``. Each file is
+    Layout in ``directory`` (see :class:`~transformerkit.run_directory.CheckpointDirectory`):
+    ``epoch-0003.keras`` (the last ``keep`` of them), ``best.keras`` (lowest ``monitor``)
+    and ``latest.json`` = ``{"epoch": 3, "step": 540, "checkpoint": "epoch-0003.keras",
+    "sha256": "...", "best": 2.31, "monitor": "val_loss", "global_rng": ...}``. Each file is
     written to a temporary name and renamed; ``latest.json`` is written last, so it always
     names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
     crash during a save leaves the previous state. An epoch whose loss is NaN or inf is not
@@ -32,13 +33,12 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, directory, keep=2, monitor="val_loss", best=None):
         super().__init__()
-        self.directory = directory
+        self.directory = CheckpointDirectory(directory)
         self.keep = max(1, int(keep))
         self.monitor = monitor
         self.best = best
-        os.makedirs(directory, exist_ok=True)
-        for stale in glob.glob(os.path.join(directory, ".tmp-*")):  # left by a killed save
-            os.remove(stale)
+        os.makedirs(self.directory, exist_ok=True)
+        remove_temporaries(self.directory)  # left by a killed save
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -47,8 +47,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             warnings.warn(f"epoch {epoch + 1}: the loss is {loss}; no checkpoint written (the "
                           "last one stays the last good one)", RuntimeWarning, stacklevel=2)
             return
-        name = f"epoch-{epoch + 1:04d}.keras"
-        with atomic_path(os.path.join(self.directory, name)) as tmp:
+        name = self.directory.epoch_name(epoch + 1)
+        with atomic_path(self.directory.file(name)) as tmp:
             self.model.save(tmp)
             digest = file_sha256(tmp)
         value = logs.get(self.monitor)
@@ -56,31 +56,18 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.best is None or value < self.best)
         if improved:
             self.best = float(value)
-            with atomic_path(os.path.join(self.directory, "best.keras")) as tmp:
+            with atomic_path(self.directory.best) as tmp:
                 self.model.save(tmp)
         state = {"epoch": epoch + 1, "step": int(self.model.optimizer.iterations.numpy()),
                  "checkpoint": name, "sha256": digest, "best": self.best,
                  "monitor": self.monitor,
                  "global_rng": global_rng_state()}
-        atomic_write_text(os.path.join(self.directory, STATE_FILE), json.dumps(state, indent=1))
+        atomic_write_text(self.directory.state, json.dumps(state, indent=1))
         self._prune()
 
     def _prune(self):
-        for old in epoch_files(self.directory)[: -self.keep]:
-            os.remove(os.path.join(self.directory, old))
-
-
-def epoch_files(directory):
-    """``epoch-NNNN.keras`` names in ``directory``, oldest first."""
-    return sorted(f for f in os.listdir(directory) if _EPOCH_FILE.match(f))
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        for old in self.directory.epoch_names()[: -self.keep]:
+            os.remove(self.directory.file(old))
 
 
 def global_rng_state():
@@ -124,27 +111,24 @@ class RestoreGlobalRNG(keras.callbacks.Callback):
 def read_checkpoint_state(directory):
     """The ``latest.json`` state of a checkpoint directory, or None if it has none.
 
-    An unreadable ``latest.json`` gives a warning and None (:func:`load_checkpoint` then
-    falls back to the newest epoch file).
+    An unreadable ``latest.json`` (not JSON, or without the ``checkpoint`` name and its
+    ``sha256``) gives a warning and None (:func:`load_checkpoint` then falls back to the
+    newest epoch file).
     """
-    path = os.path.join(directory, STATE_FILE)
+    path = CheckpointDirectory(directory).state
     if not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
-        if not isinstance(state, dict) or not isinstance(state.get("checkpoint"), str):
+        if not isinstance(state, dict) or not all(
+                isinstance(state.get(key), str) for key in ("checkpoint", "sha256")):
             raise ValueError("not a checkpoint state")
     except (OSError, ValueError) as err:
         warnings.warn(f"checkpoint state {path} is unreadable ({err}); ignoring it",
                       RuntimeWarning, stacklevel=2)
         return None
     return state
-
-
-def has_checkpoint(directory):
-    return os.path.isdir(directory) and (
-        os.path.exists(os.path.join(directory, STATE_FILE)) or bool(epoch_files(directory)))
 
 
 def load_checkpoint(directory):
@@ -159,28 +143,30 @@ def load_checkpoint(directory):
     """
     from transformerkit.saving import load_model
 
-    if not has_checkpoint(directory):
+    directory = CheckpointDirectory(directory)
+    if not directory.has_checkpoint():
         raise FileNotFoundError(f"no checkpoint in {directory}")
     state = read_checkpoint_state(directory)
     names = [state["checkpoint"]] if state else []
-    names += [n for n in reversed(epoch_files(directory)) if n not in names]
+    names += [n for n in reversed(directory.epoch_names()) if n not in names]
     problems = []
     for name in names:
-        path = os.path.join(directory, name)
+        path = directory.file(name)
         try:
-            if state and name == state["checkpoint"] and state.get("sha256") and \
-                    os.path.isfile(path) and file_sha256(path) != state["sha256"]:
-                raise ValueError(f"{path} does not match the sha256 in {STATE_FILE} (corrupt)")
-            model = load_model(path)
+            if state and name == state["checkpoint"] and os.path.isfile(path) and \
+                    file_sha256(path) != state["sha256"]:
+                raise ValueError(f"{path} does not match the sha256 in {CHECKPOINT_STATE} "
+                                 "(corrupt)")
+            model = load_model(path, compile=True)
         except (ValueError, OSError) as err:
             problems.append(str(err))
             continue
         if state and name == state["checkpoint"]:
             return model, state
-        reason = "; ".join(problems) or f"{STATE_FILE} is missing or unreadable"
+        reason = "; ".join(problems) or f"{CHECKPOINT_STATE} is missing or unreadable"
         warnings.warn(f"falling back to checkpoint {path}: {reason}", RuntimeWarning,
                       stacklevel=2)
-        fallback = {"epoch": int(_EPOCH_FILE.match(name).group(1)),
+        fallback = {"epoch": directory.epoch_of(name),
                     "step": int(model.optimizer.iterations.numpy()), "checkpoint": name,
                     "best": (state or {}).get("best"), "monitor": (state or {}).get("monitor"),
                     "global_rng": None}

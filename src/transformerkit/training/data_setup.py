@@ -7,20 +7,19 @@ import numpy as np
 
 from transformerkit.data import corpora
 from transformerkit.data.pipeline import (
-    EncodedPairs,
     LanguageModelBatches,
     TranslationBatches,
     encode_pairs,
     split_train_val,
 )
 from transformerkit.data.tokenizers import (
+    SUBWORD_KINDS,
     CharTokenizer,
     SubwordTokenizer,
     load_hf_tokenizer,
     load_tokenizer,
 )
-
-SUBWORD_KINDS = ("bpe", "wordpiece", "unigram")
+from transformerkit.run_directory import RunDirectory
 
 
 @dataclass
@@ -36,19 +35,12 @@ class PreparedData:
     info: dict = field(default_factory=dict)
 
 
-def tokenizer_paths(run_dir, shared):
-    if shared:
-        path = os.path.join(run_dir, "tokenizer.json")
-        return path, path
-    return (os.path.join(run_dir, "source_tokenizer.json"),
-            os.path.join(run_dir, "target_tokenizer.json"))
-
-
 def prepare_data(config, run_dir, reuse_tokenizers=False):
     """Load the corpus, train (or reload) tokenizers into ``run_dir``, build the datasets."""
+    run = RunDirectory(run_dir)
     if config["model"]["type"] == "gpt":
-        return _prepare_language_model(config, run_dir, reuse_tokenizers)
-    return _prepare_translation(config, run_dir, reuse_tokenizers)
+        return _prepare_language_model(config, run, reuse_tokenizers)
+    return _prepare_translation(config, run, reuse_tokenizers)
 
 
 def _shared_vocab(config):
@@ -59,8 +51,9 @@ def _max_length(config):
     return config["data"]["max_length"] or config["model"]["max_length"]
 
 
-def _load_pairs(data, split):
-    """(sources, targets) of ``split`` ("train" or "val") for the configured dataset."""
+def load_pairs(data, split):
+    """(sources, targets) of ``split`` ("train" or "val") for the configured dataset; None
+    for a "val" split the config names no files for."""
     kind = data["dataset"]
     if kind == "multi30k":
         return corpora.load_multi30k(split, data["source_lang"], data["target_lang"],
@@ -104,9 +97,9 @@ def _make_tokenizer(data, texts):
                      f"folder; got {kind!r}")
 
 
-def _tokenizers(config, run_dir, reuse, source_texts, target_texts):
+def _tokenizers(config, run, reuse, source_texts, target_texts):
     shared = _shared_vocab(config)
-    source_path, target_path = tokenizer_paths(run_dir, shared)
+    source_path, target_path = run.tokenizer_paths(shared)
     if reuse:
         source = load_tokenizer(source_path)
         return source, (source if shared else load_tokenizer(target_path))
@@ -134,12 +127,12 @@ def _batching(data, seed):
     return dict(tokens_per_batch=data["tokens_per_batch"], **common)
 
 
-def _prepare_translation(config, run_dir, reuse):
+def _prepare_translation(config, run, reuse):
     data, seed = config["data"], config["train"]["seed"]
-    train_src, train_tgt = _limit(_load_pairs(data, "train"), data["train_limit"])
-    val_pairs = _load_pairs(data, "val")
+    train_src, train_tgt = _limit(load_pairs(data, "train"), data["train_limit"])
+    val_pairs = load_pairs(data, "val")
     val_src, val_tgt = _limit(val_pairs, data["val_limit"]) if val_pairs else ([], [])
-    source_tok, target_tok = _tokenizers(config, run_dir, reuse, train_src, train_tgt)
+    source_tok, target_tok = _tokenizers(config, run, reuse, train_src, train_tgt)
     max_length = _max_length(config)
     train_encoded = encode_pairs(train_src, train_tgt, source_tok, target_tok, max_length)
     if not train_encoded.source:
@@ -168,13 +161,13 @@ def _text_path(data):
                             f"directory and in the data directory {in_data_dir!r})")
 
 
-def _prepare_language_model(config, run_dir, reuse):
+def _prepare_language_model(config, run, reuse):
     data, seed = config["data"], config["train"]["seed"]
     if data["dataset"] != "text" or not data["text"]:
         raise ValueError("model.type=gpt trains on data.dataset=text with data.text=PATH")
     text = corpora.load_text(_text_path(data))
     train_text, val_text = split_train_val(text, data["val_fraction"])
-    path = os.path.join(run_dir, "tokenizer.json")
+    path, _ = run.tokenizer_paths(shared=True)
     if reuse:
         tokenizer = load_tokenizer(path)
     else:
@@ -195,5 +188,3 @@ def _prepare_language_model(config, run_dir, reuse):
     info = {"train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids))}
     return PreparedData(train, val, tokenizer, tokenizer, [val_text[:200]], [], info)
 
-
-__all__ = ["EncodedPairs", "PreparedData", "prepare_data", "tokenizer_paths"]

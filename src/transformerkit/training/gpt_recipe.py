@@ -61,8 +61,11 @@ class MatrixDecayAdam(Adam):
     two or more dimensions decay, biases and LayerNorm scales/offsets do not (GPT-2,
     nanoGPT's ``configure_optimizers``). Fused update on PyTorch, as :class:`Adam`."""
 
-    def _use_weight_decay(self, variable):
-        return len(variable.shape) >= 2 and super()._use_weight_decay(variable)
+    def build(self, variables):
+        # Keras' public exclusion list, set before the optimizer state is created
+        if not self.built:
+            self.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
+        super().build(variables)
 
 
 def gpt_optimizer(learning_rate=1e-3, warmup_steps=100, decay_steps=2000, min_lr=1e-4,

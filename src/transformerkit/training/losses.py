@@ -3,8 +3,9 @@
 import keras
 from keras import ops
 
-from transformerkit.layers import calls
-from transformerkit.layers.masks import PAD_ID, padding_mask
+from transformerkit import fastpath
+from transformerkit.layers.masks import padding_mask
+from transformerkit.special_tokens import PAD_ID
 
 
 def masked_cross_entropy(labels, logits, label_smoothing=0.0):
@@ -29,7 +30,7 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
         A float32 scalar. 0 when the batch has no real token.
     """
     _check_label_smoothing(label_smoothing)
-    if calls.eager_torch_tensor(logits):
+    if fastpath.applies(logits):  # the shortcut, beside the plain formula below
         return _torch_masked_cross_entropy(labels, logits, label_smoothing)
     labels = ops.cast(labels, "int32")
     logits = ops.cast(logits, "float32")
@@ -48,7 +49,7 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
 def _torch_masked_cross_entropy(labels, logits, label_smoothing):
     """The same loss on eager PyTorch as one ``F.cross_entropy`` (``ignore_index`` = the
     padding id, PyTorch's label smoothing = ours): one autograd node instead of about ten
-    ``keras.ops`` calls, which at a small vocabulary cost more than the arithmetic."""
+    ``keras.ops`` calls, whose Python overhead at a small vocabulary exceeds the arithmetic."""
     import torch
     import torch.nn.functional as F
 

@@ -1,7 +1,13 @@
-"""Adam with a fused update on the PyTorch backend."""
+"""Adam with a fused update on the PyTorch backend (a :mod:`transformerkit.fastpath` shortcut)."""
 
 import keras
-from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public accessor
+
+from transformerkit import fastpath, internals
+
+# The private torch kernels and Keras optimizer hooks of the fused update
+# (listed in transformerkit.internals): all present, or Keras' own update everywhere.
+_FUSED_NEEDS = ("optimizer_hooks", "in_stateless_scope", "foreach_norm", "foreach_mul_",
+                "fused_adam_", "fused_adamw_")
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -20,12 +26,13 @@ class Adam(keras.optimizers.Adam):
     algorithm 1 as in ``torch.optim.Adam``:
     ``theta -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + epsilon)``; Keras'
     formula places ``epsilon`` outside the bias correction ("epsilon hat"), which differs
-    by ``O(epsilon)``. On JAX and TensorFlow, under ``torch.compile`` and with ``amsgrad``
-    this is plain Keras Adam.
+    by ``O(epsilon)``. On JAX and TensorFlow, under ``torch.compile``, with ``amsgrad`` and
+    with the shortcuts off this is plain Keras Adam.
     """
 
     def _fused(self):
-        return keras.backend.backend() == "torch" and not self.amsgrad and not _compiling()
+        return (fastpath.applies() and not self.amsgrad and not _compiling()
+                and all(internals.available(name) for name in _FUSED_NEEDS))
 
     def _clip_gradients(self, grads):
         if not (self._fused() and self.global_clipnorm and not self.clipnorm
@@ -34,10 +41,10 @@ class Adam(keras.optimizers.Adam):
         import torch
 
         with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            norm = torch.linalg.vector_norm(torch.stack(internals.get("foreach_norm")(grads)))
             clip = float(self.global_clipnorm)
             scale = clip * torch.minimum(1.0 / norm, norm.new_tensor(1.0 / clip))
-            torch._foreach_mul_(grads, scale + (norm - norm))  # NaN for a non-finite norm
+            internals.get("foreach_mul_")(grads, scale + (norm - norm))  # NaN if not finite
         return grads
 
     def _apply_weight_decay(self, variables):
@@ -46,7 +53,7 @@ class Adam(keras.optimizers.Adam):
         # fused: applied inside _backend_update_step
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not self._fused() or in_stateless_scope():
+        if not self._fused() or internals.get("in_stateless_scope")():
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import torch
 
@@ -55,7 +62,7 @@ class Adam(keras.optimizers.Adam):
         with torch.no_grad():
             for decayed, positions, params, momentums, velocities in \
                     self._fused_groups(trainable_variables):
-                fused = torch._fused_adamw_ if decayed else torch._fused_adam_
+                fused = internals.get("fused_adamw_" if decayed else "fused_adam_")
                 group_grads = [_as_dtype(grads[i], p)
                                for i, p in zip(positions, params, strict=True)]
                 fused(params, group_grads, momentums, velocities, [], [step] * len(params),
@@ -66,10 +73,9 @@ class Adam(keras.optimizers.Adam):
     def _fused_groups(self, variables):
         """The fused kernels' arguments for ``variables``: one ``(decayed, positions, params,
         momentums, velocities)`` group per weight-decay choice, with the variables' torch
-        tensors. Built once per list of variables and reused: reading ``Variable.value`` (a
-        property with scope checks) 81 times and sorting the variables cost ~0.2 ms of
-        Python a step for a small GPT's 27 variables (2.4 -> 2.2 ms per update, clipping
-        included). The tensors stay valid: a Keras variable on PyTorch
+        tensors. Built once per list of variables and reused, since reading every
+        ``Variable.value`` (a property with scope checks) and grouping the variables each
+        step costs Python time. The tensors stay valid: a Keras variable on PyTorch
         keeps its tensor for life (``assign`` copies into it); a new list of variables
         (a layer frozen or unfrozen) or a rebuilt optimizer makes a new plan."""
         decays = self.weight_decay is not None and float(self.weight_decay) > 0

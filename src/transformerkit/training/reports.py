@@ -1,17 +1,16 @@
 """What ``train`` writes at the end: ``metrics.json`` and ``samples.txt``."""
 
-import json
-import os
-
+from transformerkit.decoding.sampling import generate_text
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
 from transformerkit.files import atomic_write_text
-
-__all__ = ["translate_texts", "write_final_reports"]
+from transformerkit.run_directory import RunDirectory
 
 
 def write_final_reports(model, data, config, run_dir, summary):
-    """Evaluate on the validation texts, write ``samples.txt`` and ``metrics.json``."""
+    """Evaluate on the validation texts, write ``samples.txt`` and ``metrics.json`` into
+    ``run_dir``; return the metrics (``summary`` and the validation scores)."""
+    run = RunDirectory(run_dir)
     train_cfg = config["train"]
     metrics = dict(summary)
     lines = []
@@ -28,13 +27,11 @@ def write_final_reports(model, data, config, run_dir, summary):
         for src, ref, hyp in shown:
             lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
     elif config["model"]["type"] == "gpt":
-        from transformerkit.decoding.sampling import generate_text
-
         prompt = data.val_sources[0][:32] if data.val_sources else "\n"
         for seed in range(train_cfg["samples"]):
             text = generate_text(model, data.source_tokenizer, prompt, max_new_tokens=200,
                                  temperature=0.8, top_k=50, seed=seed)
             lines += [f"--- sample {seed} (prompt {prompt!r}) ---", text, ""]
-    atomic_write_text(os.path.join(run_dir, "samples.txt"), "\n".join(lines))
-    atomic_write_text(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2))
+    atomic_write_text(run.samples, "\n".join(lines))
+    run.write_metrics(metrics)
     return metrics

@@ -2,11 +2,16 @@
 
 Read top to bottom: prepare the run directory -> data and tokenizers -> model -> compile
 (masked loss, the paper's optimizer) -> ``model.fit`` with checkpoints -> final artefacts.
+
+Where the gradient step is: ``model.fit`` calls, for every batch,
+``TransformerBase.train_step`` in ``models/base.py``: the forward pass (``call`` of
+``models/transformer.py`` or ``models/gpt.py``, built from ``layers/``), the loss
+(``training/losses.py: masked_cross_entropy``), the backward pass and the update
+(``training/optimizers.py: Adam``, or ``training/gpt_recipe.py`` for ``adamw_cosine``).
 """
 
 import contextlib
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -17,15 +22,15 @@ import keras
 
 from transformerkit.config import parse_duration, save_config
 from transformerkit.data.pipeline import EpochSync
-from transformerkit.files import atomic_path, atomic_write_text
+from transformerkit.files import atomic_path
 from transformerkit.models.factory import build_model
+from transformerkit.run_directory import RunDirectory
 from transformerkit.training.callbacks import (
     EpochTimer,
     NonFiniteLoss,
     RestoreGlobalRNG,
     RunCheckpoint,
     StopConditions,
-    has_checkpoint,
     load_checkpoint,
 )
 from transformerkit.training.data_setup import prepare_data
@@ -56,22 +61,23 @@ def train(config, run_dir, resume=False):
     if config["model"]["type"] == "encoder":
         raise ValueError("`train` supports model.type transformer and gpt; train an Encoder "
                          "with model.fit from Python (see README, 'Encoder')")
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    run = RunDirectory(run_dir)
+    checkpoints = run.checkpoints
     train_cfg = config["train"]
-    _check_run_dir(run_dir, checkpoints, resume)
+    _check_run_dir(run, resume)
     dist = build_distribution(train_cfg["distribution"], train_cfg["devices"],
                               train_cfg["model_parallel_size"])
     if not resume:
-        save_config(config, os.path.join(run_dir, "config.yaml"))
+        save_config(config, run.config)
     keras.utils.set_random_seed(train_cfg["seed"])
     with precision_policy(precision_of(train_cfg)), \
             (dist.scope() if dist else contextlib.nullcontext()):
-        return _train(config, run_dir, checkpoints, resume, dist)
+        return _train(config, run, checkpoints, resume, dist)
 
 
-def _train(config, run_dir, checkpoints, resume, dist):
+def _train(config, run, checkpoints, resume, dist):
     train_cfg = config["train"]
-    data = prepare_data(config, run_dir, reuse_tokenizers=resume)
+    data = prepare_data(config, run, reuse_tokenizers=resume)
     for key, value in data.info.items():
         log.info("%s: %s", key, value)
 
@@ -86,7 +92,7 @@ def _train(config, run_dir, checkpoints, resume, dist):
         log.info("resuming from %s (epoch %d, step %d)", state["checkpoint"], initial_epoch,
                  state["step"])
     check_model_parallel_shapes(model, dist)
-    check_disk_space(run_dir, model, train_cfg["checkpoints_to_keep"])
+    check_disk_space(run.path, model, train_cfg["checkpoints_to_keep"])
 
     stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
     non_finite = NonFiniteLoss()
@@ -96,8 +102,8 @@ def _train(config, run_dir, checkpoints, resume, dist):
         *build_monitors(config, data),  # before the checkpoint/CSV: they log val_bleu
         RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
                       monitor="val_loss" if data.val is not None else "loss", best=best),
-        keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=resume),
-        *_tensorboard(run_dir),
+        keras.callbacks.CSVLogger(run.history, append=resume),
+        *_tensorboard(run),
     ]
     epochs = _epochs(train_cfg, len(data.train))
     started = time.monotonic()
@@ -116,7 +122,7 @@ def _train(config, run_dir, checkpoints, resume, dist):
             f"(epoch {non_finite.failed_epoch + 1}); training stopped and the last good "
             f"checkpoint is kept in {checkpoints}. Lower the learning rate (train.lr_scale or "
             "train.learning_rate) or check the data, then --resume.")
-    with atomic_path(os.path.join(run_dir, "model.keras")) as tmp:
+    with atomic_path(run.model) as tmp:
         model.save(tmp)
     summary = {
         "train_seconds": round(time.monotonic() - started, 1),
@@ -126,7 +132,7 @@ def _train(config, run_dir, checkpoints, resume, dist):
     }
     if history is not None:
         summary.update({k: float(v[-1]) for k, v in history.history.items()})
-    return write_final_reports(model, data, config, run_dir, summary)
+    return write_final_reports(model, data, config, run, summary)
 
 
 def compile_model(model, config, total_steps=None):
@@ -156,9 +162,10 @@ def build_optimizer(model, train_cfg, total_steps=None):
                            **extra)
 
 
-def _check_run_dir(run_dir, checkpoints, resume):
-    """Create ``run_dir`` and check that it is writable (a probe file) and, when resuming,
-    that it holds a checkpoint, or otherwise that it holds no run yet."""
+def _check_run_dir(run, resume):
+    """Create the run directory and check that it is writable (a probe file) and, when
+    resuming, that it holds a checkpoint, or otherwise that it holds no run yet."""
+    run_dir, checkpoints = run.path, run.checkpoints
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, ".write-test")
@@ -170,9 +177,9 @@ def _check_run_dir(run_dir, checkpoints, resume):
     except OSError as err:
         raise OSError(f"run directory {run_dir} is not writable: {err}") from err
     if resume:
-        if not has_checkpoint(checkpoints):
+        if not checkpoints.has_checkpoint():
             raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints}")
-    elif has_checkpoint(checkpoints) or os.path.exists(os.path.join(run_dir, "model.keras")):
+    elif checkpoints.has_checkpoint() or os.path.exists(run.model):
         raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or "
                               "--out to choose another directory")
 
@@ -214,19 +221,11 @@ def _total_steps(train_cfg, steps_per_epoch):
     return min(total, train_cfg["max_steps"] or total)
 
 
-def _tensorboard(run_dir):
+def _tensorboard(run):
     """Keras' TensorBoard callback writes through ``tf.summary``: only when TF is installed."""
     if importlib.util.find_spec("tensorflow") is None or \
             importlib.util.find_spec("tensorboard") is None:
         log.info("tensorflow/tensorboard not installed: no TensorBoard logs (history.csv is "
                  "written)")
         return []
-    return [keras.callbacks.TensorBoard(os.path.join(run_dir, "logs"))]
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
-__all__ = ["compile_model", "read_metrics", "train", "atomic_write_text"]
+    return [keras.callbacks.TensorBoard(run.logs)]

@@ -1,0 +1,62 @@
+"""The one switch and the one predicate of the PyTorch-eager shortcuts.
+
+On the PyTorch backend Keras runs eagerly, and its per-call bookkeeping (``Layer.__call__``,
+the ``keras.ops`` wrappers, the generic train step and optimizer update) costs more Python
+time than the arithmetic of a small model. Where that bookkeeping is provably moot, this
+package calls ``torch`` directly. Every such shortcut sits next to the plain Keras code it
+replaces and asks :func:`applies` first:
+
+=============================  ===============================================
+shortcut                       where (the plain code is beside it)
+=============================  ===============================================
+direct sub-layer calls,        ``layers/calls.py``
+reshapes, Dense, LayerNorm
+dropout                        ``layers/dropout.py``
+fused attention kernel         ``layers/attention.py: _fused_attention``
+one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
+                               ``layers/feedforward.py``, ``models/base.py``
+                               (``step`` methods next to ``call``)
+masked cross-entropy           ``training/losses.py``
+train step                     ``models/base.py: TransformerBase.train_step``
+fused Adam / AdamW, clipping   ``training/optimizers.py``
+=============================  ===============================================
+
+:data:`ENABLED` turns all of them off at once (the plain Keras path then runs everywhere);
+the environment variable ``TRANSFORMERKIT_FAST_PATHS=0`` sets it for a whole process, as
+CI does to run the numerics tests both ways. The private Keras/PyTorch APIs some shortcuts
+need are listed in :mod:`transformerkit.internals`.
+"""
+
+import os
+import sys
+
+ENABLED = os.environ.get("TRANSFORMERKIT_FAST_PATHS", "1").strip().lower() not in (
+    "0", "off", "false", "no")
+
+
+def applies(x=None):
+    """Whether a PyTorch-eager shortcut may run: :data:`ENABLED`, the Keras backend is
+    PyTorch and, when ``x`` is given, ``x`` is a concrete ``torch.Tensor`` (not a symbolic
+    ``KerasTensor`` or a NumPy array). Called on every layer call: kept to a few lookups."""
+    if not ENABLED:
+        return False
+    torch = _torch if _torch is not None else _find_torch()
+    return torch is not False and (x is None or isinstance(x, torch.Tensor))
+
+
+_torch = None  # the torch module on the PyTorch backend, False on others, None: not known yet
+
+
+def _find_torch():
+    """Resolve :data:`_torch` once Keras has chosen its backend (it cannot change after)."""
+    global _torch
+    keras = sys.modules.get("keras")
+    if keras is None:  # Keras not imported yet: nothing can be a backend tensor
+        return False
+    if keras.backend.backend() == "torch":
+        import torch
+
+        _torch = torch
+    else:
+        _torch = False
+    return _torch

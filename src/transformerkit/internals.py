@@ -1,0 +1,88 @@
+"""Every private Keras or PyTorch API transformerkit uses, in one place.
+
+The shortcuts of :mod:`transformerkit.fastpath` reach a few internals for which Keras 3 and
+PyTorch have no public equivalent. They were tested with the versions in :data:`TESTED`
+(``pyproject.toml`` pins Keras to that minor version). Each is looked up here when first
+needed; if an installed release lacks one, :func:`available` says so with a one-time
+warning and the caller takes the plain Keras path instead of crashing.
+
+=========================  ===========================================================
+internal                   used by, and why
+=========================  ===========================================================
+``get_autocast_scope``     ``layers/calls.py``: a direct sub-layer call must not skip
+                           an enclosing mixed-precision autocast scope
+``in_stateless_scope``     ``training/optimizers.py``: inside a stateless scope the
+                           update must go through Keras (no in-place kernels)
+``torch._foreach_norm``,   ``training/optimizers.py``: global-norm clipping in two
+``torch._foreach_mul_``    kernels
+``torch._fused_adam_``,    ``training/optimizers.py``: the Adam / AdamW update in one
+``torch._fused_adamw_``    kernel per parameter group
+optimizer hooks            ``training/optimizers.py``, ``training/gpt_recipe.py``: the
+                           overridden ``_clip_gradients``, ``_apply_weight_decay``,
+                           ``_backend_update_step``, ``_use_weight_decay`` and the
+                           moments ``_momentums`` / ``_velocities``
+model train-step parts     ``models/base.py``: ``_clear_losses``, ``_compute_loss``,
+                           ``_loss_tracker`` (the pieces of Keras' own ``train_step``)
+=========================  ===========================================================
+"""
+
+import importlib
+import warnings
+
+TESTED = {"keras": "3.15", "torch": "2.13"}
+
+# name -> (module, attribute) of a private function
+_FUNCTIONS = {
+    "get_autocast_scope": ("keras.src.backend", "get_autocast_scope"),
+    "in_stateless_scope": ("keras.src.backend.common.stateless_scope", "in_stateless_scope"),
+    "foreach_norm": ("torch", "_foreach_norm"),
+    "foreach_mul_": ("torch", "_foreach_mul_"),
+    "fused_adam_": ("torch", "_fused_adam_"),
+    "fused_adamw_": ("torch", "_fused_adamw_"),
+}
+# name -> (module, class, private members that our code overrides or reads)
+_MEMBERS = {
+    "optimizer_hooks": ("keras", "optimizers.Adam",
+                        ("_clip_gradients", "_apply_weight_decay", "_backend_update_step",
+                         "_use_weight_decay", "_get_variable_index")),
+    "model_train_step": ("keras", "Model", ("_clear_losses", "_compute_loss")),
+}
+_found = {}
+
+
+def get(name):
+    """The private function ``name`` (a key of ``_FUNCTIONS``), or None when missing."""
+    if name not in _found:
+        module, attribute = _FUNCTIONS[name]
+        try:
+            value = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError):
+            value = None
+        _found[name] = value
+        if value is None:
+            _warn(f"{module}.{attribute}")
+    return _found[name]
+
+
+def available(name):
+    """Whether every private member listed under ``name`` exists (a key of ``_MEMBERS`` or
+    ``_FUNCTIONS``); warns once when not."""
+    if name in _FUNCTIONS:
+        return get(name) is not None
+    if name not in _found:
+        module, path, members = _MEMBERS[name]
+        owner = importlib.import_module(module)
+        for part in path.split("."):
+            owner = getattr(owner, part)
+        missing = [m for m in members if not hasattr(owner, m)]
+        _found[name] = not missing
+        if missing:
+            _warn(", ".join(f"{module}.{path}.{m}" for m in missing))
+    return _found[name]
+
+
+def _warn(what):
+    warnings.warn(f"transformerkit: {what} is missing in the installed release (tested: "
+                  f"Keras {TESTED['keras']}, PyTorch {TESTED['torch']}); using the plain Keras "
+                  "path instead of the PyTorch shortcut that needs it", RuntimeWarning,
+                  stacklevel=3)

@@ -1,0 +1,163 @@
+"""Each model's options as one dataclass: defaults, allowed values, checks, derived values.
+
+:class:`ModelOptions` holds the options all three models take, defaulting to the paper's
+base model (section 3, table 3); :class:`TransformerOptions`, :class:`GPTOptions` and
+:class:`EncoderOptions` add each model's own options and defaults. Building one validates
+the values (a ``ValueError`` naming the option), normalises their types and fills the
+derived ones (``key_dim = d_model // num_heads``, ...). A model builds its options from its
+constructor arguments, sets one attribute per field and returns the fields from
+``get_config``; ``build_model`` takes a run config's ``model:`` keys by these fields and
+:mod:`transformerkit.config` derives that section's schema from them, so an option is
+declared here once (plus its constructor argument and docstring).
+
+The fields are keyword-only: with one shared base no field order can follow all three
+constructors' positional orders (each interleaves its own options with the shared ones), so
+the constructors keep their explicit signatures, the public API, and
+``tests/test_options.py`` checks them against these fields (same names, same defaults).
+
+Pretrained embedding matrices (``source_embeddings``, ``target_embeddings``,
+``embeddings``) are constructor arguments but not options: they are initial weights, saved
+with the weights rather than in ``get_config``, and no config value, so the models take
+them beside their options.
+
+Plain Python, no Keras: the allowed values repeat the layers' own (``tests/test_options.py``
+checks that they agree), as the layers modules import Keras.
+"""
+
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+
+NORM_POSITIONS = ("post", "pre")  # LayerNorm after (the paper) or before each sublayer
+ACTIVATIONS = ("relu", "gelu")
+POSITIONAL_KINDS = ("sinusoidal", "t2t", "learned")
+TIE_OPTIONS = ("none", "decoder", "all")
+INITIALIZATIONS = ("gpt2", "paper")
+POOLING = (None, "cls", "mean")
+
+
+def option(default, choices=None, own_default=False):
+    """A field with its default and, if given, its allowed values. ``own_default`` marks a
+    convention each model sets its own way (the paper's, GPT-2's): a run config leaves it to
+    the model rather than giving it the paper's value."""
+    return field(default=default, metadata={"choices": choices, "own_default": own_default})
+
+
+def check_choice(name, value, choices):
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def value_type(f):
+    """The type of a field's values: ``int`` for ``int | None``."""
+    types = [t for t in typing.get_args(f.type) if t is not type(None)]
+    return types[0] if types else f.type
+
+
+def config_fields(options_class):
+    """The fields a run config may set: all but the vocabulary sizes (no default), which
+    come from the data."""
+    return [f for f in fields(options_class) if f.default is not MISSING]
+
+
+@dataclass(kw_only=True)
+class ModelOptions:
+    """The options every model takes (see ``Transformer``'s docstring for each)."""
+
+    num_layers: int = 6
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    max_length: int = 256
+    norm_position: str = option("post", NORM_POSITIONS, own_default=True)
+    activation: str = option("relu", ACTIVATIONS, own_default=True)
+    positional: str = option("sinusoidal", POSITIONAL_KINDS, own_default=True)
+    key_dim: int | None = None  # default d_model // num_heads (section 3.2.2)
+    value_dim: int | None = None  # default key_dim
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    layer_norm_epsilon: float = option(1e-6, own_default=True)
+    embeddings_trainable: bool = True
+
+    @classmethod
+    def from_arguments(cls, arguments):
+        """The options among a constructor's ``locals()`` (which also hold ``self``, the
+        pretrained matrices and Keras' ``kwargs``)."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("choices") is not None:
+                check_choice(f.name, value, f.metadata["choices"])
+            elif value is not None:
+                setattr(self, f.name, value_type(f)(value))
+        if self.key_dim is None and self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by "
+                             f"num_heads={self.num_heads}; choose another num_heads or set "
+                             "key_dim explicitly")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be positive, got {self.max_length}")
+        self.key_dim = self.key_dim or self.d_model // self.num_heads
+        self.value_dim = self.value_dim or self.key_dim
+
+
+@dataclass(kw_only=True)
+class TransformerOptions(ModelOptions):
+    """``Transformer``: the paper's encoder-decoder."""
+
+    source_vocab_size: int
+    target_vocab_size: int
+    tie_embeddings: str = option("none", TIE_OPTIONS)  # section 3.4
+    num_decoder_layers: int | None = None  # default num_layers
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tie_embeddings == "all" and self.source_vocab_size != self.target_vocab_size:
+            raise ValueError(
+                "tie_embeddings='all' shares one matrix between source and target, so it needs "
+                f"one shared vocabulary, but source_vocab_size={self.source_vocab_size} != "
+                f"target_vocab_size={self.target_vocab_size}")
+        self.num_decoder_layers = self.num_decoder_layers or self.num_layers
+
+
+@dataclass(kw_only=True)
+class GPTOptions(ModelOptions):
+    """``GPT``: decoder only, GPT-2's and nanoGPT's defaults."""
+
+    vocab_size: int
+    num_layers: int = 4
+    d_model: int = 128
+    num_heads: int = 4
+    d_ff: int = 512
+    dropout: float = 0.0
+    norm_position: str = option("pre", NORM_POSITIONS)
+    activation: str = option("gelu", ACTIVATIONS)
+    positional: str = option("learned", POSITIONAL_KINDS)
+    layer_norm_epsilon: float = 1e-5
+    tie_embeddings: str = option("none", TIE_OPTIONS)
+    scale_embeddings: bool = False
+    initialization: str = option("gpt2", INITIALIZATIONS)
+    use_bias: bool = True
+
+
+@dataclass(kw_only=True)
+class EncoderOptions(ModelOptions):
+    """``Encoder``: BERT-like, with token types, pooling and a classifier head."""
+
+    vocab_size: int
+    max_length: int = 512
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    scale_embeddings: bool = True
+    pooling: str | None = option(None, POOLING)
+    num_classes: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_classes is not None and self.pooling is None:
+            raise ValueError("num_classes needs a pooling ('cls' or 'mean') to classify from")
+
+
+MODEL_OPTIONS = {"transformer": TransformerOptions, "gpt": GPTOptions, "encoder": EncoderOptions}

@@ -1,0 +1,189 @@
+"""The layout of a run directory, the one place that names its files.
+
+``transformerkit train`` writes, and ``transformerkit.load``, the CLI and the benchmarks
+read::
+
+    RUN_DIR/
+      config.yaml                  the resolved config
+      tokenizer.json               one shared vocabulary (and every GPT), or else
+      source_tokenizer.json        the source and
+      target_tokenizer.json        the target vocabulary
+      model.keras                  the final model
+      checkpoints/
+        epoch-NNNN.keras           the last ``train.checkpoints_to_keep`` epochs
+        best.keras                 the lowest monitored loss
+        latest.json                the state naming the newest complete checkpoint
+      history.csv                  per-epoch metrics (Keras ``CSVLogger``)
+      logs/                        TensorBoard logs
+      metrics.json                 final metrics, and ``evaluate.NAME`` from ``evaluate``
+      samples.txt                  translations or GPT samples at the end of training
+      history.png                  written by ``transformerkit plot``
+
+Paths only, and ``metrics.json`` (a plain JSON object, written atomically): pure Python,
+no Keras.
+"""
+
+import json
+import os
+import re
+
+from transformerkit.files import atomic_write_text
+
+CONFIG = "config.yaml"
+SHARED_TOKENIZER = "tokenizer.json"
+SOURCE_TOKENIZER = "source_tokenizer.json"
+TARGET_TOKENIZER = "target_tokenizer.json"
+MODEL = "model.keras"
+CHECKPOINTS = "checkpoints"
+HISTORY = "history.csv"
+LOGS = "logs"
+METRICS = "metrics.json"
+SAMPLES = "samples.txt"
+HISTORY_PLOT = "history.png"
+
+BEST_CHECKPOINT = "best.keras"
+CHECKPOINT_STATE = "latest.json"
+_EPOCH_CHECKPOINT = re.compile(r"^epoch-(\d+)\.keras$")
+
+
+class CheckpointDirectory:
+    """The ``checkpoints/`` folder of a run: epoch files, ``best.keras``, ``latest.json``.
+
+    Usable wherever a path is (``os.fspath``, ``str``).
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __fspath__(self):
+        return self.path
+
+    def __str__(self):
+        return self.path
+
+    def __repr__(self):
+        return f"CheckpointDirectory({self.path!r})"
+
+    @property
+    def best(self):
+        return os.path.join(self.path, BEST_CHECKPOINT)
+
+    @property
+    def state(self):
+        return os.path.join(self.path, CHECKPOINT_STATE)
+
+    def file(self, name):
+        """Path of the checkpoint file ``name`` (e.g. an :meth:`epoch_name`)."""
+        return os.path.join(self.path, name)
+
+    @staticmethod
+    def epoch_name(epoch):
+        """File name of the checkpoint after epoch ``epoch`` (counted from 1)."""
+        return f"epoch-{int(epoch):04d}.keras"
+
+    @staticmethod
+    def epoch_of(name):
+        """The epoch of an :meth:`epoch_name`, or None for any other name."""
+        match = _EPOCH_CHECKPOINT.match(name)
+        return int(match.group(1)) if match else None
+
+    def epoch_names(self):
+        """Names of the epoch checkpoints in the folder, oldest first ([] if none)."""
+        if not os.path.isdir(self.path):
+            return []
+        return sorted(f for f in os.listdir(self.path) if _EPOCH_CHECKPOINT.match(f))
+
+    def has_checkpoint(self):
+        """Whether the folder holds a state file or an epoch checkpoint."""
+        return os.path.exists(self.state) or bool(self.epoch_names())
+
+
+class RunDirectory:
+    """The files of the run directory at ``path`` (which need not exist yet).
+
+    Example:
+    >>> run = RunDirectory("runs/small")
+    >>> run.model, run.checkpoints.best
+    ('runs/small/model.keras', 'runs/small/checkpoints/best.keras')
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __fspath__(self):
+        return self.path
+
+    def __str__(self):
+        return self.path
+
+    def __repr__(self):
+        return f"RunDirectory({self.path!r})"
+
+    def _file(self, name):
+        return os.path.join(self.path, name)
+
+    @property
+    def config(self):
+        return self._file(CONFIG)
+
+    @property
+    def shared_tokenizer(self):
+        return self._file(SHARED_TOKENIZER)
+
+    @property
+    def model(self):
+        return self._file(MODEL)
+
+    @property
+    def checkpoints(self):
+        return CheckpointDirectory(self._file(CHECKPOINTS))
+
+    @property
+    def history(self):
+        return self._file(HISTORY)
+
+    @property
+    def logs(self):
+        return self._file(LOGS)
+
+    @property
+    def metrics(self):
+        return self._file(METRICS)
+
+    @property
+    def samples(self):
+        return self._file(SAMPLES)
+
+    @property
+    def history_plot(self):
+        return self._file(HISTORY_PLOT)
+
+    def tokenizer_paths(self, shared=None):
+        """``(source, target)`` tokenizer paths; the same path twice for a shared vocabulary.
+
+        ``shared=None`` reads it from the directory: a run with ``tokenizer.json`` shares
+        one vocabulary (a GPT always does).
+        """
+        if shared is None:
+            shared = os.path.exists(self.shared_tokenizer)
+        if shared:
+            return self.shared_tokenizer, self.shared_tokenizer
+        return self._file(SOURCE_TOKENIZER), self._file(TARGET_TOKENIZER)
+
+    def model_file(self, checkpoint="model"):
+        """The ``.keras`` file to load: ``"model"`` (the final model), ``"best"`` (the lowest
+        validation loss) or any other value as a path of its own."""
+        if checkpoint == "model":
+            return self.model
+        if checkpoint == "best":
+            return self.checkpoints.best
+        return os.fspath(checkpoint)
+
+    def read_metrics(self):
+        """``metrics.json`` as a dict; ``FileNotFoundError`` if the run has none yet."""
+        with open(self.metrics, encoding="utf-8") as f:
+            return json.load(f)
+
+    def write_metrics(self, metrics):
+        """Replace ``metrics.json`` with ``metrics`` (a JSON-able dict), atomically."""
+        atomic_write_text(self.metrics, json.dumps(metrics, indent=2))

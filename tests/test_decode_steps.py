@@ -1,0 +1,103 @@
+"""The one-position decoder step (``step`` methods beside ``call``) equals the layers' own
+cached ``call``: attention, blocks and whole models, including a source of padding only."""
+
+import keras
+import numpy as np
+import pytest
+
+from transformerkit import fastpath
+from transformerkit.decoding.steps import EagerSteps, make_steps
+from transformerkit.layers import DecoderBlock, MultiHeadAttention
+from transformerkit.models import GPT, Transformer
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="the one-position step is the PyTorch-eager shortcut")
+
+TOL = 1e-5
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def position_major(cache):
+    """Keras' ``(rows, len, heads, dim)`` cache pair -> the step's ``(len, rows, heads, dim)``."""
+    return tuple(keras.ops.convert_to_tensor(t).transpose(0, 1).contiguous() for t in cache)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_attention):
+    import torch
+
+    block = DecoderBlock(d_model=16, num_heads=4, d_ff=32, dropout=0.0,
+                         norm_position=norm_position, cross_attention=cross_attention)
+    rows, length, source_len = 3, 5, 4
+    context = keras.ops.convert_to_tensor(rng.normal(size=(rows, source_len, 16)), "float32")
+    context_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    inputs = keras.ops.convert_to_tensor(rng.normal(size=(rows, length, 16)), "float32")
+    block(inputs, context if cross_attention else None)  # build
+    cache = block.init_cache(rows, length, context if cross_attention else None)
+    weights = block.step_weights()
+    step_cache = position_major(cache["self"])
+    memory = (block.cross_attention_layer.step_memory(context, context_mask)
+              if cross_attention else None)
+    for index in range(length):
+        expected, cache = block(inputs[:, index:index + 1], None, context_mask=context_mask,
+                                cache=cache, cache_index=index)
+        got = block.step(inputs[:, index], weights, step_cache, index, memory)
+        np.testing.assert_allclose(to_numpy(got), to_numpy(expected[:, 0]), atol=TOL)
+        np.testing.assert_allclose(to_numpy(step_cache[0][: index + 1].transpose(0, 1)),
+                                   to_numpy(cache["self"][0][:, : index + 1]), atol=TOL)
+
+
+def test_cross_step_over_a_source_of_padding_only_is_finite_and_equals_call(rng):
+    import torch
+
+    attention = MultiHeadAttention(num_heads=2, key_dim=4)
+    rows, source_len = 2, 3
+    query = keras.ops.convert_to_tensor(rng.normal(size=(rows, 1, 8)), "float32")
+    context = keras.ops.convert_to_tensor(rng.normal(size=(rows, source_len, 8)), "float32")
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    expected = attention(query, context, value_mask=mask)[:, 0]  # (rows, 8)
+    memory = attention.step_memory(context, mask)
+    got = attention.cross_step(query[:, 0], attention.step_weights(), memory)
+    assert torch.isfinite(got).all()
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=TOL)
+    # no key at all: the attention output is zero, so the layer gives its output bias
+    np.testing.assert_allclose(to_numpy(got[1]), to_numpy(attention.output_dense.bias), atol=TOL)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gpt"])
+def test_model_step_logits_equal_the_keras_cache_path(monkeypatch, kind):
+    monkeypatch.setattr(fastpath, "ENABLED", True)  # also when CI turns the shortcuts off
+    small = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
+    if kind == "transformer":
+        model = Transformer(30, 30, tie_embeddings="decoder", **small)
+        start = (np.array([[5, 6, 7, 0], [8, 9, 0, 0]], "int32"),)
+    else:
+        model = GPT(30, **small)
+        start = (np.array([[1, 4], [1, 5]], "int32"),)
+    buffer = np.random.default_rng(0).integers(3, 30, (2, 8)).astype("int32")
+    fast, plain = make_steps(model, True), make_steps(model, "keras")
+    assert isinstance(fast, EagerSteps) and not isinstance(plain, EagerSteps)
+    args = (start[0], 8) if kind == "transformer" else (buffer, 0, 8)
+    fast_state, fast_static = fast.start(*args)
+    plain_state, plain_static = plain.start(*args)
+    with torch_no_grad():
+        for index in range(6):
+            a, fast_state = fast.step(buffer, index, fast_state, fast_static)
+            b, plain_state = plain.step(buffer, index, plain_state, plain_static)
+            np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=TOL)
+
+
+def test_switch_off_uses_the_keras_cache_path(monkeypatch):
+    model = GPT(30, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=8)
+    monkeypatch.setattr(fastpath, "ENABLED", False)
+    assert not isinstance(make_steps(model, True), EagerSteps)
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()

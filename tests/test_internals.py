@@ -1,0 +1,107 @@
+"""The private-API registry (``transformerkit.internals``), the shortcuts' switch
+(``transformerkit.fastpath``) and the import that changes nothing process-wide."""
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from transformerkit import fastpath, internals
+
+
+def test_every_listed_internal_exists_in_the_tested_releases():
+    for name in internals._FUNCTIONS:
+        if internals._FUNCTIONS[name][0] == "torch" and keras.backend.backend() != "torch":
+            continue
+        assert internals.get(name) is not None, name
+    for name in internals._MEMBERS:
+        assert internals.available(name), name
+
+
+def test_a_missing_internal_is_none_with_one_warning(monkeypatch):
+    monkeypatch.setitem(internals._FUNCTIONS, "gone", ("keras", "_no_such_function"))
+    monkeypatch.setitem(internals._MEMBERS, "gone_members",
+                        ("keras", "Model", ("_no_such_member", "fit")))
+    monkeypatch.setattr(internals, "_found", {})
+    with pytest.warns(RuntimeWarning, match="keras._no_such_function is missing"):
+        assert internals.get("gone") is None
+    with pytest.warns(RuntimeWarning, match="_no_such_member") as record:
+        assert internals.available("gone_members") is False
+    assert "fit" not in str(record[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        assert internals.get("gone") is None
+        assert internals.available("gone_members") is False
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the fused update is PyTorch's")
+def test_adam_without_its_fused_kernel_falls_back_to_keras(monkeypatch):
+    """A release without ``torch._fused_adamw_`` takes Keras' own update (a warning, no crash),
+    and both updates agree."""
+    from transformerkit.training import Adam
+
+    def trained():
+        keras.utils.set_random_seed(0)
+        variable = keras.Variable(np.linspace(-1, 1, 12).reshape(3, 4).astype("float32"))
+        optimizer = Adam(0.1, weight_decay=0.1, global_clipnorm=1.0)
+        for step in range(3):
+            grad = keras.ops.convert_to_tensor(np.full((3, 4), step + 1.0, "float32"))
+            optimizer.apply([grad], [variable])
+        return keras.ops.convert_to_numpy(variable), optimizer
+
+    fused, optimizer = trained()
+    assert optimizer._fused()
+    monkeypatch.setattr(internals, "_found", {**internals._found, "fused_adamw_": None})
+    plain, optimizer = trained()
+    assert not optimizer._fused()
+    np.testing.assert_allclose(fused, plain, atol=1e-5)
+
+
+def test_the_switch_turns_every_shortcut_off(monkeypatch):
+    tensor = keras.ops.ones((2, 3))
+    on = fastpath.applies(tensor)
+    assert on == (keras.backend.backend() == "torch")
+    assert not fastpath.applies(np.ones((2, 3)))  # a NumPy array is no backend tensor
+    monkeypatch.setattr(fastpath, "ENABLED", False)
+    assert not fastpath.applies(tensor) and not fastpath.applies()
+
+
+@pytest.mark.parametrize("value,enabled", [("0", False), ("off", False), ("1", True)])
+def test_the_environment_sets_the_switch(value, enabled):
+    code = "import transformerkit.fastpath as f; print(f.ENABLED)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"TRANSFORMERKIT_FAST_PATHS": value, "PATH": ""}, check=True)
+    assert out.stdout.strip() == str(enabled)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_import_keeps_the_c_allocator_and_keep_freed_memory_changes_it():
+    """A process that imports the whole library still gives a large freed block back to the
+    system; after ``transformerkit.keep_freed_memory()`` it keeps it for reuse."""
+    code = textwrap.dedent("""
+        import transformerkit, transformerkit.models, transformerkit.training
+        import transformerkit.decoding, transformerkit.api
+
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * 4096
+
+        def kept_after_free():
+            before = rss()
+            block = bytearray(256 << 20)  # touched: zero-filled
+            del block
+            return rss() - before > (128 << 20)
+
+        print(kept_after_free())
+        applied = transformerkit.keep_freed_memory()
+        print(applied, kept_after_free())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "False"  # the import changed nothing
+    if out[1] == "True":  # glibc's mallopt was there
+        assert out[2] == "True"

@@ -1,0 +1,168 @@
+"""The package's dependency rules, read from the source with ``ast`` (no import runs).
+
+Every import of a ``transformerkit`` module counts, at module level and inside functions.
+Two rules:
+
+- no import cycle between modules;
+- dependencies point down: ``layers`` < ``models`` (and ``config``, which reads the models'
+  option declarations) < ``training``, ``decoding`` < ``api``
+  (the public facade) < ``cli``; the leaves (``data``, ``files``, ``backend``,
+  ``special_tokens``, ``run_directory``, ``evaluation``, ``plotting``, ...) are usable by
+  all and import only leaves.
+
+A new module must be placed in :data:`LEVELS` (or :data:`LEAVES`), which makes its place
+a decision.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "transformerkit"
+
+LEAVES = {"allocator", "backend", "data", "evaluation", "fastpath", "files",
+          "internals", "plotting", "run_directory", "special_tokens"}
+LEVELS = {
+    "layers": 1,
+    "models": 2,
+    "saving": 2,  # loads .keras files of the layer and model classes
+    "config": 2,  # the run config; its model section comes from models/options.py
+    "training": 3,
+    "decoding": 3,
+    "api": 4,
+    "serving": 4,
+    "export": 4,
+    "__init__": 4,  # ``transformerkit`` itself: the facade resolving ``load`` lazily
+    "cli": 5,
+}
+
+def module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def resolve(name):
+    """The module an imported dotted name refers to: the longest prefix that is a module
+    (``transformerkit.decoding.common.PAD_ID`` -> ``transformerkit.decoding.common``)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def imports_of(module):
+    """The ``transformerkit`` modules ``module`` imports anywhere in its source."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            target = resolve(name)
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def component(module):
+    """``transformerkit.training.trainer`` -> ``training``; the package itself ->
+    ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def level(module):
+    name = component(module)
+    return 0 if name in LEAVES else LEVELS.get(name)
+
+
+def test_every_module_has_a_place_in_the_layers():
+    unplaced = sorted(m for m in MODULES if level(m) is None)
+    assert not unplaced, f"add these to LEVELS or LEAVES in {__file__}: {unplaced}"
+
+
+def test_dependencies_point_down():
+    wrong = []
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if level(module) is None:
+                continue
+            if level(module) == 0 and level(target) != 0:
+                wrong.append(f"{module} (a leaf) imports {target}")
+            elif level(target) > level(module):
+                wrong.append(f"{module} ({component(module)}) imports {target} "
+                             f"({component(target)}, a higher layer)")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def _cycles():
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in GRAPH[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    cycles = _cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", ["transformerkit.special_tokens",
+                                    "transformerkit.run_directory", "transformerkit.files"])
+def test_small_shared_modules_import_no_third_party_package(module):
+    """The modules every layer reads (special ids, file names, atomic writes) stay pure
+    Python, so that importing them costs nothing and fixes no Keras backend."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert imported <= {"contextlib", "glob", "hashlib", "json", "os", "re", "tempfile",
+                        "transformerkit"}, imported
+
+
+def test_the_checker_sees_function_level_imports():
+    """The rules above read what they should: a function-level import is an edge."""
+    assert "transformerkit.saving" in GRAPH["transformerkit.training.callbacks"]  # in a def

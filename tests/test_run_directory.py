@@ -1,0 +1,121 @@
+"""The run directory's layout (``transformerkit.run_directory``) and the shared file helpers
+(``transformerkit.files``): names exactly as ``transformerkit train`` writes them."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from transformerkit.files import atomic_path, atomic_write_text, file_sha256, remove_temporaries
+from transformerkit.run_directory import CheckpointDirectory, RunDirectory
+
+
+def test_every_file_has_its_documented_name(tmp_path):
+    run = RunDirectory(tmp_path)
+    names = {
+        run.config: "config.yaml", run.shared_tokenizer: "tokenizer.json",
+        run.model: "model.keras", run.history: "history.csv", run.logs: "logs",
+        run.metrics: "metrics.json", run.samples: "samples.txt",
+        run.history_plot: "history.png", os.fspath(run.checkpoints): "checkpoints",
+        run.checkpoints.best: os.path.join("checkpoints", "best.keras"),
+        run.checkpoints.state: os.path.join("checkpoints", "latest.json"),
+    }
+    for path, name in names.items():
+        assert path == os.path.join(str(tmp_path), name)
+    assert run.checkpoints.file(run.checkpoints.epoch_name(3)) == \
+        os.path.join(str(tmp_path), "checkpoints", "epoch-0003.keras")
+
+
+def test_paths_and_strings_are_interchangeable(tmp_path):
+    run = RunDirectory(tmp_path)
+    assert os.fspath(run) == str(run) == str(tmp_path) == RunDirectory(str(tmp_path)).path
+    assert str(run.checkpoints) == os.path.join(str(tmp_path), "checkpoints")
+    assert CheckpointDirectory(run.checkpoints).path == run.checkpoints.path
+    assert RunDirectory(run).path == run.path
+
+
+def test_tokenizer_paths_shared_separate_and_read_from_the_directory(tmp_path):
+    run = RunDirectory(tmp_path)
+    shared = os.path.join(str(tmp_path), "tokenizer.json")
+    separate = (os.path.join(str(tmp_path), "source_tokenizer.json"),
+                os.path.join(str(tmp_path), "target_tokenizer.json"))
+    assert run.tokenizer_paths(shared=True) == (shared, shared)
+    assert run.tokenizer_paths(shared=False) == separate
+    assert run.tokenizer_paths() == separate  # no tokenizer.json: two vocabularies
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert run.tokenizer_paths() == (shared, shared)
+
+
+def test_model_file_for_model_best_and_an_explicit_path(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    assert run.model_file() == run.model_file("model") == run.model
+    assert run.model_file("best") == run.checkpoints.best
+    explicit = tmp_path / "elsewhere" / "epoch-0002.keras"
+    assert run.model_file(explicit) == str(explicit)
+    assert run.model_file("relative/file.keras") == "relative/file.keras"  # not in the run
+
+
+def test_metrics_round_trip_atomically_with_the_same_format(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    with pytest.raises(FileNotFoundError):
+        run.read_metrics()
+    metrics = {"loss": 1.5, "val_bleu": 24.0, "evaluate": {"test2016": {"bleu": 30.1}}}
+    run.write_metrics(metrics)
+    assert run.read_metrics() == metrics
+    assert open(run.metrics, encoding="utf-8").read() == json.dumps(metrics, indent=2)
+    assert os.listdir(run.path) == ["metrics.json"]  # created, and no temporary file left
+
+
+def test_checkpoint_directory_lists_epoch_files_oldest_first(tmp_path):
+    checkpoints = CheckpointDirectory(tmp_path / "checkpoints")
+    assert checkpoints.epoch_names() == [] and not checkpoints.has_checkpoint()
+    os.makedirs(checkpoints)
+    for name in ("epoch-0010.keras", "epoch-0002.keras", "best.keras", ".tmp-x.keras",
+                 "epoch-3.keras.bak"):
+        open(checkpoints.file(name), "w").close()
+    assert checkpoints.epoch_names() == ["epoch-0002.keras", "epoch-0010.keras"]
+    assert [checkpoints.epoch_of(n) for n in checkpoints.epoch_names()] == [2, 10]
+    assert checkpoints.epoch_of("best.keras") is None
+    assert checkpoints.has_checkpoint()
+    only_state = CheckpointDirectory(tmp_path / "other")
+    os.makedirs(only_state)
+    open(only_state.state, "w").close()
+    assert only_state.has_checkpoint()
+
+
+def test_importing_the_layout_does_not_import_keras():
+    code = ("import sys, transformerkit.run_directory, transformerkit.special_tokens; "
+            "print('keras' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
+
+
+# -- transformerkit.files -----------------------------------------------------------------------
+def test_atomic_write_replaces_whole_files_and_cleans_up_on_error(tmp_path):
+    path = tmp_path / "sub" / "file.txt"
+    atomic_write_text(path, "first")
+    atomic_write_text(path, "ünïcode")
+    assert path.read_text(encoding="utf-8") == "ünïcode"
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        assert tmp.endswith(".txt") and os.path.dirname(tmp) == str(path.parent)
+        open(tmp, "w").write("half")
+        raise RuntimeError("crash while writing")
+    assert path.read_text(encoding="utf-8") == "ünïcode"
+    assert os.listdir(path.parent) == ["file.txt"]
+
+
+def test_remove_temporaries_removes_only_what_atomic_path_leaves(tmp_path):
+    for name in (".tmp-abc.keras", ".tmp-x", "epoch-0001.keras", "tmp-keep"):
+        (tmp_path / name).write_text("x")
+    remove_temporaries(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["epoch-0001.keras", "tmp-keep"]
+
+
+def test_file_sha256_matches_hashlib(tmp_path):
+    data = os.urandom(3 << 20) + b"tail"  # more than one read block
+    (tmp_path / "blob").write_bytes(data)
+    assert file_sha256(tmp_path / "blob") == hashlib.sha256(data).hexdigest()
