@@ -46,11 +46,8 @@ CHECKPOINT_STATE = "latest.json"
 _EPOCH_CHECKPOINT = re.compile(r"^epoch-(\d+)\.keras$")
 
 
-class CheckpointDirectory:
-    """The ``checkpoints/`` folder of a run: epoch files, ``best.keras``, ``latest.json``.
-
-    Usable wherever a path is (``os.fspath``, ``str``).
-    """
+class _Folder:
+    """A folder of known files, usable wherever a path is (``os.fspath``, ``str``)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
@@ -62,7 +59,11 @@ class CheckpointDirectory:
         return self.path
 
     def __repr__(self):
-        return f"CheckpointDirectory({self.path!r})"
+        return f"{type(self).__name__}({self.path!r})"
+
+
+class CheckpointDirectory(_Folder):
+    """The ``checkpoints/`` folder of a run: epoch files, ``best.keras``, ``latest.json``."""
 
     @property
     def best(self):
@@ -98,7 +99,7 @@ class CheckpointDirectory:
         return os.path.exists(self.state) or bool(self.epoch_names())
 
 
-class RunDirectory:
+class RunDirectory(_Folder):
     """The files of the run directory at ``path`` (which need not exist yet).
 
     Example:
@@ -106,18 +107,6 @@ class RunDirectory:
     >>> run.model, run.checkpoints.best
     ('runs/small/model.keras', 'runs/small/checkpoints/best.keras')
     """
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-
-    def __fspath__(self):
-        return self.path
-
-    def __str__(self):
-        return self.path
-
-    def __repr__(self):
-        return f"RunDirectory({self.path!r})"
 
     def _file(self, name):
         return os.path.join(self.path, name)

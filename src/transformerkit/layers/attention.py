@@ -73,6 +73,14 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
     return (output, scores) if return_scores else output
 
 
+def layer_outputs(output, scores=None, cache=None):
+    """The return convention of the layers and models that take ``return_attention_scores``
+    and ``cache(s)``: ``output`` alone, or followed by the scores (when asked) and then the
+    updated cache (when one was given); pass None for what is not returned."""
+    extras = tuple(x for x in (scores, cache) if x is not None)
+    return (output, *extras) if extras else output
+
+
 def _fused_attention(query, key, value, mask, scale, is_causal):
     """``keras.ops.dot_product_attention``; on PyTorch its kernel, ``scaled_dot_product_attention``,
     is called directly on transposed views (a shortcut, :mod:`transformerkit.fastpath`):
@@ -210,12 +218,8 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length = calls.shape(out)[:2]
         out = call_sublayer(self.output_dense,
                             reshape(out, (batch, length, self.num_heads * self.value_dim)))
-        results = (out,)
-        if return_attention_scores:
-            results += (scores,)
-        if cache is not None:
-            results += (new_cache,)
-        return results[0] if len(results) == 1 else results
+        return layer_outputs(out, scores if return_attention_scores else None,
+                             new_cache if cache is not None else None)
 
     # -- The fast twin of ``call`` with a cache: one new position per row, eager PyTorch. --
     # The decode loop of ``transformerkit.decoding`` uses these where

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from transformerkit.layers.attention import MultiHeadAttention
+from transformerkit.layers.attention import MultiHeadAttention, layer_outputs
 from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.feedforward import FeedForward
@@ -226,12 +226,7 @@ class DecoderBlock(_Block):
                 scores["cross"] = extras[0]
 
         x, _ = self._sublayer(x, self.feedforward_norm, self._feedforward(training), training)
-        results = (x,)
-        if return_attention_scores:
-            results += (scores,)
-        if cache is not None:
-            results += (new_cache,)
-        return results[0] if len(results) == 1 else results
+        return layer_outputs(x, scores if return_attention_scores else None, new_cache)
 
     # -- The fast twin of ``call`` with a cache (see ``MultiHeadAttention.step``). --
 

@@ -15,6 +15,7 @@ from transformerkit.layers import (
     TokenEmbedding,
     padding_mask,
 )
+from transformerkit.layers.attention import layer_outputs
 from transformerkit.layers.calls import (
     call_sublayer,
     dense_weights,
@@ -208,12 +209,8 @@ class TransformerBase(keras.Model):
                 new_caches.append(out[-1])
         if final_norm is not None:
             x = call_sublayer(final_norm, x)
-        results = (x,)
-        if return_attention_scores:
-            results += (scores,)
-        if caches is not None:
-            results += (new_caches,)
-        return results[0] if len(results) == 1 else results
+        return layer_outputs(x, scores if return_attention_scores else None,
+                             new_caches if caches is not None else None)
 
     # -- The fast twin of the cached decoder, one position per row (eager PyTorch). --
     # ``transformerkit.decoding`` uses it where :func:`transformerkit.fastpath.applies`; the
