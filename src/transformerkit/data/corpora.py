@@ -210,7 +210,7 @@ def download_verified(url, path, sha256, gunzip=False):
 def load_ted_hrlr(split, pair="pt_to_en", data_dir=None):
     """TED talks ``ted_hrlr_translate/{pair}`` from TensorFlow Datasets -> (sources, targets).
 
-    Needs the optional extra: ``pip install 'transformerkit[tfds]'``. ``split`` is "train",
+    Needs the optional extra: ``pip install 'keras-transformerkit[tfds]'``. ``split`` is "train",
     "validation" or "test"; ``pair`` e.g. "pt_to_en", "ru_to_en". ``data_dir`` is passed
     to ``tfds.load`` (its own download/cache folder).
     """
@@ -222,7 +222,7 @@ def load_ted_hrlr(split, pair="pt_to_en", data_dir=None):
         import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError("load_ted_hrlr needs tensorflow-datasets: "
-                          "pip install 'transformerkit[tfds]'") from e
+                          "pip install 'keras-transformerkit[tfds]'") from e
     dataset = tfds.load(f"ted_hrlr_translate/{pair}", split=split, data_dir=data_dir,
                         as_supervised=True)  # (source, target) byte strings
     sources, targets = [], []

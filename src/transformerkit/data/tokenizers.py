@@ -417,7 +417,7 @@ def load_hf_tokenizer(folder):
             import transformers
         except ImportError as e:
             raise ImportError(f"{folder} has no tokenizer.json; converting a slow tokenizer "
-                              "needs `pip install 'transformerkit[hf]'`") from e
+                              "needs `pip install 'keras-transformerkit[hf]'`") from e
         hf = transformers.AutoTokenizer.from_pretrained(str(folder), use_fast=True)
         tokenizer = hf.backend_tokenizer
     # Our batching pads (with id 0) and models refuse over-long input themselves; a padding

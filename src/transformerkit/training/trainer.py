@@ -46,6 +46,7 @@ from transformerkit.training.optimizers import Adam
 from transformerkit.training.precision import precision_of, precision_policy
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
+from transformerkit.training.tensorboard import TensorBoardScalars
 
 log = logging.getLogger("transformerkit")
 
@@ -222,10 +223,10 @@ def _total_steps(train_cfg, steps_per_epoch):
 
 
 def _tensorboard(run):
-    """Keras' TensorBoard callback writes through ``tf.summary``: only when TF is installed."""
-    if importlib.util.find_spec("tensorflow") is None or \
-            importlib.util.find_spec("tensorboard") is None:
-        log.info("tensorflow/tensorboard not installed: no TensorBoard logs (history.csv is "
-                 "written)")
+    """Per-epoch TensorBoard scalars under ``RUN/logs/`` on every backend, without TensorFlow
+    (``training/tensorboard.py``); needs only the ``tensorboard`` package."""
+    if importlib.util.find_spec("tensorboard") is None:
+        log.info("tensorboard not installed: no TensorBoard logs (history.csv is written); "
+                 "pip install tensorboard")
         return []
-    return [keras.callbacks.TensorBoard(run.logs)]
+    return [TensorBoardScalars(run.logs)]
