@@ -73,3 +73,50 @@ def test_shipped_configs_are_valid():
     assert len(paths) >= 3
     for path in paths:
         load_config(path)
+
+
+def test_every_key_has_a_one_line_meaning():
+    """``transformerkit config`` documents every key from the schema alone."""
+    from transformerkit.config import SECTIONS, schema
+
+    assert list(schema()) == list(SECTIONS)
+    for section, keys in schema().items():
+        for name, key in keys.items():
+            assert isinstance(key.help, str) and key.help.strip(), f"{section}.{name}"
+            assert "\n" not in key.help and key.help == key.help.strip(), f"{section}.{name}"
+            assert key[:2] == (key.default, key.types)
+            assert key.choices is None or key.default is None or key.default in key.choices
+
+
+def test_model_keys_mean_what_the_options_fields_say():
+    """Every field of every options dataclass has a help, the same in every class that has
+    it (the config shows one per key), and the config's ``model:`` key shows it."""
+    import dataclasses
+
+    from transformerkit.config import schema
+    from transformerkit.models import options
+
+    helps = {}
+    for cls in options.MODEL_OPTIONS.values():
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name}"
+            assert helps.setdefault(f.name, f.metadata["help"]) == f.metadata["help"], f.name
+    model = schema()["model"]
+    assert all(model[name].help == helps[name] for name in model if name in helps)
+    assert model["tie_embeddings"].models == {"transformer": "none", "gpt": "none"}
+    assert model["norm_position"].models == {"transformer": "post", "gpt": "pre",
+                                             "encoder": "post"}
+    assert model["d_model"].models is None and model["d_model"].default == 512
+
+
+@pytest.mark.parametrize("raw", [{}, {
+    "model": {"type": "gpt", "use_bias": False, "layer_norm_epsilon": 1e-5},
+    "data": {"text": "a b #c: d.txt", "source_lang": "yes", "target_lang": "null"},
+    "train": {"time_budget": "10m", "jit_compile": True, "lr_scale": 2, "verbose": 0}}])
+def test_describe_is_yaml_that_loads_back(tmp_path, raw):
+    from transformerkit.config import describe
+
+    config = resolve(raw)
+    text = describe(config, "test")
+    assert text.startswith("# transformerkit configuration: test\n")
+    assert load_config(write(tmp_path, text)) == config

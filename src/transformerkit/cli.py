@@ -1,6 +1,8 @@
-"""Command line: ``transformerkit train | summary | translate | generate | evaluate |
-attention | plot``.
+"""Command line: ``transformerkit train | summary | config | translate | generate | evaluate |
+attention | plot`` and ``transformerkit --version``.
 
+Each command takes its options and positional arguments in any order
+(``translate RUN --beam 4 TEXT`` and ``translate RUN TEXT --beam 4``: :class:`_Command`).
 Keras is imported only after ``--backend`` is read, because the backend is fixed at import.
 """
 
@@ -11,38 +13,112 @@ import sys
 
 from transformerkit.run_directory import RunDirectory
 
+BACKENDS = ("torch", "jax", "tensorflow")
+_BACKEND_HELP = "Keras backend (default: $KERAS_BACKEND, else torch)"
+
+
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser: options may come before, between or after its positional
+    arguments (``parse_intermixed_args``: the options first, then the positionals from what
+    is left); ``--`` ends the options as usual. Unknown arguments are this command's error."""
+
+    _parsing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._parsing:  # the two passes of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+class _Version(argparse.Action):
+    """``--version``: the version looked up only when asked (:func:`package_version`)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the version and exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
+def package_version():
+    """The version of the installed distribution that provides the ``transformerkit``
+    package, whatever the distribution's name; else ``transformerkit.__version__`` (a
+    source checkout on ``sys.path``)."""
+    from importlib import metadata
+
+    import transformerkit
+
+    for name in dict.fromkeys(metadata.packages_distributions().get("transformerkit", ())):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return transformerkit.__version__
+
 
 def _parser():
     parser = argparse.ArgumentParser(
         prog="transformerkit",
-        description="Train and use Transformers (Attention Is All You Need) on Keras 3.")
-    parser.add_argument("--backend", choices=("torch", "jax", "tensorflow"),
-                        help="Keras backend (default: $KERAS_BACKEND, else torch)")
-    sub = parser.add_subparsers(dest="command", required=True)
+        description="Train and use Transformers (Attention Is All You Need) on Keras 3.",
+        epilog="Options and positional arguments of a command go in any order. Every config "
+               "key with its type, default and meaning: transformerkit config.")
+    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--backend", choices=BACKENDS, help=_BACKEND_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
+    # `--backend` may also follow the command (it then wins over one before the command)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", choices=BACKENDS, default=argparse.SUPPRESS,
+                        help=_BACKEND_HELP)
 
-    train = sub.add_parser("train", help="train a model from a YAML config")
+    def command(name, help_text, **kwargs):
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
+                              **kwargs)
+
+    train = command("train", "train a model from a YAML config",
+                    epilog="Every config key with its type, default and meaning: "
+                           "`transformerkit config`; the resolved config of a file with "
+                           "overrides: `transformerkit config CONFIG --set SECTION.KEY=VALUE`.")
     train.add_argument("config", help="YAML file with model/data/train sections")
-    train.add_argument("--set", dest="overrides", action="append", default=[],
-                       metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
+    _add_overrides(train)
     train.add_argument("--out", help="run directory (default: runs/<config name>)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its latest checkpoint")
     train.add_argument("--data-dir", help="data directory (default: $TRANSFORMERKIT_DATA)")
 
-    summary = sub.add_parser("summary", help="parameter counts per component")
+    summary = command("summary", "parameter counts per component")
     summary.add_argument("target", help="a config YAML or a run directory")
-    summary.add_argument("--set", dest="overrides", action="append", default=[],
-                         metavar="SECTION.KEY=VALUE")
+    _add_overrides(summary)
     summary.add_argument("--vocab-size", type=int, default=None,
                          help="vocabulary size for a config (default: data.vocab_size)")
-    _add_use_commands(sub)
+
+    config = command("config", "print a resolved config as YAML, every key with its type, "
+                               "default and meaning")
+    config.add_argument("config", nargs="?", default=None,
+                        help="a config YAML or a run directory (default: the defaults)")
+    _add_overrides(config)
+    _add_use_commands(command)
     return parser
 
 
-def _add_use_commands(sub):
-    """The subcommands that use a trained run directory."""
+def _add_overrides(parser):
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="override a config key (repeatable; keys: transformerkit config)")
+
+
+def _add_use_commands(command):
+    """The subcommands that use a trained run directory (``command(name, help)`` adds one)."""
     def run_parser(name, help_text):
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = command(name, help_text)
         p.add_argument("run_dir", help="run directory written by `transformerkit train`")
         p.add_argument("--checkpoint", default="model",
                        help="model (final, default), best (lowest val loss) or a .keras path")
@@ -57,7 +133,7 @@ def _add_use_commands(sub):
         p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
 
     translate = run_parser("translate", "translate sentences with a trained model")
-    translate.add_argument("texts", nargs="*", metavar="TEXT",
+    translate.add_argument("texts", nargs="*", default=[], metavar="TEXT",
                            help="sentences to translate; none: read stdin, one per line, "
                                 "printing each translation as soon as it is ready")
     search_options(translate, 4)
@@ -97,8 +173,8 @@ def _add_use_commands(sub):
     attention.add_argument("--layer", type=int, default=-1,
                            help="layer index, negative from the end (default -1: the last)")
 
-    plot = sub.add_parser("plot", help="training curves from a run's history.csv")
-    plot.add_argument("run_dir")
+    plot = command("plot", "training curves from a run's history.csv")
+    plot.add_argument("run_dir", help="run directory written by `transformerkit train`")
     plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png)")
 
 
@@ -115,7 +191,8 @@ def main(argv=None):
     from transformerkit.config import ConfigError
 
     try:
-        commands = {"train": _train, "summary": _summary, "translate": _translate,
+        commands = {"train": _train, "summary": _summary, "config": _config,
+                    "translate": _translate,
                     "generate": _generate, "evaluate": _evaluate, "attention": _attention,
                     "plot": _plot}
         if args.command in _HEAVY_COMMANDS:
@@ -178,6 +255,22 @@ def _summary(args):
         model = build_model(config["model"], vocab, vocab)
     print(f"{type(model).__name__}")
     print(format_summary(parameter_summary(model)))
+    return 0
+
+
+def _config(args):
+    """``config [CONFIG|RUN_DIR] [--set ...]``: :func:`transformerkit.config.describe` of the
+    resolved config (a run directory's ``config.yaml``)."""
+    from transformerkit.config import describe, load_config
+
+    path = args.config
+    if path is not None and os.path.isdir(path):
+        path = RunDirectory(path).config
+    config = load_config(path, args.overrides)
+    source = path or "the defaults"
+    if args.overrides:
+        source += " with " + " ".join(f"--set {item}" for item in args.overrides)
+    print(describe(config, source), end="")
     return 0
 
 

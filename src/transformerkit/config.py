@@ -1,16 +1,20 @@
 """Run configuration: three YAML sections (``model``, ``data``, ``train``), validated.
 
-Every key has a default and a type (:func:`schema`; the ``model`` keys are the models'
-options, documented in ``Transformer``, ``GPT`` and ``Encoder``); unknown keys and wrong
-types are errors that name the key. ``--set section.key=value`` overrides parse ``value``
-as YAML (``--set train.epochs=3``, ``--set model.norm_position=pre``).
+Every key has a default, a type and a one-line meaning (:func:`schema`: the ``data`` and
+``train`` keys are declared here, the ``model`` keys are the models' option dataclasses of
+:mod:`transformerkit.models.options`); unknown keys and wrong types are errors that name
+the key. ``--set section.key=value`` overrides parse ``value`` as YAML (``--set
+train.epochs=3``, ``--set model.norm_position=pre``). :func:`describe` prints a resolved
+config with every key's type, default and meaning (``transformerkit config``).
 """
 
 import copy
 import functools
+import json
 import os
 import re
 from dataclasses import fields
+from typing import NamedTuple
 
 import yaml
 
@@ -19,67 +23,164 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
+DATASETS = ("multi30k", "parallel", "tsv", "text", "ted_hrlr")
+SAMPLE_UNITS = ("epoch", "step")
+
+
+class Key(NamedTuple):
+    """One config key: its default (None: not set), the allowed type(s) of its values, its
+    meaning in one line, its allowed values (None: any value of the type) and, for the
+    ``model:`` keys of some models only or with each model's own default, ``{model type: that
+    model's default}`` for the types that take it (None: every type, no default of its own).
+    ``key[0]`` and ``key[1]`` are the default and the types."""
+
+    default: object
+    types: type | tuple
+    help: str
+    choices: tuple | None = None
+    models: dict | None = None
+
+
+# What each section is for (a comment above it in `transformerkit config`).
+SECTIONS = {
+    "model": "the network: model.type and its options (keys for other types stay null)",
+    "data": "corpus, tokenizers and batches",
+    "train": "optimizer, stopping, precision, devices, evaluation and monitors",
+}
+
 _DATA = {
-    "dataset": ("multi30k", str),  # multi30k | parallel | tsv | text | ted_hrlr
-    "data_dir": (None, str), "source_lang": ("de", str), "target_lang": ("en", str),
-    "train_source": (None, str), "train_target": (None, str),
-    "val_source": (None, str), "val_target": (None, str),
-    "train_tsv": (None, str), "val_tsv": (None, str), "text": (None, str),
-    "tokenizer": ("bpe", str),  # bpe | wordpiece | unigram | char | path to a HF folder
-    "vocab_size": (8000, int), "lowercase": (False, bool), "shared_vocab": (True, bool),
-    "max_length": (None, int), "tokens_per_batch": (4096, int), "batch_size": (None, int),
-    "bucket": (True, bool), "pad_to_multiple": (None, int), "train_limit": (None, int),
-    "val_limit": (None, int),
-    "block_size": (64, int), "val_fraction": (0.1, float), "steps_per_epoch": (None, int),
+    "dataset": Key("multi30k", str, "the corpus: multi30k (downloaded), parallel (two files), "
+                                    "tsv, text (GPT), ted_hrlr (tensorflow-datasets)",
+                   DATASETS),
+    "data_dir": Key(None, str, "data directory (null: $TRANSFORMERKIT_DATA, else "
+                               "~/.cache/transformerkit); `train --data-dir` sets it"),
+    "source_lang": Key("de", str, "source language (multi30k, ted_hrlr)"),
+    "target_lang": Key("en", str, "target language (multi30k, ted_hrlr)"),
+    "train_source": Key(None, str, "dataset parallel: training source sentences, one per line"),
+    "train_target": Key(None, str, "dataset parallel: training target sentences, line by line "
+                                   "with train_source"),
+    "val_source": Key(None, str, "dataset parallel: validation source sentences (null: no "
+                                 "validation)"),
+    "val_target": Key(None, str, "dataset parallel: validation target sentences"),
+    "train_tsv": Key(None, str, "dataset tsv: training pairs, SOURCE<TAB>TARGET per line"),
+    "val_tsv": Key(None, str, "dataset tsv: validation pairs (null: no validation)"),
+    "text": Key(None, str, "dataset text: the text file a GPT trains on (also looked up in "
+                           "the data directory)"),
+    "tokenizer": Key("bpe", str, "bpe, wordpiece or unigram (trained on the training text), "
+                                 "char, or the path of a Hugging Face tokenizer folder"),
+    "vocab_size": Key(8000, int, "vocabulary size of a trained subword tokenizer"),
+    "lowercase": Key(False, bool, "lowercase the text before subword tokenization"),
+    "shared_vocab": Key(True, bool, "one tokenizer for source and target (always with "
+                                    "model.tie_embeddings: all)"),
+    "max_length": Key(None, int, "drop pairs longer than this many tokens on either side "
+                                 "(null: model.max_length)"),
+    "tokens_per_batch": Key(4096, int, "token budget of a batch (rows x longest row, padded), "
+                                       "unless batch_size"),
+    "batch_size": Key(None, int, "rows per batch instead of tokens_per_batch (GPT: sequences "
+                                 "per batch, null: 12)"),
+    "bucket": Key(True, bool, "batch pairs of similar length together (tokens_per_batch needs "
+                              "it)"),
+    "pad_to_multiple": Key(None, int, "pad batch widths to a multiple of this (null: 1 on "
+                                      "torch, 8 on jax and tensorflow: fewer shapes to "
+                                      "compile)"),
+    "train_limit": Key(None, int, "use only the first N training pairs (null: all)"),
+    "val_limit": Key(None, int, "use only the first N validation pairs (null: all)"),
+    "block_size": Key(64, int, "GPT: tokens per training sequence (at most model.max_length)"),
+    "val_fraction": Key(0.1, float, "GPT: the fraction at the end of data.text held out for "
+                                    "validation"),
+    "steps_per_epoch": Key(None, int, "GPT: batches per epoch (null: one pass over the "
+                                      "training text)"),
 }
 _TRAIN = {
-    "epochs": (10, int), "max_steps": (None, int), "time_budget": (None, str),
-    "seed": (0, int), "warmup_steps": (4000, int), "lr_scale": (1.0, float),
-    "learning_rate": (None, float), "label_smoothing": (0.1, float),
-    # optimizer: paper (Adam 0.9/0.98/1e-9 on the warmup schedule, or a constant
-    # learning_rate) | adamw_cosine (nanoGPT's recipe: AdamW with weight decay on matrices,
-    # linear warmup over warmup_steps to learning_rate (default 1e-3), cosine decay to
-    # min_learning_rate (default learning_rate / 10) at the run's last step, clip_norm)
-    "optimizer": ("paper", str), "min_learning_rate": (None, float),
-    "weight_decay": (0.1, float), "beta_2": (None, float), "clip_norm": (None, float),
-    "jit_compile": ("auto", (bool, str)), "mixed_precision": (False, bool),
-    # precision: float32 | mixed_bfloat16 (mixed_precision: true is an older spelling of the
-    # latter); distribution: none | data_parallel | model_parallel (JAX backend; see
-    # training/distribution.py), on `devices` devices (default all), model axis of
-    # `model_parallel_size` devices (default all)
-    "precision": ("float32", str), "distribution": ("none", str), "devices": (None, int),
-    "model_parallel_size": (None, int),
-    "samples": (5, int), "eval_max_sentences": (None, int), "decode_max_length": (None, int),
-    "checkpoints_to_keep": (2, int), "verbose": ("auto", (int, str)),
-    # monitors (training/monitors.py): sample outputs every N epochs|steps, validation BLEU
-    "sample_every": (None, int), "sample_unit": ("epoch", str),
-    "bleu_every": (None, int), "bleu_max_sentences": (200, int), "eval_beam_size": (1, int),
+    "epochs": Key(10, int, "passes over the training data (raised if max_steps needs more)"),
+    "max_steps": Key(None, int, "stop after this many optimizer steps (null: no limit)"),
+    "time_budget": Key(None, str, "stop after this much training time: 90s, 10m, 1.5h (null: "
+                                  "no limit)"),
+    "seed": Key(0, int, "random seed: weights, dropout, batch order"),
+    "warmup_steps": Key(4000, int, "learning-rate warmup steps (paper schedule, or "
+                                   "adamw_cosine's linear warmup)"),
+    "lr_scale": Key(1.0, float, "factor on the paper's schedule d_model^-0.5 * "
+                                "min(step^-0.5, step * warmup_steps^-1.5)"),
+    "learning_rate": Key(None, float, "paper: a constant rate instead of the schedule; "
+                                      "adamw_cosine: the peak (null: 1e-3)"),
+    "label_smoothing": Key(0.1, float, "label smoothing of the cross-entropy loss"),
+    "optimizer": Key("paper", str, "paper: Adam(0.9, 0.98, 1e-9) on the warmup schedule; "
+                                   "adamw_cosine: nanoGPT's AdamW, warmup, cosine decay",
+                     OPTIMIZERS),
+    "min_learning_rate": Key(None, float, "adamw_cosine: where the cosine decay ends, at the "
+                                          "run's last step (null: learning_rate / 10)"),
+    "weight_decay": Key(0.1, float, "adamw_cosine: AdamW weight decay, on the matrices only"),
+    "beta_2": Key(None, float, "Adam's beta_2 (null: 0.98 with paper, 0.99 with "
+                               "adamw_cosine)"),
+    "clip_norm": Key(None, float, "clip the global gradient norm to this (null: no clipping; "
+                                  "adamw_cosine: 1.0)"),
+    "jit_compile": Key("auto", (bool, str), "Keras' jit_compile: auto, true (XLA on jax and "
+                                            "tensorflow, torch.compile on torch) or false"),
+    "mixed_precision": Key(False, bool, "true: an older spelling of precision: "
+                                        "mixed_bfloat16"),
+    "precision": Key("float32", str, "mixed_bfloat16: bfloat16 math, float32 weights",
+                     PRECISIONS),
+    "distribution": Key("none", str, "several devices (JAX backend): data_parallel or "
+                                     "model_parallel (training/distribution.py)",
+                        DISTRIBUTIONS),
+    "devices": Key(None, int, "number of devices to distribute over (null: all)"),
+    "model_parallel_size": Key(None, int, "model_parallel: devices along the model axis "
+                                          "(null: all)"),
+    "samples": Key(5, int, "translations (GPT: generated texts) written to samples.txt at "
+                           "the end"),
+    "eval_max_sentences": Key(None, int, "validation sentences translated for the final "
+                                         "BLEU and chrF (null: all)"),
+    "decode_max_length": Key(None, int, "longest translation, in tokens, in evaluation and "
+                                        "samples (null: the model's max_length)"),
+    "checkpoints_to_keep": Key(2, int, "epoch checkpoints kept in RUN/checkpoints (best.keras "
+                                       "besides)"),
+    "verbose": Key("auto", (int, str), "progress of model.fit: auto, 0 (silent), 1 (progress "
+                                       "bar) or 2 (one line per epoch)"),
+    "sample_every": Key(None, int, "print sample translations (GPT: texts) every N "
+                                   "sample_units while training (null: never)"),
+    "sample_unit": Key("epoch", str, "the unit of sample_every", SAMPLE_UNITS),
+    "bleu_every": Key(None, int, "validation BLEU and chrF every N epochs, in history.csv as "
+                                 "val_bleu, val_chrf (null: never)"),
+    "bleu_max_sentences": Key(200, int, "validation sentences that bleu_every translates"),
+    "eval_beam_size": Key(1, int, "beam size of the validation translations (1: greedy)"),
 }
 
 
 @functools.cache
 def schema():
-    """``{section: {key: (default, allowed types)}}``; a None default means "not set".
+    """``{section: {key: Key(default, allowed types, help, ...)}}``; a None default means
+    "not set".
 
     The ``model`` section is derived from the models' option dataclasses
-    (:mod:`transformerkit.models.options`): ``type``, one key per option a run config may
-    set, and ``pretrained_embeddings`` (a ``.npy`` matrix). The options every model takes
-    default to the paper's base model whatever ``model.type`` (data preparation reads
-    ``model.max_length``), except the conventions each model sets its own way
-    (``norm_position``, ``activation``, ...); those and the options only some models take
-    default to None, the model's own default. Built on first use: importing the
+    (:mod:`transformerkit.models.options`, whose fields carry the ``help``): ``type``, one
+    key per option a run config may set, and ``pretrained_embeddings`` (a ``.npy`` matrix).
+    The options every model takes default to the paper's base model whatever ``model.type``
+    (data preparation reads ``model.max_length``), except the conventions each model sets
+    its own way (``norm_position``, ``activation``, ...); those and the options only some
+    models take default to None, the model's own default. Built on first use: importing the
     ``transformerkit.models`` package imports Keras, which importing this module must not.
     """
     from transformerkit.models import options
 
     shared = {f.name: f for f in fields(options.ModelOptions)}
-    model = {"type": ("transformer", str)}
-    for options_class in options.MODEL_OPTIONS.values():
+    model = {"type": Key("transformer", str, "which model: transformer (encoder-decoder), gpt "
+                                             "(decoder only) or encoder (BERT-like, not "
+                                             "trained by `train`)", MODEL_TYPES)}
+    takers = {}
+    for kind, options_class in options.MODEL_OPTIONS.items():
         for f in options.config_fields(options_class):
             base = shared.get(f.name)
             own = base is None or base.metadata.get("own_default")
-            model[f.name] = (None if own else base.default, options.value_type(f))
-    model["pretrained_embeddings"] = (None, str)
+            takers.setdefault(f.name, {})[kind] = f.default
+            model.setdefault(f.name, Key(None if own else base.default, options.value_type(f),
+                                         f.metadata["help"], f.metadata["choices"]))
+    for name, defaults_by_model in takers.items():
+        if model[name].default is None and (len(defaults_by_model) < len(MODEL_TYPES) or any(
+                default is not None for default in defaults_by_model.values())):
+            model[name] = model[name]._replace(models=defaults_by_model)
+    model["pretrained_embeddings"] = Key(None, str, ".npy file of a (vocab, d_model) matrix "
+                                                    "the token embeddings start from "
+                                                    "(Transformer: the source's)")
     return {"model": model, "data": _DATA, "train": _TRAIN}
 
 
@@ -144,7 +245,7 @@ def resolve(raw, source="config"):
                          if k.split("_")[0] == str(key).split("_")[0]]
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
-            default, types = sections[section][key]
+            default, types = sections[section][key][:2]
             if value is None and default is not None:  # keys with a default must have a value
                 raise ConfigError(f"{source}: {section}.{key} must be "
                                   f"{_names(types if isinstance(types, tuple) else (types,))}, "
@@ -252,3 +353,51 @@ def save_config(config, path):
     from transformerkit.files import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
+
+
+def describe(config=None, source=None):
+    """``config`` (resolved; default: the defaults) as commented YAML that
+    :func:`load_config` reads back to the same config: every key of every section with its
+    value, then after ``#`` its type (or allowed values), its default and its meaning.
+    ``source`` names where the values come from, in the header."""
+    sections = schema()
+    config = defaults() if config is None else config
+    lines = [f"# transformerkit configuration: {source or 'the defaults'}",
+             "# Every key: its value, then its type (or allowed values), default and meaning; "
+             "null: not set.",
+             "# `transformerkit train` reads this file back; `--set section.key=value` "
+             "overrides a key."]
+    entries = {section: [f"  {name}: {_yaml_scalar(config[section][name])}" for name in keys]
+               for section, keys in sections.items()}
+    width = min(max(len(entry) for section in entries.values() for entry in section), 34)
+    for section, keys in sections.items():
+        lines += ["", f"# {section}: {SECTIONS[section]}", f"{section}:"]
+        for entry, key in zip(entries[section], keys.values(), strict=True):
+            lines.append(f"{entry.ljust(width)}  # {_comment(key)}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_scalar(value):
+    """``value`` as one line of YAML (``null``, ``true``, ``1.0e-06``, ``'yes'``)."""
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=1 << 30)
+    text = text.removesuffix("\n...\n").rstrip("\n")
+    return json.dumps(value, ensure_ascii=False) if "\n" in text else text
+
+
+def _comment(key):
+    """``type or choices, default D: help``, with the model types that take a ``model:`` key
+    when not all do, and each one's own default."""
+    if key.choices:
+        allowed = " | ".join(map(_yaml_scalar, key.choices))
+    else:
+        allowed = " or ".join(t.__name__ for t in (key.types if isinstance(key.types, tuple)
+                                                else (key.types,)))
+    default, only = _yaml_scalar(key.default), ""
+    if key.models is not None:
+        if len(key.models) < len(MODEL_TYPES):
+            only = f"{', '.join(key.models)} only; "
+        if any(value is not None for value in key.models.values()):
+            default += " = the model's (" + ", ".join(
+                f"{model_type} {_yaml_scalar(value)}"
+                for model_type, value in key.models.items()) + ")"
+    return f"{only}{allowed}, default {default}: {key.help}"

@@ -7,8 +7,9 @@ the values (a ``ValueError`` naming the option), normalises their types and fill
 derived ones (``key_dim = d_model // num_heads``, ...). A model builds its options from its
 constructor arguments, sets one attribute per field and returns the fields from
 ``get_config``; ``build_model`` takes a run config's ``model:`` keys by these fields and
-:mod:`transformerkit.config` derives that section's schema from them, so an option is
-declared here once (plus its constructor argument and docstring).
+:mod:`transformerkit.config` derives that section's schema from them (``transformerkit
+config`` prints each field's ``help``), so an option is declared here once (plus its
+constructor argument and docstring).
 
 The fields are keyword-only: with one shared base no field order can follow all three
 constructors' positional orders (each interleaves its own options with the shared ones), so
@@ -35,11 +36,21 @@ INITIALIZATIONS = ("gpt2", "paper")
 POOLING = (None, "cls", "mean")
 
 
-def option(default, choices=None, own_default=False):
-    """A field with its default and, if given, its allowed values. ``own_default`` marks a
-    convention each model sets its own way (the paper's, GPT-2's): a run config leaves it to
-    the model rather than giving it the paper's value."""
-    return field(default=default, metadata={"choices": choices, "own_default": own_default})
+def option(default=MISSING, choices=None, own_default=False, *, help):
+    """A field with its default (none: a required argument), if given its allowed values,
+    and ``help``, its meaning in one line (``transformerkit config`` prints it for the run
+    config's ``model:`` keys). ``own_default`` marks a convention each model sets its own
+    way (the paper's, GPT-2's): a run config leaves it to the model rather than giving it
+    the paper's value."""
+    return field(default=default, metadata={"choices": choices, "own_default": own_default,
+                                            "help": help})
+
+
+def redefault(options_class, name, default):
+    """Option ``name`` of ``options_class`` (its choices and help) with another default: a
+    model's own default for an option it shares."""
+    metadata = next(f for f in fields(options_class) if f.name == name).metadata
+    return option(default, metadata["choices"], help=metadata["help"])
 
 
 def check_choice(name, value, choices):
@@ -64,21 +75,33 @@ def config_fields(options_class):
 class ModelOptions:
     """The options every model takes (see ``Transformer``'s docstring for each)."""
 
-    num_layers: int = 6
-    d_model: int = 512
-    num_heads: int = 8
-    d_ff: int = 2048
-    dropout: float = 0.1
-    max_length: int = 256
-    norm_position: str = option("post", NORM_POSITIONS, own_default=True)
-    activation: str = option("relu", ACTIVATIONS, own_default=True)
-    positional: str = option("sinusoidal", POSITIONAL_KINDS, own_default=True)
-    key_dim: int | None = None  # default d_model // num_heads (section 3.2.2)
-    value_dim: int | None = None  # default key_dim
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    layer_norm_epsilon: float = option(1e-6, own_default=True)
-    embeddings_trainable: bool = True
+    num_layers: int = option(6, help="number of blocks (Transformer: encoder blocks, and "
+                                     "decoder blocks unless num_decoder_layers)")
+    d_model: int = option(512, help="model width: embeddings and the residual stream")
+    num_heads: int = option(8, help="attention heads per attention layer")
+    d_ff: int = option(2048, help="inner width of each feed-forward network")
+    dropout: float = option(0.1, help="dropout on the embeddings and on each sublayer's "
+                                      "output (residual dropout)")
+    max_length: int = option(256, help="longest sequence the model accepts, in tokens (also "
+                                       "the data's length limit unless data.max_length)")
+    norm_position: str = option(
+        "post", NORM_POSITIONS, own_default=True,
+        help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
+    activation: str = option("relu", ACTIVATIONS, own_default=True,
+                             help="feed-forward activation: relu (the paper) or gelu (GPT-2)")
+    positional: str = option(
+        "sinusoidal", POSITIONAL_KINDS, own_default=True,
+        help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")
+    key_dim: int | None = option(None, help="query/key width per head (null: d_model // "
+                                            "num_heads, section 3.2.2)")
+    value_dim: int | None = option(None, help="value width per head (null: key_dim)")
+    attention_dropout: float = option(0.0, help="dropout on the attention weights")
+    activation_dropout: float = option(0.0, help="dropout inside the feed-forward network, "
+                                                 "after the activation (t2t's relu_dropout)")
+    layer_norm_epsilon: float = option(1e-6, own_default=True,
+                                       help="epsilon of every LayerNorm")
+    embeddings_trainable: bool = option(True, help="false freezes the token embeddings "
+                                                   "(e.g. pretrained ones)")
 
     @classmethod
     def from_arguments(cls, arguments):
@@ -107,10 +130,15 @@ class ModelOptions:
 class TransformerOptions(ModelOptions):
     """``Transformer``: the paper's encoder-decoder."""
 
-    source_vocab_size: int
-    target_vocab_size: int
-    tie_embeddings: str = option("none", TIE_OPTIONS)  # section 3.4
-    num_decoder_layers: int | None = None  # default num_layers
+    source_vocab_size: int = option(help="source vocabulary size (id 0 is padding); from "
+                                         "the data's tokenizer")
+    target_vocab_size: int = option(help="target vocabulary size (id 0 is padding); from "
+                                         "the data's tokenizer")
+    tie_embeddings: str = option(
+        "none", TIE_OPTIONS,
+        help="decoder: the output projection is the target embedding (section 3.4); all: the "
+             "source embedding too, one vocabulary (GPT: both tie input and output)")
+    num_decoder_layers: int | None = option(None, help="decoder blocks (null: num_layers)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -126,33 +154,43 @@ class TransformerOptions(ModelOptions):
 class GPTOptions(ModelOptions):
     """``GPT``: decoder only, GPT-2's and nanoGPT's defaults."""
 
-    vocab_size: int
-    num_layers: int = 4
-    d_model: int = 128
-    num_heads: int = 4
-    d_ff: int = 512
-    dropout: float = 0.0
-    norm_position: str = option("pre", NORM_POSITIONS)
-    activation: str = option("gelu", ACTIVATIONS)
-    positional: str = option("learned", POSITIONAL_KINDS)
-    layer_norm_epsilon: float = 1e-5
-    tie_embeddings: str = option("none", TIE_OPTIONS)
-    scale_embeddings: bool = False
-    initialization: str = option("gpt2", INITIALIZATIONS)
-    use_bias: bool = True
+    vocab_size: int = option(help="vocabulary size (id 0 is padding); from the data's "
+                                  "tokenizer")
+    num_layers: int = redefault(ModelOptions, "num_layers", 4)
+    d_model: int = redefault(ModelOptions, "d_model", 128)
+    num_heads: int = redefault(ModelOptions, "num_heads", 4)
+    d_ff: int = redefault(ModelOptions, "d_ff", 512)
+    dropout: float = redefault(ModelOptions, "dropout", 0.0)
+    norm_position: str = redefault(ModelOptions, "norm_position", "pre")
+    activation: str = redefault(ModelOptions, "activation", "gelu")
+    positional: str = redefault(ModelOptions, "positional", "learned")
+    layer_norm_epsilon: float = redefault(ModelOptions, "layer_norm_epsilon", 1e-5)
+    tie_embeddings: str = redefault(TransformerOptions, "tie_embeddings", "none")
+    scale_embeddings: bool = option(False, help="multiply the token embeddings by "
+                                                "sqrt(d_model) (the paper; not GPT-2, BERT)")
+    initialization: str = option(
+        "gpt2", INITIALIZATIONS,
+        help="gpt2: matrices from N(0, 0.02), residual outputs N(0, 0.02/sqrt(2 num_layers)); "
+             "paper: the layers' own (Glorot)")
+    use_bias: bool = option(True, help="biases in the projections and LayerNorm offsets "
+                                       "(false: nanoGPT's bias=False)")
 
 
 @dataclass(kw_only=True)
 class EncoderOptions(ModelOptions):
     """``Encoder``: BERT-like, with token types, pooling and a classifier head."""
 
-    vocab_size: int
-    max_length: int = 512
-    type_vocab_size: int = 0
-    embedding_norm: bool = False
-    scale_embeddings: bool = True
-    pooling: str | None = option(None, POOLING)
-    num_classes: int | None = None
+    vocab_size: int = redefault(GPTOptions, "vocab_size", MISSING)
+    max_length: int = redefault(ModelOptions, "max_length", 512)
+    type_vocab_size: int = option(0, help="token types (segments, BERT's token_type_ids); "
+                                          "0: no type embedding")
+    embedding_norm: bool = option(False, help="LayerNorm after summing the embeddings (BERT)")
+    scale_embeddings: bool = redefault(GPTOptions, "scale_embeddings", True)
+    pooling: str | None = option(
+        None, POOLING, help="null: return the hidden states; cls: BERT's pooler (tanh Dense "
+                            "over the first token); mean: mean over the real tokens")
+    num_classes: int | None = option(None, help="with pooling: a classifier head with this "
+                                                "many classes (null: none)")
 
     def __post_init__(self):
         super().__post_init__()
