@@ -30,9 +30,9 @@ LEVELS = {
     "config": 2,  # the run config; its model section comes from models/options.py
     "training": 3,
     "decoding": 3,
+    "export": 3,  # a model's weights -> a CTranslate2 model; api and serving run it
     "api": 4,
-    "serving": 4,
-    "export": 4,
+    "serving": 4,  # the HTTP server over api.Run
     "__init__": 4,  # ``transformerkit`` itself: the facade resolving ``load`` lazily
     "cli": 5,
 }
