@@ -129,13 +129,13 @@ def decoder_block(x, params, context=None, target_mask=None, context_mask=None):
                      params["feedforward_norm"], pos)
 
 
-def paper_positional_table(length, d_model):
+def paper_positional_table(length, d_model, base=10000.0):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
     table = np.zeros((length, d_model))
     for pos in range(length):
         for j in range(d_model):
             two_i = j - (j % 2)
-            angle = pos / 10000.0 ** (two_i / d_model)
+            angle = pos / base ** (two_i / d_model)
             table[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
     return table
 

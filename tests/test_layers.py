@@ -378,3 +378,38 @@ def test_decoder_block_cache_equals_full(rng, norm_position, cross_attention):
                            cache_index=i)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, **TOL)
+
+
+@pytest.mark.parametrize("kind, timescales, reference", [
+    ("t2t", (2.0, 500.0), lambda: ref.t2t_positional_table(12, 8, 2.0, 500.0)),
+    ("sinusoidal", (1.0, 100.0), lambda: ref.paper_positional_table(12, 8, base=100.0)),
+])
+def test_models_pass_their_timescales_to_the_table(kind, timescales, reference):
+    """``min_timescale`` / ``max_timescale`` reach every model's position tables, and survive
+    the config round trip."""
+    from transformerkit.models import GPT, Transformer
+
+    low, high = timescales
+    transformer = Transformer(20, 20, num_layers=1, d_model=8, num_heads=2, d_ff=16,
+                              max_length=12, positional=kind, min_timescale=low,
+                              max_timescale=high)
+    gpt = GPT(20, num_layers=1, d_model=8, num_heads=2, d_ff=16, max_length=12,
+              positional=kind, min_timescale=low, max_timescale=high)
+    for model in (transformer, gpt, Transformer.from_config(transformer.get_config())):
+        model.build(None)
+        layers = [model.source_positions, model.target_positions] if hasattr(
+            model, "source_positions") else [model.positions]
+        for layer in layers:
+            np.testing.assert_allclose(to_numpy(layer.table), reference(), atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(positional="sinusoidal", min_timescale=2.0), "applies to positional='t2t' only"),
+    (dict(positional="learned", max_timescale=100.0), "not to learned"),
+    (dict(positional="t2t", min_timescale=10.0, max_timescale=5.0), "0 < min_timescale"),
+])
+def test_timescales_that_would_be_ignored_are_errors(kwargs, message):
+    from transformerkit.models import Transformer
+
+    with pytest.raises(ValueError, match=message):
+        Transformer(20, 20, num_layers=1, d_model=8, num_heads=2, d_ff=16, **kwargs)

@@ -136,6 +136,8 @@ class PositionalEncoding(keras.layers.Layer):
         max_length: int, longest sequence the model accepts; longer inputs raise an error.
         d_model: int.
         kind: "sinusoidal" (the paper), "t2t" (tensor2tensor timescales) or "learned".
+        min_timescale, max_timescale: floats, the fixed tables' timescales
+            (:func:`sinusoidal_table`; the paper's table uses ``max_timescale`` only).
 
     Call arguments:
         inputs: ``(batch, length, d_model)``.
@@ -144,13 +146,16 @@ class PositionalEncoding(keras.layers.Layer):
     Returns ``inputs + PE[start_index : start_index + length]``; the input mask passes through.
     """
 
-    def __init__(self, max_length, d_model, kind="sinusoidal", **kwargs):
+    def __init__(self, max_length, d_model, kind="sinusoidal", min_timescale=1.0,
+                 max_timescale=1.0e4, **kwargs):
         super().__init__(**kwargs)
         if kind not in POSITIONAL_KINDS:
             raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {kind!r}")
         self.max_length = int(max_length)
         self.d_model = int(d_model)
         self.kind = kind
+        self.min_timescale = float(min_timescale)
+        self.max_timescale = float(max_timescale)
         self.supports_masking = True
 
     def build(self, input_shape=None):
@@ -162,7 +167,8 @@ class PositionalEncoding(keras.layers.Layer):
             self.table = self.add_weight(
                 name="table", shape=(self.max_length, self.d_model), trainable=False,
                 initializer=keras.initializers.Constant(
-                    sinusoidal_table(self.max_length, self.d_model, self.kind)))
+                    sinusoidal_table(self.max_length, self.d_model, self.kind,
+                                     self.min_timescale, self.max_timescale)))
 
     def call(self, inputs, start_index=0):
         length = inputs.shape[1]
@@ -185,5 +191,6 @@ class PositionalEncoding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(max_length=self.max_length, d_model=self.d_model, kind=self.kind)
+        config.update(max_length=self.max_length, d_model=self.d_model, kind=self.kind,
+                      min_timescale=self.min_timescale, max_timescale=self.max_timescale)
         return config

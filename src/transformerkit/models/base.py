@@ -149,7 +149,9 @@ class TransformerBase(keras.Model):
         return embedding
 
     def _positions(self, name):
-        return PositionalEncoding(self.max_length, self.d_model, self.positional, name=name)
+        return PositionalEncoding(self.max_length, self.d_model, self.positional,
+                                  min_timescale=self.min_timescale,
+                                  max_timescale=self.max_timescale, name=name)
 
     def _encoder_stack(self, num_layers, prefix="encoder"):
         return [EncoderBlock(**self._block_kwargs(), name=f"{prefix}_block_{i}")

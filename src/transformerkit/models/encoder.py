@@ -23,7 +23,8 @@ class Encoder(TransformerBase):
         vocab_size: int (id 0 is padding).
         num_layers, d_model, num_heads, d_ff, dropout, max_length, norm_position, activation,
         positional, key_dim, value_dim, attention_dropout, layer_norm_epsilon, embeddings,
-        embeddings_trainable: as in ``Transformer`` (defaults are the paper's).
+        embeddings_trainable, min_timescale, max_timescale: as in ``Transformer`` (defaults
+        are the paper's).
         type_vocab_size: int, number of token types (segments); 0 = no type embedding.
         embedding_norm: bool, LayerNorm after summing the embeddings (BERT).
         scale_embeddings: bool, multiply token embeddings by sqrt(d_model) (paper: True,
@@ -49,7 +50,8 @@ class Encoder(TransformerBase):
                  activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, type_vocab_size=0, embedding_norm=False,
                  scale_embeddings=True, pooling=None, num_classes=None, embeddings=None,
-                 embeddings_trainable=True, **kwargs):
+                 embeddings_trainable=True, min_timescale=1.0, max_timescale=1.0e4,
+                 **kwargs):
         super().__init__(**kwargs)
         self._set_options(EncoderOptions.from_arguments(locals()))
 

@@ -21,6 +21,7 @@ class GPT(TransformerBase):
         norm_position: "pre" by default (GPT-2, nanoGPT), or "post" (the paper).
         activation: "gelu" by default (GPT-2), or "relu".
         positional: "learned" by default (GPT-2), "sinusoidal" or "t2t".
+        min_timescale, max_timescale: the fixed tables' timescales, as in ``Transformer``.
         tie_embeddings: "none" (default) or "all"/"decoder" (both mean: the input embedding
             is the output projection, as in GPT-2 and nanoGPT).
         key_dim, value_dim, attention_dropout, layer_norm_epsilon, embeddings,
@@ -50,7 +51,8 @@ class GPT(TransformerBase):
                  positional="learned", tie_embeddings="none", key_dim=None, value_dim=None,
                  attention_dropout=0.0, activation_dropout=0.0, layer_norm_epsilon=1e-5,
                  embeddings=None, embeddings_trainable=True, scale_embeddings=False,
-                 initialization="gpt2", use_bias=True, **kwargs):
+                 initialization="gpt2", use_bias=True, min_timescale=1.0,
+                 max_timescale=1.0e4, **kwargs):
         super().__init__(**kwargs)
         self._set_options(GPTOptions.from_arguments(locals()))
         self._pretrained_embeddings = embeddings is not None

@@ -92,6 +92,10 @@ class ModelOptions:
     positional: str = option(
         "sinusoidal", POSITIONAL_KINDS, own_default=True,
         help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")
+    min_timescale: float = option(
+        1.0, help="t2t positions: the shortest timescale (wavelength / 2 pi) of the sines")
+    max_timescale: float = option(
+        1.0e4, help="sinusoidal and t2t positions: the longest timescale (the paper's 10000)")
     key_dim: int | None = option(None, help="query/key width per head (null: d_model // "
                                             "num_heads, section 3.2.2)")
     value_dim: int | None = option(None, help="value width per head (null: key_dim)")
@@ -122,8 +126,25 @@ class ModelOptions:
                              "key_dim explicitly")
         if self.max_length < 1:
             raise ValueError(f"max_length must be positive, got {self.max_length}")
+        self._check_timescales()
         self.key_dim = self.key_dim or self.d_model // self.num_heads
         self.value_dim = self.value_dim or self.key_dim
+
+
+    def _check_timescales(self):
+        """The timescales shape the fixed tables only: ``sinusoidal`` has the paper's
+        minimum of 1 (its wavelengths run from 2 pi to ``max_timescale`` * 2 pi), ``learned``
+        has none; a value that would be ignored is an error."""
+        if not 0 < self.min_timescale < self.max_timescale:
+            raise ValueError(f"need 0 < min_timescale < max_timescale; got min_timescale="
+                             f"{self.min_timescale}, max_timescale={self.max_timescale}")
+        if self.positional == "sinusoidal" and self.min_timescale != 1.0:
+            raise ValueError("min_timescale applies to positional='t2t' only (the paper's "
+                             "sinusoidal table starts at timescale 1)")
+        if self.positional == "learned" and (self.min_timescale, self.max_timescale) != (
+                1.0, 1.0e4):
+            raise ValueError("min_timescale and max_timescale apply to the fixed tables "
+                             "(positional sinusoidal or t2t), not to learned positions")
 
 
 @dataclass(kw_only=True)

@@ -21,6 +21,8 @@ class Transformer(TransformerBase):
         max_length: int, longest source or target sequence accepted.
         norm_position: "post" (paper) or "pre". activation: "relu" (paper) or "gelu".
         positional: "sinusoidal" (paper), "t2t" or "learned".
+        min_timescale, max_timescale: the fixed tables' timescales (t2t: both; sinusoidal:
+            the paper's 10000 is ``max_timescale``; see ``layers.embeddings.sinusoidal_table``).
         tie_embeddings: "none"; "decoder" (target embedding = output projection, paper
             section 3.4); "all" (source and target embeddings and the projection share one
             matrix, which needs one shared vocabulary).
@@ -49,7 +51,8 @@ class Transformer(TransformerBase):
                  key_dim=None, value_dim=None, num_decoder_layers=None, attention_dropout=0.0,
                  activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
-                 embeddings_trainable=True, **kwargs):
+                 embeddings_trainable=True, min_timescale=1.0, max_timescale=1.0e4,
+                 **kwargs):
         super().__init__(**kwargs)
         self._set_options(TransformerOptions.from_arguments(locals()))
 
