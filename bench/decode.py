@@ -1,6 +1,7 @@
 """Decoding throughput: greedy and beam 4 with the key/value cache vs recomputation, on each
 Keras backend, next to Hugging Face ``transformers`` ``generate`` on a Marian model of the
-same size, all in one invocation on this machine.
+same size and CTranslate2 (float32 and int8) running the same trained weights through
+``transformerkit export``, all in one invocation on this machine.
 
 Inputs: the first ``--sentences`` German sentences of Multi30k test2016, encoded with the
 run's tokenizer, sorted by length and cut into batches of ``--batch`` (64). Outputs are
@@ -45,6 +46,10 @@ def configs(backend):
     if backend != "torch":
         return plan
     return plan + [
+        ("ct2-float32", "greedy", 32, True, True, FULL),
+        ("ct2-float32", "beam4", 32, True, True, HALF),
+        ("ct2-int8", "greedy", 32, True, True, FULL),
+        ("ct2-int8", "beam4", 32, True, True, HALF),
         ("hf", "greedy", 32, True, True, FULL),
         ("hf", "beam4", 32, True, True, HALF),
         ("transformerkit", "greedy", 32, "keras", True, HALF),
@@ -59,8 +64,9 @@ def configs(backend):
 
 
 # the trained model decoding normally (stop at EOS), on all of test2016, with its BLEU
-NATURAL = [("transformerkit", "greedy", 64, True, False, FULL),
-           ("transformerkit", "beam4", 64, True, False, FULL)]
+NATURAL = [(system, search, 64, True, False, FULL)
+           for search in ("greedy", "beam4")
+           for system in ("transformerkit", "ct2-float32", "ct2-int8")]
 
 
 # -- worker side ------------------------------------------------------------------------------
@@ -95,6 +101,34 @@ def transformerkit_decoder(run_dir, search, tokens, cache, forced):
     if search == "greedy":
         return lambda ids: greedy_translate(model, ids, **extra)
     return lambda ids: [h[0].ids for h in beam_translate(model, ids, beam_size=4, **extra)]
+
+
+def ctranslate2_decoder(run_dir, system, search, tokens, forced, threads):
+    """CTranslate2 on the run's export (``transformerkit.export``; written on first use),
+    float32 or int8 (``compute_type``), the same ids in and out as the other systems."""
+    import ctranslate2
+
+    import transformerkit
+    from transformerkit.export.runtime import ensure_export
+
+    run = transformerkit.load(run_dir)
+    source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
+    translator = ctranslate2.Translator(ensure_export(run), intra_threads=threads,
+                                        compute_type=system.split("-")[1])
+    source_vocab = [source_tok.id_to_token(i) for i in range(source_tok.vocab_size)]
+    target_ids = {target_tok.id_to_token(i): i for i in range(target_tok.vocab_size)}
+    options = dict(beam_size=4 if search == "beam4" else 1, length_penalty=0.6,
+                   max_decoding_length=tokens, min_decoding_length=tokens if forced else 1,
+                   max_input_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
+
+    def decode(ids):
+        # the export adds </s> to the source itself: pieces only (drop EOS and padding)
+        source = [[source_vocab[i] for i in row if i not in (0, source_tok.eos_id)]
+                  for row in ids.tolist()]
+        found = translator.translate_batch(source, **options)
+        return [[target_ids[t] for t in r.hypotheses[0]] for r in found]
+
+    return decode
 
 
 def hf_decoder(vocab, search, tokens, cache, forced):
@@ -135,6 +169,9 @@ def worker(spec):
         batches, references, target_tok, vocab = load_inputs(run_dir, count, batch)
         if system == "hf":
             decode = hf_decoder(vocab, search, tokens, cache, forced)
+        elif system.startswith("ct2"):
+            decode = ctranslate2_decoder(run_dir, system, search, tokens, forced,
+                                         int(os.environ.get("OMP_NUM_THREADS", "1")))
         else:
             decode = transformerkit_decoder(run_dir, search, tokens, cache, forced)
         job = dict(system=system, backend=backend, search=search, tokens=tokens, cache=cache,
@@ -218,23 +255,30 @@ def _find(results, **match):
 
 def table(results):
     rows = ["| system | backend | search | output tokens | cache | sentences/s | "
-            "vs HF (same search, tokens, cache; measured side by side) | BLEU |",
-            "|---|---|---|---|---|---|---|---|"]
+            "vs HF (same search, tokens, cache; measured side by side) | "
+            "vs CTranslate2 float32 (same search and tokens) | BLEU |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "sentences_per_second" not in r:
             rows.append(f"| {r['system']} | {r['backend']} | {r['search']} | {r['tokens']} | "
-                        f"{r['cache']} | failed: {r.get('error', '?')} | | |")
+                        f"{r['cache']} | failed: {r.get('error', '?')} | | | |")
             continue
         hf = _find(results, system="hf", search=r["search"], tokens=r["tokens"],
                    cache=bool(r["cache"]), forced=r["forced"])
         side_by_side = r["system"] != "hf" and r["backend"] == "torch"  # same process as HF
         ratio = f"{r['sentences_per_second'] / hf:.2f}x" if hf and side_by_side else ""
+        ct2 = _find(results, system="ct2-float32", search=r["search"], tokens=r["tokens"],
+                    cache=True, forced=r["forced"])
+        vs_ct2 = f"{r['sentences_per_second'] / ct2:.2f}x" if ct2 and r["backend"] == \
+            "torch" and r["cache"] is True and r["system"] != "ct2-float32" else ""
         tokens = f"{r['tokens']} forced" if r["forced"] else f"<= {r['tokens']} (EOS)"
         cache = {True: "yes", False: "no (recompute)", "keras": "yes (Keras layers)"}[
             r["cache"]]
-        system = "transformerkit" if r["system"] == "transformerkit" else "HF Marian generate"
+        system = {"transformerkit": "transformerkit", "hf": "HF Marian generate",
+                  "ct2-float32": "CTranslate2 float32", "ct2-int8": "CTranslate2 int8"}[
+            r["system"]]
         rows.append(f"| {system} | {r['backend']} | {r['search']} | {tokens} | {cache} | "
-                    f"{r['sentences_per_second']} | {ratio} | {r.get('bleu', '')} |")
+                    f"{r['sentences_per_second']} | {ratio} | {vs_ct2} | {r.get('bleu', '')} |")
     cached = _find(results, system="transformerkit", backend="torch", search="greedy",
                    tokens=64, cache=True, forced=True)
     recomputed = _find(results, system="transformerkit", backend="torch", search="greedy",

@@ -16,6 +16,12 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
              "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Token caches and cached tokenizers of the tests' runs go to a scratch folder, never the
+# user's ~/.cache (one folder per session: xdist workers inherit it from the controller).
+if "TRANSFORMERKIT_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["TRANSFORMERKIT_CACHE"] = tempfile.mkdtemp(prefix="transformerkit-test-cache-")
 
 # Whether the caller chose the backend (xdist workers inherit the marker from the controller).
 if "KERAS_BACKEND" not in os.environ:

@@ -86,7 +86,14 @@ ORDERS = {  # command -> argument lists that must parse to the same namespace
     "attention": [["attention", "R", "src", "--out", "a.png", "--layer", "0"],
                   ["attention", "--out", "a.png", "--layer", "0", "R", "src"],
                   ["attention", "R", "--out", "a.png", "src", "--layer", "0"]],
-    "plot": [["plot", "R", "--out", "p.png"], ["plot", "--out", "p.png", "R"]],
+    "plot": [["plot", "R", "--lr", "--out", "p.png"], ["plot", "--out", "p.png", "R", "--lr"]],
+    "export": [["export", "R", "--quantization", "int8", "--out", "d"],
+               ["export", "--quantization", "int8", "R", "--out", "d"]],
+    "average": [["average", "R", "--last", "3", "--out", "a.keras"],
+                ["average", "--last", "3", "--out", "a.keras", "R"]],
+    "serve": [["serve", "R1", "R2", "--port", "8001", "--engine", "keras"],
+              ["serve", "--port", "8001", "R1", "R2", "--engine", "keras"],
+              ["serve", "--port", "8001", "--engine", "keras", "R1", "R2"]],
 }
 
 

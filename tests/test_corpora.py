@@ -184,9 +184,10 @@ def test_read_tsv_columns_blank_lines_and_errors(tmp_path, caplog):
                     encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         assert read_tsv(path, 1, 2) == (["Hallo Welt", "Guten Tag"], ["Hello world", "Good day"])
-    assert "dropped 1 of 3 pairs" in caplog.text
+    assert "skipped 1 of 4 lines (1 empty_side); 2 pairs kept" in caplog.text
     assert read_tsv(path, 2, 1)[0] == ["Hello world", "Good day"]
-    with pytest.raises(ValueError, match=r"pairs\.tsv: line 1 has 3 .* need 4"):
+    with pytest.raises(ValueError, match=r"pairs\.tsv: no usable pair in 4 lines "
+                                         r"\(3 too_few_columns, 1 blank\)"):
         read_tsv(path, 0, 3)
     with pytest.raises(ValueError, match="both 1"):
         read_tsv(path, 1, 1)

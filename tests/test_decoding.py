@@ -420,6 +420,7 @@ def probe():
     results["same_seed_same_sample"] = sample == sample_translate(
         model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
     results["large_vocabulary_beams_equal"] = large_vocabulary_beams_equal()
+    results.update(stopping_and_caps_checks())
     results["argmax_ids_equal_numpy"] = argmax_ids_equal_numpy()
     gpt = make_gpt()
     prompts = [[5, 6, 7, 8], [9, 10]]
@@ -428,6 +429,31 @@ def probe():
                                                             use_cache=False)
     results["gpt_same_seed"] = generate_ids(gpt, prompts, 6, seed=2, top_p=0.9) == \
         generate_ids(gpt, prompts, 6, seed=2, top_p=0.9)
+    return results
+
+
+def stopping_and_caps_checks():
+    """Beam search's two stopping rules with length caps equal the plain reference search of
+    ``test_search_stopping.py`` (the compiled loops freeze finished sentences; the eager one
+    drops them), and greedy outputs keep to their caps."""
+    from test_search_stopping import SOURCES as MIXED
+    from test_search_stopping import check_against_reference, mixed_length_model
+
+    from transformerkit.decoding.common import length_caps
+
+    model = mixed_length_model(3, 1.5)
+    results = {}
+    for stopping in ("exact", "early"):
+        try:
+            check_against_reference(model, MIXED, 3, 2.0, stopping, 10, caps_ab=(1.0, 2))
+            results[f"beam_{stopping}_capped_equals_reference"] = True
+        except AssertionError as error:
+            results[f"beam_{stopping}_capped_equals_reference"] = str(error)[:500]
+    caps = length_caps(MIXED, 10, 0.5, 1)
+    capped = greedy_translate(model, MIXED, max_new_tokens=10, max_len_a=0.5, max_len_b=1)
+    full = greedy_translate(model, MIXED, max_new_tokens=10)
+    results["greedy_caps_cut_the_same_search"] = all(
+        c == f[:cap] for c, f, cap in zip(capped, full, caps, strict=True))
     return results
 
 

@@ -232,7 +232,8 @@ class PoisonWeights(keras.callbacks.Callback):
 
 def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_monitors", lambda config, data: [PoisonWeights(9)])
+    monkeypatch.setattr(trainer_module, "build_monitors",
+                        lambda config, data, run_dir=None: [PoisonWeights(9)])
     run = tmp_path / "run"
     with pytest.raises(FloatingPointError, match=r"loss became nan at step 9 \(epoch 2\)"), \
             pytest.warns(RuntimeWarning, match="epoch 2: the loss is nan; no checkpoint"):

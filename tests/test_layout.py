@@ -35,6 +35,7 @@ LEVELS = {
     "serving": 4,  # the HTTP server over api.Run
     "__init__": 4,  # ``transformerkit`` itself: the facade resolving ``load`` lazily
     "cli": 5,
+    "__main__": 5,  # ``python -m transformerkit`` (torchrun -m): the CLI's entry point
 }
 
 def module_name(path):

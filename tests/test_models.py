@@ -388,3 +388,29 @@ def test_get_config_round_trip(make):
     assert [v.path.split("/", 1)[1] for v in clone.weights] == \
         [v.path.split("/", 1)[1] for v in model.weights]
     assert parameter_summary(clone) == parameter_summary(model)
+
+
+def _softmax64(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gpt", "encoder"])
+def test_return_logits_false_gives_the_probabilities(kind):
+    """``return_logits=False``: the float64 softmax of the logits, rows summing to 1."""
+    rng = np.random.default_rng(0)
+    small = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=8)
+    if kind == "transformer":
+        model = Transformer(30, 25, **small)
+        inputs = (rng.integers(1, 30, (2, 5)), rng.integers(1, 25, (2, 4)))
+    elif kind == "gpt":
+        model = GPT(30, **small)
+        inputs = rng.integers(1, 30, (2, 5))
+    else:
+        model = Encoder(30, pooling="mean", num_classes=3, **small)
+        inputs = rng.integers(1, 30, (2, 5))
+    logits = to_numpy(model(inputs))
+    probabilities = to_numpy(model(inputs, return_logits=False))
+    np.testing.assert_allclose(probabilities, _softmax64(logits), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-5)

@@ -26,14 +26,17 @@ MODELS = {  # model type -> (class, its pretrained-matrix arguments, non-default
                          tie_embeddings="decoder", key_dim=5, value_dim=3,
                          num_decoder_layers=1, attention_dropout=0.1, activation_dropout=0.05,
                          layer_norm_epsilon=1e-5, embeddings_trainable=False,
-                         min_timescale=2.0, max_timescale=500.0)),
+                         min_timescale=2.0, max_timescale=500.0,
+                         source_embeddings_trainable=True, target_embeddings_trainable=False,
+                         projection_trainable=False)),
     "gpt": (GPT, ("embeddings",),
             dict(vocab_size=14, num_layers=2, d_model=8, num_heads=2, d_ff=16, dropout=0.1,
                  max_length=8, norm_position="post", activation="relu",
                  positional="sinusoidal", tie_embeddings="all", key_dim=3, value_dim=5,
                  attention_dropout=0.1, activation_dropout=0.1, layer_norm_epsilon=1e-6,
                  embeddings_trainable=False, scale_embeddings=True, initialization="paper",
-                 use_bias=False, min_timescale=1.0, max_timescale=100.0)),
+                 use_bias=False, min_timescale=1.0, max_timescale=100.0,
+                 projection_trainable=False)),
     "encoder": (Encoder, ("embeddings",),
                 dict(vocab_size=14, num_layers=2, d_model=8, num_heads=2, d_ff=16, dropout=0.0,
                      max_length=8, norm_position="pre", activation="gelu",
@@ -83,7 +86,7 @@ def test_config_schema_model_keys_are_the_options():
     schema = run_config.schema()["model"]
     fields = {f.name: options.value_type(f) for cls in options.MODEL_OPTIONS.values()
               for f in options.config_fields(cls)}
-    assert set(schema) == {*fields, "type", "pretrained_embeddings"}
+    assert set(schema) == {*fields, "type", "pretrained_embeddings", "embeddings"}
     assert all(schema[name][1] is kind for name, kind in fields.items())
     assert run_config.SCHEMA is run_config.schema()
     assert set(run_config.MODEL_TYPES) == set(options.MODEL_OPTIONS)

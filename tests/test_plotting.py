@@ -1,5 +1,6 @@
 """PNG figures: training curves and attention heatmaps are valid PNGs of the promised size."""
 
+import math
 import struct
 
 import numpy as np
@@ -68,3 +69,50 @@ def test_attention_plot_is_a_png_of_the_expected_size(tmp_path, heads):
 def test_attention_labels_must_match_the_weights(tmp_path):
     with pytest.raises(ValueError, match="4 query"):
         plot_attention(np.ones((2, 3, 5)) / 5, list("abcd"), list("abcde"), tmp_path / "x.png")
+
+
+def _paper_rate(step, d_model, warmup, scale):
+    """Paper eq. 3 in float64, ``step`` counted from 1."""
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def _cosine_rate(it, peak, warmup, decay, minimum):
+    """nanoGPT's get_lr in float64, ``it`` counted from 0."""
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    ratio = min(max((it - warmup) / max(decay - warmup, 1), 0.0), 1.0)
+    return minimum + 0.5 * (1 + math.cos(math.pi * ratio)) * (peak - minimum)
+
+
+def test_learning_rates_follow_the_papers_schedule_and_nanogpts():
+    from transformerkit.config import resolve
+    from transformerkit.training.trainer import learning_rates
+
+    paper = resolve({"model": {"d_model": 64},
+                     "train": {"warmup_steps": 30, "lr_scale": 0.5}})
+    np.testing.assert_allclose(learning_rates(paper, 100),
+                               [_paper_rate(s, 64, 30, 0.5) for s in range(1, 101)], rtol=1e-5)
+    cosine = resolve({"model": {"type": "gpt", "d_model": 32},
+                      "data": {"dataset": "text", "text": "x.txt"},
+                      "train": {"optimizer": "adamw_cosine", "learning_rate": 1e-3,
+                                "warmup_steps": 10, "min_learning_rate": 1e-4}})
+    np.testing.assert_allclose(learning_rates(cosine, 80),
+                               [_cosine_rate(i, 1e-3, 10, 80, 1e-4) for i in range(80)],
+                               rtol=1e-5)
+    constant = resolve({"train": {"learning_rate": 0.003}})
+    np.testing.assert_allclose(learning_rates(constant, 5), [0.003] * 5)
+    with pytest.raises(ValueError, match="steps must be positive"):
+        learning_rates(constant, 0)
+
+
+def test_plot_lr_command_writes_the_schedule(tmp_path, capsys):
+    from transformerkit.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {d_model: 64}\ntrain: {warmup_steps: 40}\n")
+    out = tmp_path / "lr.png"
+    assert main(["plot", str(config), "--lr", "--steps", "200", "--out", str(out)]) == 0
+    assert png_size(out) == (1200, 400)
+    assert "200 steps, peak 0.0198 at step 40" in capsys.readouterr().out  # 64^-.5 40^-.5
+    assert main(["plot", str(config), "--lr"]) == 2  # no max_steps, no --steps
+    assert "--steps" in capsys.readouterr().err

@@ -15,7 +15,12 @@ import warnings
 
 import numpy as np
 
-from transformerkit.config import load_config
+from transformerkit.config import (
+    DEFAULT_MAX_LEN_A,
+    DEFAULT_MAX_LEN_B,
+    DEFAULT_STOPPING,
+    load_config,
+)
 from transformerkit.run_directory import RunDirectory
 from transformerkit.special_tokens import SPECIAL_TOKENS
 
@@ -25,8 +30,10 @@ def load(run_dir, checkpoint="model"):
 
     Args:
         run_dir: the run directory (holds ``config.yaml``, the tokenizer(s), ``model.keras``).
-        checkpoint: ``"model"`` (the final model, default), ``"best"`` (lowest validation
-            loss) or a path to a ``.keras`` file.
+        checkpoint: ``"model"`` (the final model, default), ``"best"`` (best validation
+            score, see ``train.early_stopping_metric``), ``"averaged"`` (``transformerkit
+            average``), the name of a file in ``RUN/checkpoints`` or a path to a ``.keras``
+            file.
 
     Returns a :class:`Run`.
     """
@@ -72,7 +79,9 @@ class Run:
 
     # -- translation ------------------------------------------------------------------------
     def translate(self, texts, beam_size=4, alpha=0.6, n_best=1, max_new_tokens=None,
-                  batch_size=64, temperature=None, top_k=None, top_p=None, seed=None):
+                  batch_size=64, temperature=None, top_k=None, top_p=None, seed=None,
+                  engine="keras", stopping=DEFAULT_STOPPING, max_len_a=DEFAULT_MAX_LEN_A,
+                  max_len_b=DEFAULT_MAX_LEN_B):
         """Translate one text (returns a str) or a list of texts (returns a list).
 
         Args:
@@ -82,8 +91,19 @@ class Run:
                 first (``score`` = length-penalised log-probability).
             max_new_tokens: at most this many target tokens (default: the model's max_length).
             batch_size: sentences decoded together.
+            stopping: beam search's stopping rule: "early" (default: a sentence is done once
+                ``beam_size`` hypotheses have ended, as CTranslate2 and Hugging Face
+                ``early_stopping=True``) or "exact" (done only when no live beam can win).
+            max_len_a, max_len_b: each output has at most ``max_len_a * source_tokens +
+                max_len_b`` tokens (default 1.2 and 10; both None: no cap but
+                ``max_new_tokens``); the model's ``max_length`` is always the ceiling.
+                With engine "ctranslate2": see :mod:`transformerkit.export.runtime`.
             temperature: not None samples instead of searching, with ``top_k``, ``top_p``
                 and ``seed`` (the same seed gives the same output).
+            engine: "keras" (this model) or "ctranslate2" (the run's CTranslate2 export,
+                written into the run directory on first use; see
+                :mod:`transformerkit.export.runtime` for how the options map), or a
+                ``transformerkit.export.runtime.CTranslate2Engine``.
 
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
@@ -91,35 +111,50 @@ class Run:
         from transformerkit.decoding.translate import translate_texts
 
         self._require("transformer", "translate")
+        if engine != "keras":
+            return self._engine(engine).translate(
+                texts, beam_size=beam_size, alpha=alpha, n_best=n_best,
+                max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
+                top_k=top_k, top_p=top_p, seed=seed, stopping=stopping, max_len_a=max_len_a,
+                max_len_b=max_len_b)
         single = isinstance(texts, str)
         results = translate_texts(
             self.model, self.source_tokenizer, self.target_tokenizer,
             [texts] if single else list(texts), beam_size=beam_size, alpha=alpha,
             n_best=n_best, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stopping=stopping,
+            max_len_a=max_len_a, max_len_b=max_len_b)
         return results[0] if single else results
 
-    def translate_batches(self, texts, **kwargs):
+    def translate_batches(self, texts, engine="keras", **kwargs):
         """Like :meth:`translate` for a list, but yields ``(indices, results)`` per batch as
         soon as it is decoded (used by the CLI to stream)."""
         from transformerkit.decoding.translate import translate_batches
 
         self._require("transformer", "translate_batches")
+        if engine != "keras":
+            yield from self._engine(engine).translate_batches(texts, **kwargs)
+            return
         yield from translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
                                      texts, **kwargs)
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens=200, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, stop_at_eos=True):
+                 seed=None, stop_at_eos=True, engine="keras"):
         """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
 
         ``temperature`` 0 is greedy; ``top_k`` / ``top_p`` restrict the draw; the same
         ``seed`` gives the same text. An empty prompt raises ``ValueError``; a prompt longer
-        than the model's ``max_length`` keeps its end, with a warning.
+        than the model's ``max_length`` keeps its end, with a warning. ``engine``: as in
+        :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only).
         """
         from transformerkit.decoding.sampling import generate_ids
 
         self._require("gpt", "generate")
+        if engine != "keras":
+            return self._engine(engine).generate(
+                prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
         tok = self.source_tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -133,6 +168,13 @@ class Run:
                            top_k=top_k, top_p=top_p, seed=seed,
                            eos_id=tok.eos_id if stop_at_eos else None)
         return prompt + tok.decode([i for i in new if i != tok.eos_id])
+
+    def _engine(self, engine):
+        """The CTranslate2 engine named by ``engine`` (:func:`~transformerkit.export.runtime.
+        engine_for`)."""
+        from transformerkit.export.runtime import engine_for
+
+        return engine_for(self, engine)
 
     # -- attention --------------------------------------------------------------------------
     def attention(self, source, target=None):

@@ -1,5 +1,5 @@
 """Command line: ``transformerkit train | summary | config | translate | generate | evaluate |
-attention | plot`` and ``transformerkit --version``.
+attention | export | plot | serve`` and ``transformerkit --version``.
 
 Each command takes its options and positional arguments in any order
 (``translate RUN --beam 4 TEXT`` and ``translate RUN TEXT --beam 4``: :class:`_Command`).
@@ -115,14 +115,42 @@ def _add_overrides(parser):
                         help="override a config key (repeatable; keys: transformerkit config)")
 
 
+def _number_or_none(kind):
+    """argparse type: a ``kind`` number, or ``none`` for None."""
+    def parse(text):
+        if text.strip().lower() in ("none", "null"):
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what} or none, got {text!r}") from None
+    return parse
+
+
+def _search_settings(args):
+    """``--stopping``, ``--max-len-a/b`` (both engines: transformerkit.export.runtime says
+    how CTranslate2 applies them)."""
+    return dict(stopping=args.stopping, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+
+
 def _add_use_commands(command):
     """The subcommands that use a trained run directory (``command(name, help)`` adds one)."""
     def run_parser(name, help_text):
         p = command(name, help_text)
         p.add_argument("run_dir", help="run directory written by `transformerkit train`")
         p.add_argument("--checkpoint", default="model",
-                       help="model (final, default), best (lowest val loss) or a .keras path")
+                       help="model (final, default), best (best validation score), averaged "
+                            "(transformerkit average), a file in RUN/checkpoints or a .keras "
+                            "path")
         return p
+
+    def engine_options(p):
+        p.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
+                       help="keras (default) or ctranslate2: the run's CTranslate2 export "
+                            "(RUN/ctranslate2, written on first use)")
+        p.add_argument("--threads", type=int, default=0,
+                       help="CTranslate2 threads (intra_threads; 0: its default)")
 
     def search_options(p, beam):
         p.add_argument("--beam", type=int, default=beam, help=f"beam size; 1 = greedy ({beam})")
@@ -131,12 +159,24 @@ def _add_use_commands(command):
         p.add_argument("--max-new-tokens", type=int, default=None,
                        help="longest output in tokens (default: the model's max_length)")
         p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
+        from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+
+        p.add_argument("--stopping", choices=("early", "exact"), default=DEFAULT_STOPPING,
+                       help="when a sentence's beam search ends: early = once BEAM hypotheses "
+                            "have ended (CTranslate2's rule), exact = when no live beam can "
+                            f"win, keras engine only ({DEFAULT_STOPPING})")
+        p.add_argument("--max-len-a", type=_number_or_none(float), default=DEFAULT_MAX_LEN_A,
+                       help="each output has at most A * source tokens + B tokens "
+                            f"({DEFAULT_MAX_LEN_A}; none: no cap)")
+        p.add_argument("--max-len-b", type=_number_or_none(int), default=DEFAULT_MAX_LEN_B,
+                       help=f"B of --max-len-a ({DEFAULT_MAX_LEN_B}; none: no cap)")
 
     translate = run_parser("translate", "translate sentences with a trained model")
     translate.add_argument("texts", nargs="*", default=[], metavar="TEXT",
                            help="sentences to translate; none: read stdin, one per line, "
                                 "printing each translation as soon as it is ready")
     search_options(translate, 4)
+    engine_options(translate)
     translate.add_argument("--n-best", type=int, default=1,
                            help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
 
@@ -148,13 +188,14 @@ def _add_use_commands(command):
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=None,
                           help="the same seed gives the same text")
+    engine_options(generate)
 
     evaluate = run_parser("evaluate", "BLEU and chrF (sacrebleu) on a split or on files; "
                                       "stored in the run's metrics.json under evaluate.NAME")
     where = evaluate.add_mutually_exclusive_group()
-    where.add_argument("--split", choices=("val", "test2016"), default=None,
-                       help="split of the run's dataset (default: test2016 for Multi30k, "
-                            "else val)")
+    where.add_argument("--split", choices=("val", "test", "test2016"), default=None,
+                       help="split of the run's dataset: val, test (data.test_*; TED's test; "
+                            "Multi30k's test2016) (default: test2016 for Multi30k, else val)")
     where.add_argument("--source", help="file of source sentences, one per line")
     evaluate.add_argument("--reference", help="file of reference translations (with --source)")
     evaluate.add_argument("--max-sentences", type=int, default=None)
@@ -162,6 +203,7 @@ def _add_use_commands(command):
                                              "else $TRANSFORMERKIT_DATA)")
     evaluate.add_argument("--output", help="also write the translations to this file")
     search_options(evaluate, 4)
+    engine_options(evaluate)
 
     attention = run_parser("attention", "attention heatmaps, one per head of a layer")
     attention.add_argument("source", help="the source sentence (GPT: the text)")
@@ -173,9 +215,64 @@ def _add_use_commands(command):
     attention.add_argument("--layer", type=int, default=-1,
                            help="layer index, negative from the end (default -1: the last)")
 
-    plot = command("plot", "training curves from a run's history.csv")
-    plot.add_argument("run_dir", help="run directory written by `transformerkit train`")
-    plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png)")
+    export = run_parser("export", "write the run's model in another format (CTranslate2)")
+    export.add_argument("--format", choices=("ctranslate2",), default="ctranslate2",
+                        help="the format (ctranslate2)")
+    export.add_argument("--quantization", default=None,
+                        choices=("int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                                 "int16", "float16", "bfloat16", "float32"),
+                        help="weight type of the export (default: float32 as trained)")
+    export.add_argument("--out", help="output folder (default RUN_DIR/ctranslate2 or "
+                                      "RUN_DIR/ctranslate2-QUANTIZATION)")
+    export.add_argument("--force", action="store_true", help="replace an existing folder")
+
+    plot = command("plot", "training curves from a run's history.csv, or with --lr the "
+                           "learning-rate schedule of a config or run")
+    plot.add_argument("target", metavar="RUN_DIR|CONFIG",
+                      help="run directory written by `transformerkit train` (with --lr: also a "
+                           "config YAML)")
+    plot.add_argument("--lr", action="store_true",
+                      help="plot the learning rate of every optimizer step instead")
+    plot.add_argument("--steps", type=int, default=None,
+                      help="--lr: the run's length in optimizer steps (default: the steps a "
+                           "run took, else train.max_steps)")
+    _add_overrides(plot)
+    plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png; --lr: "
+                                    "RUN_DIR/learning_rate.png, or CONFIG_NAME-lr.png)")
+
+    average = command("average", "average the weights of a run's last checkpoints (the "
+                                 "paper: the last 5 for base models, 20 for big ones)")
+    average.add_argument("run_dir", help="run directory written by `transformerkit train`")
+    average.add_argument("--last", type=int, required=True, metavar="N",
+                         help="how many of the newest checkpoints to average")
+    average.add_argument("--out", help=".keras file (default RUN_DIR/averaged.keras; load it "
+                                       "with --checkpoint averaged)")
+
+    serve = command("serve", "serve runs over HTTP: a JSON API (/translate, /generate, "
+                             "/attention, /models, /health, /openapi.json) and a page at /")
+    serve.add_argument("run_dirs", nargs="+", metavar="RUN",
+                       help="run directories; a request names its model by the folder name "
+                            "(default: the first)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (8000)")
+    serve.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
+                       help="keras (default) or ctranslate2 (the runs' CTranslate2 exports)")
+    serve.add_argument("--checkpoint", default="model", help="which weights of each run, as "
+                                                             "for translate (model)")
+    _add_serving_limits(serve)
+
+
+def _add_serving_limits(parser):
+    """``--max-texts``, ``--timeout`` ...: one option per field of ``serving.limits.Limits``."""
+    import dataclasses
+
+    from transformerkit.serving.limits import Limits
+
+    for item in dataclasses.fields(Limits):
+        parser.add_argument("--" + item.name.replace("_", "-"), type=type(item.default),
+                            default=item.default,
+                            help=f"{item.metadata['help']} ({item.default})")
 
 
 # commands that run a model over many batches: they keep freed memory for reuse
@@ -194,7 +291,8 @@ def main(argv=None):
         commands = {"train": _train, "summary": _summary, "config": _config,
                     "translate": _translate,
                     "generate": _generate, "evaluate": _evaluate, "attention": _attention,
-                    "plot": _plot}
+                    "export": _export,
+                    "plot": _plot, "average": _average, "serve": _serve}
         if args.command in _HEAVY_COMMANDS:
             from transformerkit.allocator import keep_freed_memory
 
@@ -224,7 +322,8 @@ def _train(args):
     else:
         config = load_config(args.config, overrides)
     metrics = train(config, run_dir, resume=args.resume)
-    _print_results(run_dir, metrics)
+    if metrics is not None:  # None: a process other than rank 0 of a multi-process run
+        _print_results(run_dir, metrics)
     return 0
 
 
@@ -330,12 +429,22 @@ def _stdin_chunks(stream, max_lines):
         yield chunk
 
 
+def _engine(args, run):
+    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine."""
+    if args.engine == "keras":
+        return "keras"
+    from transformerkit.export.runtime import CTranslate2Engine
+
+    return CTranslate2Engine(run, threads=args.threads)
+
+
 def _translate(args):
     run = _load(args)
     if args.n_best > max(1, args.beam):
         args.beam = args.n_best
     options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
-                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                   engine=_engine(args, run), **_search_settings(args))
     texts = [_valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     chunks = [texts] if texts else _stdin_chunks(stdin, args.batch_size)
@@ -376,7 +485,7 @@ def _generate(args):
     run = _load(args)
     _print(run.generate(_valid_text(args.prompt, "--prompt"), max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed))
+                        seed=args.seed, engine=_engine(args, run)))
     return 0
 
 
@@ -394,19 +503,22 @@ def _evaluation_data(args, run):
         data["data_dir"] = args.data_dir
     split = args.split or ("test2016" if data["dataset"] == "multi30k" else "val")
     if data["dataset"] == "multi30k":
+        split = "test2016" if split == "test" else split
         sources, references = corpora.load_multi30k(split, data["source_lang"],
                                                     data["target_lang"], data["data_dir"])
-    elif split == "val":
+    elif split == "test2016":
+        raise ValueError("--split test2016 is Multi30k's; this run's test split is --split "
+                         "test")
+    else:
         from transformerkit.training.data_setup import load_pairs
 
-        pairs = load_pairs(data, "val")
+        pairs = load_pairs(data, split)
         if pairs is None:
-            raise ValueError("the run's config names no validation data; use --source and "
-                             "--reference")
+            keys = {"val": "val_source/val_target, val_tsv or val_files",
+                    "test": "test_source/test_target, test_tsv or test_files"}[split]
+            raise ValueError(f"the run's config names no {split} data (data.{keys}); use "
+                             "--source and --reference")
         sources, references = pairs
-    else:
-        raise ValueError(f"--split {split} exists for Multi30k only; use --source and "
-                         "--reference for this run")
     return split, sources, references
 
 
@@ -423,25 +535,28 @@ def _evaluate(args):
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
     hypotheses = [None] * len(sources)
+    engine = _engine(args, run)
     with Progress(transient=True, console=_stderr_console()) as progress:
         task = progress.add_task(f"translating {name}", total=len(sources))
         for indices, results in run.translate_batches(
                 sources, beam_size=args.beam, alpha=args.alpha,
-                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                engine=engine, **_search_settings(args)):
             for i, text in zip(indices, results, strict=True):
                 hypotheses[i] = text
             progress.advance(task, len(indices))
     scores = corpus_scores(hypotheses, references)
     if args.output:
         atomic_write_text(args.output, "\n".join(hypotheses) + "\n")
-    _print(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}")
+    _print(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}, "
+           f"engine {args.engine}")
     _print(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
     _print(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
     run_dir = RunDirectory(args.run_dir)
     metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
     metrics.setdefault("evaluate", {})[name] = dict(
         scores, sentences=len(sources), beam_size=args.beam, alpha=args.alpha,
-        checkpoint=args.checkpoint)
+        checkpoint=args.checkpoint, engine=args.engine)
     run_dir.write_metrics(metrics)
     _print(f"stored in {run_dir.metrics}")
     return 0
@@ -482,12 +597,77 @@ def _attention(args):
     return 0
 
 
+def _export(args):
+    """``export RUN --format ctranslate2``: :func:`transformerkit.export.ctranslate2.export_run`."""
+    from transformerkit.export.ctranslate2 import export_run
+
+    out = export_run(_load(args), args.out, quantization=args.quantization, force=args.force)
+    _print(f"wrote {out}")
+    return 0
+
+
 def _plot(args):
+    if args.lr:
+        return _plot_learning_rate(args)
     from transformerkit.plotting import plot_history
 
-    run_dir = RunDirectory(args.run_dir)
-    out = plot_history(run_dir.history, args.out or run_dir.history_plot, title=args.run_dir)
+    run_dir = RunDirectory(args.target)
+    out = plot_history(run_dir.history, args.out or run_dir.history_plot, title=args.target)
     _print(f"wrote {out}")
+    return 0
+
+
+def _plot_learning_rate(args):
+    """``plot CONFIG|RUN --lr``: the schedule over the run's steps (``--steps``, else the
+    steps a trained run took, else ``train.max_steps``)."""
+    from transformerkit.config import load_config
+    from transformerkit.plotting import plot_learning_rate
+    from transformerkit.training.trainer import learning_rates
+
+    is_run = os.path.isdir(args.target)
+    run = RunDirectory(args.target) if is_run else None
+    config = load_config(run.config if is_run else args.target, args.overrides)
+    steps = args.steps
+    if steps is None and is_run and os.path.isfile(run.metrics):
+        steps = run.read_metrics().get("steps")
+    steps = steps or config["train"]["max_steps"]
+    if not steps:
+        raise ValueError("--lr needs the run's length: give --steps N (the config sets no "
+                         "train.max_steps)")
+    rates = learning_rates(config, int(steps))
+    default = (os.path.join(args.target, "learning_rate.png") if is_run else
+               f"{os.path.splitext(os.path.basename(args.target))[0]}-lr.png")
+    out = plot_learning_rate(list(rates), args.out or default,
+                             title=f"{args.target}: learning rate ({config['train']['optimizer']})")
+    peak = int(rates.argmax())
+    _print(f"wrote {out} ({len(rates)} steps, peak {rates[peak]:.3g} at step {peak + 1})")
+    return 0
+
+
+def _average(args):
+    from transformerkit.training.averaging import average_checkpoints
+
+    out, paths = average_checkpoints(args.run_dir, args.last, args.out)
+    _print(f"wrote {out}: the mean of {', '.join(os.path.basename(p) for p in paths)}")
+    return 0
+
+
+def _serve(args):
+    import dataclasses
+
+    from transformerkit.serving.limits import Limits
+    from transformerkit.serving.server import serve
+
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        print(f"transformerkit serve: error: {err}: install the server's packages with "
+              "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
+        return 2
+    serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
+          checkpoint=args.checkpoint, limits=limits)
     return 0
 
 

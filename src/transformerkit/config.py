@@ -19,11 +19,17 @@ from typing import NamedTuple
 import yaml
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
-PRECISIONS = ("float32", "mixed_bfloat16")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
-DATASETS = ("multi30k", "parallel", "tsv", "text", "ted_hrlr")
+DATASETS = ("multi30k", "parallel", "tsv", "files", "text", "ted_hrlr")
+# Search defaults of translate, evaluate and the validation BLEU (transformerkit.decoding),
+# chosen on Multi30k val with bench/search_defaults.py (README, "Search options").
+STOPPING_RULES = ("early", "exact")
+DEFAULT_STOPPING = "early"
+DEFAULT_MAX_LEN_A = 1.2
+DEFAULT_MAX_LEN_B = 10
 SAMPLE_UNITS = ("epoch", "step")
 
 
@@ -50,7 +56,8 @@ SECTIONS = {
 
 _DATA = {
     "dataset": Key("multi30k", str, "the corpus: multi30k (downloaded), parallel (two files), "
-                                    "tsv, text (GPT), ted_hrlr (tensorflow-datasets)",
+                                    "tsv, files (train_files: text/tsv/jsonl, several), "
+                                    "text (GPT), ted_hrlr (tensorflow-datasets)",
                    DATASETS),
     "data_dir": Key(None, str, "data directory (null: $TRANSFORMERKIT_DATA, else "
                                "~/.cache/transformerkit); `train --data-dir` sets it"),
@@ -64,10 +71,34 @@ _DATA = {
     "val_target": Key(None, str, "dataset parallel: validation target sentences"),
     "train_tsv": Key(None, str, "dataset tsv: training pairs, SOURCE<TAB>TARGET per line"),
     "val_tsv": Key(None, str, "dataset tsv: validation pairs (null: no validation)"),
+    "test_source": Key(None, str, "dataset parallel: test source sentences (`evaluate "
+                                  "--split test`)"),
+    "test_target": Key(None, str, "dataset parallel: test target sentences"),
+    "test_tsv": Key(None, str, "dataset tsv: test pairs (`evaluate --split test`)"),
+    "train_files": Key(None, list, "dataset files: training corpora, each a path (.tsv or "
+                                   ".jsonl, optionally .gz) or a mapping {path | source + "
+                                   "target, format, and any of the reading keys below}"),
+    "val_files": Key(None, list, "dataset files: validation corpora, as train_files (null: "
+                                 "no validation)"),
+    "test_files": Key(None, list, "dataset files: test corpora for `evaluate --split test`"),
+    "source_column": Key(0, (int, str), "tsv: the source column, 0-based index or header "
+                                        "name"),
+    "target_column": Key(1, (int, str), "tsv: the target column, 0-based index or header "
+                                        "name"),
+    "header": Key(False, bool, "tsv: the first line names the columns (not a pair)"),
+    "source_key": Key("source", str, "jsonl: the field holding the source sentence"),
+    "target_key": Key("target", str, "jsonl: the field holding the target sentence"),
+    "tokenizer_sample": Key(1_000_000, int, "train the tokenizer(s) on a random sample of "
+                                            "this many training pairs"),
+    "cache_dir": Key(None, str, "where encoded corpora are cached and memory-mapped (null: "
+                                "$TRANSFORMERKIT_CACHE, else "
+                                "$XDG_CACHE_HOME/transformerkit/token-cache)"),
     "text": Key(None, str, "dataset text: the text file a GPT trains on (also looked up in "
                            "the data directory)"),
     "tokenizer": Key("bpe", str, "bpe, wordpiece or unigram (trained on the training text), "
-                                 "char, or the path of a Hugging Face tokenizer folder"),
+                                 "char, or a path: an earlier run's directory (reuses its "
+                                 "vocabulary), a tokenizer .json file or a Hugging Face "
+                                 "tokenizer folder"),
     "vocab_size": Key(8000, int, "vocabulary size of a trained subword tokenizer"),
     "lowercase": Key(False, bool, "lowercase the text before subword tokenization"),
     "shared_vocab": Key(True, bool, "one tokenizer for source and target (always with "
@@ -118,12 +149,16 @@ _TRAIN = {
                                             "tensorflow, torch.compile on torch) or false"),
     "mixed_precision": Key(False, bool, "true: an older spelling of precision: "
                                         "mixed_bfloat16"),
-    "precision": Key("float32", str, "mixed_bfloat16: bfloat16 math, float32 weights",
+    "precision": Key("float32", str, "mixed_bfloat16: bfloat16 math, float32 weights; "
+                                     "mixed_float16: float16 math with loss scaling",
                      PRECISIONS),
     "distribution": Key("none", str, "several devices (JAX backend): data_parallel or "
                                      "model_parallel (training/distribution.py)",
                         DISTRIBUTIONS),
     "devices": Key(None, int, "number of devices to distribute over (null: all)"),
+    "process_timeout": Key("30m", str, "several processes (torchrun, JAX): how long a "
+                                       "process waits for the others before it stops with "
+                                       "an error: 90s, 10m"),
     "model_parallel_size": Key(None, int, "model_parallel: devices along the model axis "
                                           "(null: all)"),
     "samples": Key(5, int, "translations (GPT: generated texts) written to samples.txt at "
@@ -132,13 +167,35 @@ _TRAIN = {
                                          "BLEU and chrF (null: all)"),
     "decode_max_length": Key(None, int, "longest translation, in tokens, in evaluation and "
                                         "samples (null: the model's max_length)"),
-    "checkpoints_to_keep": Key(2, int, "epoch checkpoints kept in RUN/checkpoints (best.keras "
-                                       "besides)"),
+    "checkpoints_to_keep": Key(2, int, "checkpoints kept in RUN/checkpoints, epoch ends and "
+                                       "checkpoint_every ones (best.keras besides)"),
+    "checkpoint_every": Key(None, int, "also checkpoint every N optimizer steps inside an "
+                                       "epoch; --resume continues there (null: epoch ends)"),
+    "average_last": Key(None, int, "at the end, average the last N checkpoints into "
+                                   "RUN/averaged.keras and evaluate it too (paper: 5)"),
+    "patience": Key(None, int, "early stopping: stop after N evaluations of "
+                               "early_stopping_metric without improvement (null: never)"),
+    "early_stopping_metric": Key("val_loss", str, "what patience and best.keras watch: "
+                                                  "val_loss (lower) or val_bleu (higher, "
+                                                  "needs bleu_every)",
+                                 ("val_loss", "val_bleu")),
+    "accumulate_steps": Key(1, int, "batches per optimizer update: gradients of k batches "
+                                    "weighted by their tokens, one update (steps count "
+                                    "updates)"),
     "verbose": Key("auto", (int, str), "progress of model.fit: auto, 0 (silent), 1 (progress "
                                        "bar) or 2 (one line per epoch)"),
     "sample_every": Key(None, int, "print sample translations (GPT: texts) every N "
                                    "sample_units while training (null: never)"),
     "sample_unit": Key("epoch", str, "the unit of sample_every", SAMPLE_UNITS),
+    "sample_prompts": Key(None, list, "GPT: prompts the samples continue, during training "
+                                      "and in samples.txt (null: the start of the "
+                                      "validation text)"),
+    "sample_max_tokens": Key(None, int, "GPT: tokens generated per sample (null: "
+                                        "decode_max_length, else 200)"),
+    "sample_temperature": Key(0.8, float, "GPT: sampling temperature of the samples (0: "
+                                          "greedy)"),
+    "sample_top_k": Key(50, int, "GPT: sample among the k most likely tokens (null: all)"),
+    "sample_top_p": Key(None, float, "GPT: sample within top-p probability mass (null: off)"),
     "bleu_every": Key(None, int, "validation BLEU and chrF every N epochs, in history.csv as "
                                  "val_bleu, val_chrf (null: never)"),
     "bleu_max_sentences": Key(200, int, "validation sentences that bleu_every translates"),
@@ -181,6 +238,10 @@ def schema():
     model["pretrained_embeddings"] = Key(None, str, ".npy file of a (vocab, d_model) matrix "
                                                     "the token embeddings start from "
                                                     "(Transformer: the source's)")
+    model["embeddings"] = Key(None, dict, "pretrained vectors (word2vec/GloVe text, BPEmb "
+                                          "pieces, .gz): {source|target|shared: FILE or {file, "
+                                          "tokens: auto|words|pieces, limit}}; the tokenizer "
+                                          "is built from the file's tokens (see README)")
     return {"model": model, "data": _DATA, "train": _TRAIN}
 
 
@@ -271,7 +332,8 @@ def _check_type(name, value, types):
 
 def _names(types):
     return " or ".join({int: "an integer", float: "a number", str: "a string",
-                        bool: "true/false"}[t] for t in types)
+                        bool: "true/false", list: "a list", dict: "a mapping"}[t]
+                       for t in types)
 
 
 def _check_values(config, source):
@@ -287,16 +349,24 @@ def _check_values(config, source):
                               f"got {config[section][key]}")
     if data["batch_size"] is not None and data["batch_size"] < 1:
         raise ConfigError(f"{source}: data.batch_size must be positive")
+    if data["tokenizer_sample"] < 1:
+        raise ConfigError(f"{source}: data.tokenizer_sample must be positive, got "
+                          f"{data['tokenizer_sample']}")
     if train["max_steps"] is not None and train["max_steps"] < 1:
         raise ConfigError(f"{source}: train.max_steps must be positive")
     if train["time_budget"] is not None:
         parse_duration(train["time_budget"], "train.time_budget")
+    if not parse_duration(train["process_timeout"], "train.process_timeout") > 0:
+        raise ConfigError(f"{source}: train.process_timeout must be positive")
     if train["sample_unit"] not in ("epoch", "step"):
         raise ConfigError(f"{source}: train.sample_unit must be 'epoch' or 'step', "
                           f"got {train['sample_unit']!r}")
-    for key in ("sample_every", "bleu_every", "bleu_max_sentences", "eval_beam_size"):
+    for key in ("sample_every", "bleu_every", "bleu_max_sentences", "eval_beam_size",
+                "sample_max_tokens", "sample_top_k"):
         if train[key] is not None and train[key] < 1:
             raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
+    _check_sampling_keys(train, source)
+    _check_embeddings(model, source)
     if train["precision"] not in PRECISIONS:
         raise ConfigError(f"{source}: train.precision must be one of {PRECISIONS}, "
                           f"got {train['precision']!r}")
@@ -319,6 +389,54 @@ def _check_values(config, source):
         raise ConfigError(f"{source}: train.beta_2 must be in (0, 1), got {train['beta_2']}")
     if not 0.0 <= train["label_smoothing"] < 1.0:
         raise ConfigError(f"{source}: train.label_smoothing must be in [0, 1)")
+    _check_long_run_keys(train, source)
+
+
+def _check_embeddings(model, source):
+    """model.embeddings (pretrained vectors files): its form, and no .npy matrix beside it."""
+    from transformerkit.data.vectors import embedding_files
+
+    try:
+        files = embedding_files(model["embeddings"])
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    if files and model["pretrained_embeddings"] is not None:
+        raise ConfigError(f"{source}: give model.embeddings (vectors files) or "
+                          "model.pretrained_embeddings (a .npy matrix), not both")
+
+
+def _check_sampling_keys(train, source):
+    """sample_prompts (non-empty strings), sample_temperature, sample_top_p."""
+    prompts = train["sample_prompts"]
+    if prompts is not None and (not prompts or not all(
+            isinstance(p, str) and p for p in prompts)):
+        raise ConfigError(f"{source}: train.sample_prompts must be a non-empty list of "
+                          f"non-empty strings, got {prompts!r}")
+    if train["sample_temperature"] < 0:
+        raise ConfigError(f"{source}: train.sample_temperature must be >= 0, got "
+                          f"{train['sample_temperature']}")
+    if train["sample_top_p"] is not None and not 0 < train["sample_top_p"] <= 1:
+        raise ConfigError(f"{source}: train.sample_top_p must be in (0, 1], got "
+                          f"{train['sample_top_p']}")
+
+
+def _check_long_run_keys(train, source):
+    """checkpoint_every, average_last, patience, early_stopping_metric, accumulate_steps."""
+    for key in ("checkpoint_every", "average_last", "patience", "accumulate_steps",
+                "checkpoints_to_keep"):
+        if train[key] is not None and train[key] < 1:
+            raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
+    if train["early_stopping_metric"] not in ("val_loss", "val_bleu"):
+        raise ConfigError(f"{source}: train.early_stopping_metric must be val_loss or val_bleu, "
+                          f"got {train['early_stopping_metric']!r}")
+    if train["early_stopping_metric"] == "val_bleu" and not train["bleu_every"]:
+        raise ConfigError(f"{source}: train.early_stopping_metric val_bleu needs "
+                          "train.bleu_every (validation BLEU is computed only then); set "
+                          "train.bleu_every: 1 or use val_loss")
+    if train["average_last"] is not None and train["average_last"] > train["checkpoints_to_keep"]:
+        raise ConfigError(f"{source}: train.average_last={train['average_last']} needs at least "
+                          f"that many checkpoints kept; set train.checkpoints_to_keep >= "
+                          f"{train['average_last']}")
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")

@@ -85,6 +85,26 @@ def plot_history(history_csv, out, title=None):
     return _save(figure, out)
 
 
+def plot_learning_rate(rates, out, title=None):
+    """The learning rate of every optimizer update, ``rates`` ``(steps,)``, against the
+    update (counted from 1, as the paper's schedule counts). Writes a 1200 x 400 PNG to
+    ``out`` and returns its path."""
+    if len(rates) == 0:
+        raise ValueError("no learning rates to plot (steps must be positive)")
+    figure = Figure(figsize=HISTORY_SIZE, dpi=DPI, layout="constrained")
+    ax = figure.subplots()
+    ax.plot(range(1, len(rates) + 1), rates)
+    peak = max(range(len(rates)), key=rates.__getitem__)
+    ax.annotate(f"peak {rates[peak]:.3g} at step {peak + 1}", (peak + 1, rates[peak]),
+                textcoords="offset points", xytext=(8, -12))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    return _save(figure, out)
+
+
 def attention_figure_size(num_heads, columns=4):
     """``(width, height)`` in pixels of :func:`plot_attention`'s figure."""
     cols = min(columns, num_heads)

@@ -10,11 +10,14 @@ read::
       target_tokenizer.json        the target vocabulary
       model.keras                  the final model
       checkpoints/
-        epoch-NNNN.keras           the last ``train.checkpoints_to_keep`` epochs
+        epoch-NNNN.keras           after epoch NNNN, and (``train.checkpoint_every``)
+        epoch-NNNN-batch-BBBBBBB.keras  after BBBBBBB batches of epoch NNNN + 1: the last
+                                   ``train.checkpoints_to_keep`` of them
         best.keras                 the lowest monitored loss
         latest.json                the state naming the newest complete checkpoint
       history.csv                  per-epoch metrics (Keras ``CSVLogger``)
       logs/                        TensorBoard logs
+      averaged.keras               the average of the last checkpoints (``average``)
       metrics.json                 final metrics, and ``evaluate.NAME`` from ``evaluate``
       samples.txt                  translations or GPT samples at the end of training
       history.png                  written by ``transformerkit plot``
@@ -40,10 +43,11 @@ LOGS = "logs"
 METRICS = "metrics.json"
 SAMPLES = "samples.txt"
 HISTORY_PLOT = "history.png"
+AVERAGED = "averaged.keras"
 
 BEST_CHECKPOINT = "best.keras"
 CHECKPOINT_STATE = "latest.json"
-_EPOCH_CHECKPOINT = re.compile(r"^epoch-(\d+)\.keras$")
+_EPOCH_CHECKPOINT = re.compile(r"^epoch-(\d+)(?:-batch-(\d+))?\.keras$")
 
 
 class _Folder:
@@ -83,16 +87,34 @@ class CheckpointDirectory(_Folder):
         return f"epoch-{int(epoch):04d}.keras"
 
     @staticmethod
+    def position_name(epoch, batch):
+        """File name of a checkpoint inside an epoch: after ``epoch`` complete epochs and
+        ``batch`` batches of the next one (``batch`` 0: the same as :meth:`epoch_name`)."""
+        if int(batch) == 0:
+            return CheckpointDirectory.epoch_name(epoch)
+        return f"epoch-{int(epoch):04d}-batch-{int(batch):07d}.keras"
+
+    @staticmethod
     def epoch_of(name):
-        """The epoch of an :meth:`epoch_name`, or None for any other name."""
+        """The complete epochs of an :meth:`epoch_name` or :meth:`position_name`, or None for
+        any other name."""
         match = _EPOCH_CHECKPOINT.match(name)
         return int(match.group(1)) if match else None
 
+    @staticmethod
+    def batch_of(name):
+        """The batches into the next epoch of a :meth:`position_name` (0 for an
+        :meth:`epoch_name`), or None for any other name."""
+        match = _EPOCH_CHECKPOINT.match(name)
+        return int(match.group(2) or 0) if match else None
+
     def epoch_names(self):
-        """Names of the epoch checkpoints in the folder, oldest first ([] if none)."""
+        """Names of the checkpoints in the folder (epoch ends and positions inside an epoch),
+        oldest first, i.e. ordered by (epoch, batch) ([] if none)."""
         if not os.path.isdir(self.path):
             return []
-        return sorted(f for f in os.listdir(self.path) if _EPOCH_CHECKPOINT.match(f))
+        names = [f for f in os.listdir(self.path) if _EPOCH_CHECKPOINT.match(f)]
+        return sorted(names, key=lambda n: (self.epoch_of(n), self.batch_of(n)))
 
     def has_checkpoint(self):
         """Whether the folder holds a state file or an epoch checkpoint."""
@@ -159,14 +181,27 @@ class RunDirectory(_Folder):
             return self.shared_tokenizer, self.shared_tokenizer
         return self._file(SOURCE_TOKENIZER), self._file(TARGET_TOKENIZER)
 
+    @property
+    def averaged(self):
+        return self._file(AVERAGED)
+
     def model_file(self, checkpoint="model"):
-        """The ``.keras`` file to load: ``"model"`` (the final model), ``"best"`` (the lowest
-        validation loss) or any other value as a path of its own."""
+        """The ``.keras`` file to load: ``"model"`` (the final model), ``"best"`` (the best
+        checkpoint by ``train.early_stopping_metric``, lowest validation loss by default),
+        ``"averaged"`` (written by ``transformerkit average`` or ``train.average_last``), the
+        name of a file in ``checkpoints/`` (``epoch-0003.keras``) or any other value as a
+        path of its own."""
         if checkpoint == "model":
             return self.model
         if checkpoint == "best":
             return self.checkpoints.best
-        return os.fspath(checkpoint)
+        if checkpoint == "averaged":
+            return self.averaged
+        name = os.fspath(checkpoint)
+        if os.sep not in name and not os.path.exists(name) and \
+                os.path.exists(self.checkpoints.file(name)):
+            return self.checkpoints.file(name)
+        return name
 
     def read_metrics(self):
         """``metrics.json`` as a dict; ``FileNotFoundError`` if the run has none yet."""

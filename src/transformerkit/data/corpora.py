@@ -6,9 +6,10 @@ Where data lives (:func:`resolve_data_dir`): an explicit ``data_dir`` argument, 
 missing ones are downloaded there (``download=True``) from the ``multi30k/dataset`` GitHub
 repository at a pinned commit, gunzipped, checked against their sha256 and written atomically.
 
-Empty pairs: :func:`read_parallel` and :func:`read_tsv` drop pairs where either side is
-empty after stripping, and report how many with a ``logging`` WARNING on the
-``transformerkit.data.corpora`` logger (the return value stays two aligned lists).
+Empty pairs: :func:`read_parallel` drops pairs where either side is empty after stripping,
+and reports how many with a ``logging`` WARNING on the ``transformerkit.data.corpora``
+logger (the return value stays two aligned lists). :func:`read_tsv` reads through
+:mod:`transformerkit.data.sources`, which counts and reports every kind of bad line.
 """
 
 import gzip
@@ -18,6 +19,7 @@ import pathlib
 import urllib.error
 import urllib.request
 
+from transformerkit.data import sources
 from transformerkit.files import atomic_path, file_sha256
 
 LANGS = ("en", "de", "fr", "cs")
@@ -119,29 +121,21 @@ def read_parallel(source_path, target_path):
     return _drop_empty_pairs(sources, targets, f"{source_path} / {target_path}")
 
 
-def read_tsv(path, source_column=0, target_column=1):
-    """Tab-separated pairs -> ``(sources, targets)``; fields are stripped, no quoting.
+def read_tsv(path, source_column=0, target_column=1, header=False):
+    """Tab-separated pairs -> ``(sources, targets)`` lists; fields are stripped, no quoting.
 
-    Blank lines are skipped; a line with too few columns raises ValueError naming the path
-    and line; pairs with an empty side are dropped and counted in a logging WARNING.
+    Columns are 0-based indices, or names from the first line with ``header=True``; swap
+    them to reverse the direction. Blank lines are skipped; lines with too few columns,
+    invalid UTF-8 or an empty side are skipped and counted in a logging WARNING on the
+    ``transformerkit.data.sources`` logger; a file without any usable pair raises
+    ValueError. (Large files: stream them with :func:`transformerkit.data.sources.iter_pairs`.)
     """
-    if source_column == target_column:
-        raise ValueError(f"source_column and target_column are both {source_column}")
-    needed = max(source_column, target_column) + 1
-    sources, targets = [], []
-    for number, line in enumerate(read_lines(path), start=1):
-        if not line:
-            continue
-        fields = line.split("\t")
-        if len(fields) < needed:
-            raise ValueError(f"{path}: line {number} has {len(fields)} tab-separated columns, "
-                             f"need {needed}: {line[:80]!r}")
-        sources.append(fields[source_column].strip())
-        targets.append(fields[target_column].strip())
-    return _drop_empty_pairs(sources, targets, str(path))
+    spec = sources.CorpusSpec("tsv", (path,), source_column=source_column,
+                              target_column=target_column, header=header)
+    return sources.read_pairs([spec])
 
 
-def _check_languages(source_lang, target_lang, allowed):
+def check_languages(source_lang, target_lang, allowed):
     for lang in (source_lang, target_lang):
         if lang not in allowed:
             raise ValueError(f"unknown language {lang!r}; expected one of {allowed}")
@@ -160,7 +154,7 @@ def load_multi30k(split, source_lang, target_lang, data_dir=None, download=True)
     """
     if split not in MULTI30K_SPLITS:
         raise ValueError(f"unknown Multi30k split {split!r}; expected one of {MULTI30K_SPLITS}")
-    _check_languages(source_lang, target_lang, LANGS)
+    check_languages(source_lang, target_lang, LANGS)
     folder = resolve_data_dir(data_dir) / "multi30k"
     paths = [multi30k_file(split, lang, folder, download) for lang in (source_lang, target_lang)]
     return read_parallel(*paths)

@@ -163,8 +163,20 @@ class EpochSync(keras.callbacks.Callback):
             dataset.set_epoch(epoch)
 
 
+def sequence_lengths(sequences):
+    """Lengths of a list of id sequences, or the ``lengths`` array of a
+    :class:`~transformerkit.data.token_cache.RaggedIds` (no pass over the sequences):
+    int64 ``(n,)``."""
+    lengths = getattr(sequences, "lengths", None)
+    if lengths is not None:
+        return np.asarray(lengths, dtype=np.int64)
+    return np.array([len(s) for s in sequences], dtype=np.int64)
+
+
 class TranslationBatches(_EpochDataset):
-    """Length-bucketed, token-budgeted batches of an :class:`EncodedPairs`.
+    """Length-bucketed, token-budgeted batches of an :class:`EncodedPairs` (or of the
+    memory-mapped :class:`~transformerkit.data.token_cache.CachedPairs`: only the lengths
+    are read up front, a batch's ids when it is served).
 
     Each batch is ``((source_ids, decoder_input_ids), labels)``: int32, right-padded with
     0, shapes ``(rows, source_len)``, ``(rows, target_len - 1)``, ``(rows, target_len - 1)``.
@@ -218,8 +230,8 @@ class TranslationBatches(_EpochDataset):
         self.batch_size = None if batch_size is None else _positive("batch_size", batch_size)
         self.pad_to_multiple = _positive("pad_to_multiple", pad_to_multiple)
         # Padded widths per pair: source, target (BOS..EOS) = decoder input + 1.
-        self.source_widths = self._round_up(np.array([len(s) for s in encoded.source]))
-        self.target_widths = self._round_up(np.array([len(t) for t in encoded.target]) - 1) + 1
+        self.source_widths = self._round_up(sequence_lengths(encoded.source))
+        self.target_widths = self._round_up(sequence_lengths(encoded.target) - 1) + 1
         self.lengths = np.maximum(self.source_widths, self.target_widths)
         if self.tokens_per_batch and self.lengths.max() > self.tokens_per_batch:
             raise ValueError(f"tokens_per_batch={self.tokens_per_batch} is smaller than the "
@@ -234,7 +246,7 @@ class TranslationBatches(_EpochDataset):
         if self.batch_size:
             return list(range(0, n, self.batch_size)) + [n]
         cuts, rows, longest = [0], 0, 0
-        for length in np.sort(self.lengths):  # greedy: fill until the budget would break
+        for length in np.sort(self.lengths).tolist():  # greedy: fill while within budget
             if (rows + 1) * max(longest, length) > self.tokens_per_batch:
                 cuts.append(cuts[-1] + rows)
                 rows, longest = 0, 0

@@ -21,10 +21,12 @@ yields a special id: it is tokenized as plain text (BPE, WordPiece), or, where t
 model itself holds that spelling as a piece, the piece becomes ``<unk>``.
 """
 
+import itertools
 import json
 import logging
 import pathlib
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformerkit.files import atomic_write_text
@@ -100,6 +102,14 @@ def _strip_at_eos(ids, eos_id, drop):
     return out
 
 
+def _flatten(sequences):
+    """List of id lists -> (int32 concatenation, int64 lengths)."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32,
+                      count=int(lengths.sum()))
+    return ids, lengths
+
+
 class _TokenizerBase:
     """What every tokenizer shares: the reserved ids and the batch/lookup helpers."""
 
@@ -115,6 +125,13 @@ class _TokenizerBase:
     def decode_batch(self, batch):
         """Decode a ``(batch, length)`` array or a list of id lists -> list of str."""
         return [self.decode(ids) for ids in batch]
+
+    def encode_batch_flat(self, texts, add_bos=False, add_eos=False):
+        """Texts -> ``(ids, lengths)``: the encodings of :meth:`encode_batch` concatenated
+        into one int32 array ``(sum(lengths),)`` and their lengths, int64 ``(len(texts),)``
+        (the form the token cache stores)."""
+        encoded = self.encode_batch(texts, add_bos=add_bos, add_eos=add_eos)
+        return _flatten(encoded)
 
     def __repr__(self):
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
@@ -226,6 +243,30 @@ class SubwordTokenizer(_TokenizerBase):
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
         encodings = encode(texts, add_special_tokens=False)  # fast: no offsets (>= 0.21)
         return [self._with_specials(e.ids, add_bos, add_eos) for e in encodings]
+
+    def encode_batch_flat(self, texts, add_bos=False, add_eos=False):
+        """:meth:`_TokenizerBase.encode_batch_flat` without a Python list per sequence: the
+        Rust library encodes in parallel, NumPy places the special ids."""
+        texts = list(texts)
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        pieces, lengths = _flatten([e.ids for e in encode(texts, add_special_tokens=False)])
+        reserved = np.isin(pieces, [self.pad_id, self.bos_id, self.eos_id])
+        pieces[reserved] = self.unk_id  # as _with_specials: reserved ids in text are UNK
+        extra = int(bool(add_bos)) + int(bool(add_eos))
+        if not extra:
+            return pieces, lengths
+        out_lengths = lengths + extra
+        ends = np.cumsum(out_lengths)  # (n,)
+        ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype="int32")
+        is_piece = np.ones(len(ids), dtype=bool)
+        if add_bos:
+            ids[ends - out_lengths] = self.bos_id
+            is_piece[ends - out_lengths] = False
+        if add_eos:
+            ids[ends - 1] = self.eos_id
+            is_piece[ends - 1] = False
+        ids[is_piece] = pieces
+        return ids, out_lengths
 
     def tokenize(self, text):
         """Text -> list of subword strings (as stored in the vocabulary)."""

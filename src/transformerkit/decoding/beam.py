@@ -1,4 +1,4 @@
-"""Beam search with the GNMT length penalty, n-best lists and an exact early stop.
+"""Beam search with the GNMT length penalty, n-best lists, two stopping rules, length caps.
 
 The beams of all sentences are rows of one batch, ``(batch * beam, ...)``: one decoder
 step scores every beam at once, and the self-attention caches follow their beams by
@@ -9,10 +9,20 @@ beam size 1 is exactly greedy search with ``alpha=0``).
 
 A finished hypothesis ``y`` scores ``log p(y | x) / lp(|y|)`` with
 ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016; the Transformer paper used beam 4 and
-alpha 0.6). A sentence is done when its worst kept finished score beats the best score
-any live beam could still reach (its log-probability can only fall, and its penalty is at
-most ``lp(max_new_tokens)``), so stopping early never changes the result; the loop stops
-when every sentence is done or at ``max_new_tokens``.
+alpha 0.6). When a sentence's search is over (``stopping``):
+
+- ``"exact"``: when its worst kept finished score beats the best score any live beam could
+  still reach (its log-probability can only fall, and its penalty is at most
+  ``lp(cap)``), so stopping never changes the result of searching to the length cap;
+- ``"early"``: as soon as ``beam`` hypotheses have finished (the rule of CTranslate2 and of
+  Hugging Face's ``early_stopping=True``), or when the exact rule holds;
+
+and in both cases when it reaches its length cap (``max_new_tokens``, or
+``max_len_a * source_len + max_len_b``). In the eager PyTorch loop a sentence whose search
+is over leaves the batch: its beams' rows are dropped from the caches and its encoder
+memory with them, in the same row gather that reorders the surviving beams. The compiled
+JAX/TensorFlow loops keep fixed shapes (their while loops need loop-invariant shapes) and
+freeze a finished sentence's beams instead; both give the same hypotheses.
 """
 
 from dataclasses import dataclass
@@ -21,16 +31,25 @@ import numpy as np
 from keras import ops
 
 from transformerkit.decoding.common import (
+    DEFAULT_STOPPING,
     NEG_INF,
+    STOPPING_RULES,
     TokenRules,
     check_max_new_tokens,
     chunked_top_k,
     cut_at_eos,
+    length_caps,
     length_penalty,
     log_softmax_plus,
     prepare_sources,
 )
-from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
+from transformerkit.decoding.compiled import (
+    is_eager_loop,
+    run_decoder,
+    start_index,
+    to_numpy,
+    while_loop,
+)
 from transformerkit.decoding.steps import make_steps
 from transformerkit.special_tokens import BOS_ID, EOS_ID
 
@@ -54,36 +73,48 @@ def _flat_rows(indices, group):
     return ops.reshape(offsets + ops.cast(indices, "int32"), (-1,))
 
 
-def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, eos_id, active):
-    """The batched beam search; returns the final loop state (NumPy-convertible dict)."""
-    max_new = width - 1
+_SENTENCE_FIELDS = ("alive_logp", "finished_score", "finished_logp", "finished_length",
+                    "max_penalty", "cap", "active")  # (batch, ...) arrays of the loop state
+_ROW_FIELDS = ("alive", "finished")  # (batch * beam, width) arrays
+
+
+def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, eos_id, active,
+                     caps=None, stopping="exact", drop_finished=True):
+    """The batched beam search; returns the final loop state (NumPy-convertible dict).
+
+    ``active`` ``(batch,)`` bool (False: bucket padding), ``caps`` ``(batch,)`` int32: the
+    most tokens of each sentence (default ``width - 1``). ``drop_finished``: finished
+    sentences leave the batch in the eager loop (ignored by compiled loops)."""
     vocab = steps.vocab_size
-    max_penalty = length_penalty(float(max_new), alpha)
     rules = TokenRules(vocab, eos_id)
+    early = stopping == "early"
 
-    def cond(s):
+    def over(s, index):
+        """``(n,)`` bool: whose search is over after ``index`` steps."""
         worst_finished = ops.min(s["finished_score"], axis=1)
-        best_alive = ops.max(s["alive_logp"], axis=1) / max_penalty
-        done = ops.logical_or(ops.greater_equal(worst_finished, best_alive),
-                              ops.logical_not(active))
-        return ops.logical_and(ops.less(s["index"] + 1, width),
-                               ops.logical_not(ops.all(done)))
+        best_alive = ops.max(s["alive_logp"], axis=1) / s["max_penalty"]
+        done = ops.greater_equal(worst_finished, best_alive)
+        if early:
+            done = ops.logical_or(done, ops.greater(worst_finished, NEG_INF))
+        done = ops.logical_or(done, ops.greater_equal(index, s["cap"]))
+        return ops.logical_or(done, ops.logical_not(s["active"]))
 
-    def body(s):
+    def expand(s, static):
+        """One step of the ``n`` sentences of ``s``: the new fields, the parent row of each
+        new live beam ``(n * beam,)`` and the caches before reordering."""
         index = s["index"]
+        n = s["alive_logp"].shape[0]
         position = index + 1
         logits, new_state = steps.step(s["alive"], index, s["state"], static)
         logits = ops.cast(logits, "float32")
         # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
-        scores = log_softmax_plus(logits, s["alive_logp"])
-        candidates = rules.apply(scores, index < min_new, owned=True)  # (batch * beam, vocab)
-        top_logp, top_ids = chunked_top_k(ops.reshape(candidates, (batch, beam * vocab)),
-                                          2 * beam)
+        scores = log_softmax_plus(logits, ops.reshape(s["alive_logp"], (-1,)))
+        candidates = rules.apply(scores, index < min_new, owned=True)  # (n * beam, vocab)
+        top_logp, top_ids = chunked_top_k(ops.reshape(candidates, (n, beam * vocab)), 2 * beam)
         parent, token = ops.floor_divide(top_ids, vocab), ops.mod(top_ids, vocab)
-        # (batch * 2beam, width): the parents' sequences with the new token written in
+        # (n * 2beam, width): the parents' sequences with the new token written in
         grown = ops.take(s["alive"], _flat_rows(parent, beam), axis=0)
-        grown = ops.slice_update(grown, [0, position],
-                                 ops.reshape(token, (batch * 2 * beam, 1)))
+        grown = ops.slice_update(grown, [0, position], ops.reshape(token, (n * 2 * beam, 1)))
         is_eos = ops.equal(token, eos_id)
 
         # finished: the best `beam` of the kept ones and the candidates that end here, if
@@ -93,64 +124,137 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         new_scores = ops.where(ops.logical_and(is_eos, in_beam), top_logp / penalty, NEG_INF)
         scores = ops.concatenate([s["finished_score"], new_scores], axis=1)
         finished_score, pick = ops.top_k(scores, beam)
-        pool = ops.concatenate([ops.reshape(s["finished"], (batch, beam, width)),
-                                ops.reshape(grown, (batch, 2 * beam, width))], axis=1)
-        pool = ops.reshape(pool, (batch * 3 * beam, width))
+        pool = ops.concatenate([ops.reshape(s["finished"], (n, beam, width)),
+                                ops.reshape(grown, (n, 2 * beam, width))], axis=1)
+        pool = ops.reshape(pool, (n * 3 * beam, width))
         pick_rows = _flat_rows(pick, 3 * beam)
         logps = ops.concatenate([s["finished_logp"], top_logp], axis=1)
         lengths = ops.concatenate(
-            [s["finished_length"], ops.full((batch, 2 * beam), position, "int32")], axis=1)
+            [s["finished_length"], ops.full((n, 2 * beam), position, "int32")], axis=1)
 
         # alive: the best `beam` candidates that did not end
         alive_logp, keep = ops.top_k(ops.where(is_eos, NEG_INF, top_logp), beam)
         keep_rows = _flat_rows(keep, 2 * beam)
         parents = ops.take(ops.reshape(parent, (-1,)), keep_rows, axis=0)
         parent_rows = ops.reshape(
-            ops.expand_dims(ops.arange(batch, dtype="int32") * beam, 1)
-            + ops.reshape(parents, (batch, beam)), (-1,))
-        return dict(
-            index=index + 1,
-            state=steps.reorder(new_state, parent_rows, position),
-            alive=ops.take(grown, keep_rows, axis=0),
-            alive_logp=alive_logp,
-            finished=ops.take(pool, pick_rows, axis=0),
-            finished_score=finished_score,
-            finished_logp=ops.reshape(ops.take(ops.reshape(logps, (-1,)), pick_rows, axis=0),
-                                      (batch, beam)),
-            finished_length=ops.reshape(
-                ops.take(ops.reshape(lengths, (-1,)), pick_rows, axis=0), (batch, beam)),
-        )
+            ops.expand_dims(ops.arange(n, dtype="int32") * beam, 1)
+            + ops.reshape(parents, (n, beam)), (-1,))
+        new = dict(s, index=index + 1, alive=ops.take(grown, keep_rows, axis=0),
+                   alive_logp=alive_logp, finished=ops.take(pool, pick_rows, axis=0),
+                   finished_score=finished_score,
+                   finished_logp=ops.reshape(
+                       ops.take(ops.reshape(logps, (-1,)), pick_rows, axis=0), (n, beam)),
+                   finished_length=ops.reshape(
+                       ops.take(ops.reshape(lengths, (-1,)), pick_rows, axis=0), (n, beam)))
+        return new, parent_rows, new_state
 
     rows = batch * beam
-    alive = ops.concatenate([ops.full((rows, 1), BOS_ID, "int32"),
-                             ops.zeros((rows, width - 1), "int32")], axis=1)
+    caps = ops.convert_to_tensor(np.full((batch,), width - 1) if caps is None else caps, "int32")
     first = np.full((batch, beam), NEG_INF, dtype="float32")
     first[:, 0] = 0.0  # all beams start equal: expand only the first one
-    init = dict(index=start_index(0), state=state, alive=alive,
+    init = dict(index=start_index(0), state=state,
+                alive=ops.concatenate([ops.full((rows, 1), BOS_ID, "int32"),
+                                       ops.zeros((rows, width - 1), "int32")], axis=1),
                 alive_logp=ops.convert_to_tensor(first),
                 finished=ops.zeros((rows, width), "int32"),
                 finished_score=ops.full((batch, beam), NEG_INF, "float32"),
                 finished_logp=ops.full((batch, beam), NEG_INF, "float32"),
-                finished_length=ops.zeros((batch, beam), "int32"))
+                finished_length=ops.zeros((batch, beam), "int32"),
+                max_penalty=length_penalty(ops.cast(caps, "float32"), alpha),
+                cap=caps,
+                active=ops.convert_to_tensor(active, "bool"))
+    if drop_finished and is_eager_loop():
+        return _live_sentences_loop(steps, static, init, beam, width, over, expand)
+
+    def cond(s):
+        return ops.logical_and(ops.less(s["index"] + 1, width),
+                               ops.logical_not(ops.all(over(s, s["index"]))))
+
+    def body(s):
+        done = over(s, s["index"])  # these sentences keep what they have (fixed shapes)
+        new, parent_rows, new_state = expand(s, static)
+        rows_done = ops.expand_dims(ops.repeat(done, beam, axis=0), 1)
+        for name in _SENTENCE_FIELDS:
+            new[name] = ops.where(ops.reshape(done, (-1,) + (1,) * (len(new[name].shape) - 1)),
+                                  s[name], new[name])
+        for name in _ROW_FIELDS:
+            new[name] = ops.where(rows_done, s[name], new[name])
+        new["state"] = steps.reorder(new_state, parent_rows, s["index"] + 1)
+        return new
+
     final = while_loop(cond, body, init)
     final.pop("state")
     return final
 
 
+def _live_sentences_loop(steps, static, s, beam, width, over, expand):
+    """The eager loop of :func:`beam_search_loop` where a sentence whose search is over
+    leaves the batch: its final fields are copied out (NumPy) and the next step runs on the
+    other sentences' beams only."""
+    batch = s["alive_logp"].shape[0]
+    out = {name: np.array(to_numpy(s[name])) for name in _SENTENCE_FIELDS + _ROW_FIELDS}
+    live = np.arange(batch)
+    active = out["active"]
+    if not active.all():  # bucket padding: never decoded
+        kept = np.flatnonzero(active)
+        rows = ops.convert_to_tensor((kept[:, None] * beam + np.arange(beam)).reshape(-1),
+                                     "int32")
+        static = steps.select_sources(static, rows)
+        s = dict(s, state=steps.reorder(s["state"], rows, 0),
+                 **{k: ops.take(s[k], ops.convert_to_tensor(kept, "int32"), axis=0)
+                    for k in _SENTENCE_FIELDS},
+                 **{k: ops.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
+        live = kept
+    while live.size and s["index"] + 1 < width:
+        s, parent_rows, new_state = expand(s, static)
+        index = s["index"]
+        done = np.asarray(to_numpy(over(s, index)), bool)
+        if index + 1 >= width:
+            done[:] = True
+        if done.any():
+            row_done = np.repeat(done, beam)
+            for name in _SENTENCE_FIELDS:
+                out[name][live[done]] = to_numpy(s[name])[done]
+            for name in _ROW_FIELDS:
+                out[name][np.repeat(live[done] * beam, beam) + np.tile(np.arange(beam),
+                                                                       int(done.sum()))] = \
+                    to_numpy(s[name])[row_done]
+            if done.all():
+                live = live[:0]
+                break
+            kept = np.flatnonzero(~done)
+            kept_t = ops.convert_to_tensor(kept, "int32")
+            rows = ops.convert_to_tensor(np.flatnonzero(~row_done), "int32")
+            static = steps.select_sources(static, rows)
+            parent_rows = ops.take(parent_rows, rows, axis=0)
+            s = dict(s, **{k: ops.take(s[k], kept_t, axis=0) for k in _SENTENCE_FIELDS},
+                     **{k: ops.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
+            live = live[kept]
+        s["state"] = steps.reorder(new_state, parent_rows, index)
+    out["index"] = np.int32(s["index"])
+    return out
+
+
 def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
-                   beam_size=4, alpha=0.6, n_best=1, min_new_tokens=0, use_cache=True):
+                   beam_size=4, alpha=0.6, n_best=1, min_new_tokens=0, use_cache=True,
+                   stopping=DEFAULT_STOPPING, max_len_a=None, max_len_b=None, drop_finished=True):
     """Beam-search translations of a batch with a ``Transformer``.
 
     Args:
-        model, source_ids, bos_id, eos_id, max_new_tokens, min_new_tokens, use_cache: as in
+        model, source_ids, bos_id, eos_id, max_new_tokens, min_new_tokens, use_cache,
+            max_len_a, max_len_b, drop_finished: as in
             :func:`~transformerkit.decoding.greedy_translate`.
         beam_size: int >= 1, hypotheses kept per sentence.
         alpha: float >= 0, length penalty exponent (0 = plain log-probability).
         n_best: int in ``[1, beam_size]``, hypotheses returned per sentence.
+        stopping: ``"exact"`` (a sentence's search ends when no live beam can beat its
+            finished hypotheses: the best result within the length cap) or ``"early"`` (it
+            also ends once ``beam_size`` hypotheses have finished, as CTranslate2 and
+            Hugging Face ``early_stopping=True``; faster, rarely different).
 
     Returns:
         ``batch`` lists of ``n_best`` :class:`Hypothesis`, best first (sorted by score).
-        Sentences that reach ``max_new_tokens`` without EOS also offer their live beams,
+        Sentences that reach their length cap without EOS also offer their live beams,
         marked ``finished=False``.
     """
     if bos_id != BOS_ID:
@@ -162,33 +266,45 @@ def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_toke
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
     if alpha < 0:
         raise ValueError(f"alpha (length penalty) must be >= 0, got {alpha}")
+    check_stopping(stopping)
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
     source, active = prepare_sources(model, source_ids)
     batch = np.asarray(source_ids).shape[0]
+    caps = length_caps(source, max_new, max_len_a, max_len_b)
+    if is_eager_loop():  # no buffer or cache longer than needed
+        max_new = int(caps.max())
     steps = make_steps(model, use_cache)
     alpha = float(alpha)
 
-    def decode(source, active, min_new):
+    def decode(source, active, caps, min_new):
         state, static = steps.start(source, max_new, copies=beam_size)
         return beam_search_loop(steps, static, state, source.shape[0], beam_size, max_new + 1,
-                                alpha, min_new, eos_id, active)
+                                alpha, min_new, eos_id, active, caps, stopping, drop_finished)
 
-    key = ("beam", beam_size, alpha, max_new, eos_id, use_cache)
-    out = run_decoder(model, key, decode, source, active, np.int32(min_new_tokens))
+    key = ("beam", beam_size, alpha, max_new, eos_id, use_cache, stopping)
+    out = run_decoder(model, key, decode, source, active, caps, np.int32(min_new_tokens))
     return [_n_best(out, row, beam_size, n_best, alpha, eos_id) for row in range(batch)]
 
 
+def check_stopping(stopping):
+    """``stopping`` if it is one of :data:`STOPPING_RULES`, else a clear ``ValueError``."""
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"stopping must be 'exact' or 'early', got {stopping!r}")
+    return stopping
+
+
 def _n_best(out, row, beam, n_best, alpha, eos_id):
-    """The ``n_best`` hypotheses of sentence ``row``: finished ones and, when the length
-    limit was hit, the live beams (scored as if they ended there)."""
+    """The ``n_best`` hypotheses of sentence ``row``: finished ones and, when its length cap
+    was hit, the live beams (scored as if they ended there)."""
     found = []
     for k in range(beam):
         score = float(out["finished_score"][row, k])
         if np.isfinite(score):
             found.append(Hypothesis(cut_at_eos(out["finished"][row * beam + k, 1:], eos_id),
                                     score, float(out["finished_logp"][row, k]), True))
-    steps = int(out["index"])
-    if len(found) < n_best or steps + 1 >= out["alive"].shape[1]:
+    # live beams hold no padding: their length is the steps this sentence ran
+    steps = int(np.count_nonzero(out["alive"][row * beam, 1:]))
+    if len(found) < n_best or steps >= int(out["cap"][row]):
         for k in range(beam):
             logp = float(out["alive_logp"][row, k])
             if np.isfinite(logp):

@@ -3,6 +3,14 @@
 Each step costs one new position (the key/value cache, :mod:`.steps`); the loop stops as
 soon as every row has produced the end token or its token budget, and the whole loop is
 one compiled function per shape bucket on JAX and TensorFlow (:mod:`.compiled`).
+
+Live rows: in the eager PyTorch loop a sentence that has finished leaves the batch (its
+rows are dropped from the key/value caches and the encoder memory), so each step runs on
+the sentences still being decoded, as CTranslate2 does. The compiled JAX/TensorFlow loops
+keep fixed shapes (``lax.while_loop`` / ``tf.while_loop`` need loop-invariant shapes; a
+shrinking batch would mean one compiled function per batch size and a loop outside XLA),
+so there a finished row keeps running and its output is padding. Both give the same
+tokens. Sampling keeps every row too, so a seed draws the same random numbers either way.
 """
 
 import numpy as np
@@ -13,9 +21,16 @@ from transformerkit.decoding.common import (
     argmax_ids,
     check_max_new_tokens,
     cut_at_eos,
+    length_caps,
     prepare_sources,
 )
-from transformerkit.decoding.compiled import run_decoder, start_index, while_loop
+from transformerkit.decoding.compiled import (
+    is_eager_loop,
+    run_decoder,
+    start_index,
+    to_numpy,
+    while_loop,
+)
 from transformerkit.decoding.steps import make_steps, token_at
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -26,7 +41,7 @@ def argmax_choice(logits, index):
 
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
-                 choose, eos_id, active, collect_logits=False):
+                 choose, eos_id, active, collect_logits=False, drop_finished=False):
     """Extend each row of ``buffer`` one token per step until EOS or ``max_new`` tokens.
 
     Args:
@@ -35,15 +50,22 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         first_index: first position fed to the model (earlier ones are in the cache).
         prompt_lengths: ``(rows,)`` int32 (positions below it are copied, not chosen), or
             one Python int for every row (translation: 1, the BOS).
-        max_new, min_new: int32 scalars: at most / at least this many new tokens (EOS
-            counts; it is forbidden until ``min_new`` tokens exist).
+        max_new, min_new: at most / at least this many new tokens (EOS counts; it is
+            forbidden until ``min_new`` tokens exist): int32 scalars, or ``max_new`` per row
+            ``(rows,)`` (length caps relative to the source).
         choose: ``(logits (rows, vocab), index) -> (rows,)`` int32 ids.
         eos_id: end token, or -1 for none.
         active: ``(rows,)`` bool; inactive rows (bucket padding) count as finished.
         collect_logits: also return the raw logits of every step ``(rows, width - 1, vocab)``.
+        drop_finished: in the eager loop, finished rows leave the batch (see the module
+            docstring; ``choose`` must not depend on which rows are in it); ignored by the
+            compiled loops.
 
     Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
     """
+    if drop_finished and is_eager_loop():
+        return _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
+                                 max_new, min_new, choose, eos_id, active, collect_logits)
     rows, width = buffer.shape
     rules = TokenRules(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
@@ -84,26 +106,88 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
     return final["buffer"], final.get("logits")
 
 
+def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths, max_new,
+                      min_new, choose, eos_id, active, collect_logits):
+    """:func:`token_search` in the eager loop where finished rows leave the batch: the same
+    steps on the live rows only (which rows are live is known on the host every step, as
+    the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
+    rows, width = buffer.shape
+    rules = TokenRules(steps.vocab_size, eos_id)
+    per_row_prompts = not isinstance(prompt_lengths, int)
+    prompts = np.broadcast_to(np.asarray(to_numpy(prompt_lengths)), (rows,))
+    limits = np.broadcast_to(np.asarray(to_numpy(max_new)), (rows,))
+    min_new = int(to_numpy(min_new))
+    out = np.zeros((rows, width), "int32")
+    logits_out = np.zeros((rows, width - 1, steps.vocab_size), "float32") \
+        if collect_logits else None
+    buf = ops.convert_to_tensor(buffer, "int32")
+    out[:] = to_numpy(buf)
+    live = np.arange(rows)
+    index = first_index
+
+    def keep_only(keep):
+        nonlocal buf, state, static, live
+        kept = ops.convert_to_tensor(keep, "int32")
+        buf = ops.take(buf, kept, axis=0)
+        state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
+        static = steps.select_sources(static, kept)
+        live = live[keep]
+
+    active = np.asarray(to_numpy(active), bool)
+    if not active.all():
+        keep_only(np.flatnonzero(active))
+    while index + 1 < width and live.size:
+        logits, state = steps.step(buf, index, state, static)
+        logits = ops.cast(logits, "float32")
+        position = index + 1
+        made = position - prompts[live]
+        forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
+        token = choose(rules.apply(logits, forbid, owned=not collect_logits), index)
+        in_prompt = position < prompts[live]
+        if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
+            token = ops.where(ops.convert_to_tensor(in_prompt),
+                              ops.squeeze(token_at(buf, position), 1), token)
+        token = ops.cast(token, "int32")
+        buf = ops.slice_update(buf, [0, position], ops.expand_dims(token, 1))
+        if collect_logits:
+            logits_out[live, index] = to_numpy(logits)
+        chosen = np.asarray(to_numpy(token))
+        ends = ((chosen == eos_id) | (made + 1 >= limits[live])) & ~in_prompt
+        index = position
+        if ends.any():
+            out[live[ends]] = to_numpy(buf)[ends]
+            keep_only(np.flatnonzero(~ends))
+    if live.size:
+        out[live] = to_numpy(buf)
+    return out, logits_out
+
+
 def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                   make_choose=None, bos_id=BOS_ID, eos_id=EOS_ID, min_new_tokens=0,
-                  use_cache=True, return_logits=False):
-    """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling."""
+                  use_cache=True, return_logits=False, max_len_a=None, max_len_b=None,
+                  drop_finished=True):
+    """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling.
+    ``drop_finished`` applies to the greedy choice only (``make_choose`` None)."""
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
     source, active = prepare_sources(model, source_ids)
     batch = np.asarray(source_ids).shape[0]
+    caps = length_caps(source, max_new, max_len_a, max_len_b)
+    if is_eager_loop() and not return_logits:  # no buffer or cache longer than needed
+        max_new = int(caps.max())
     steps = make_steps(model, use_cache)
+    drop = bool(drop_finished) and make_choose is None
 
-    def decode(source, active, min_new, *extra):
+    def decode(source, active, caps, min_new, *extra):
         state, static = steps.start(source, max_new)
         rows = source.shape[0]
         buffer = ops.concatenate([ops.full((rows, 1), bos_id, "int32"),
                                   ops.zeros((rows, max_new), "int32")], axis=1)
         chooser = make_choose(*extra) if make_choose is not None else choose
-        return token_search(steps, static, state, buffer, 0, 1, max_new, min_new, chooser,
-                            eos_id, active, return_logits)
+        return token_search(steps, static, state, buffer, 0, 1, caps, min_new, chooser,
+                            eos_id, active, return_logits, drop)
 
     full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits)
-    buffer, logits = run_decoder(model, full_key, decode, source, active,
+    buffer, logits = run_decoder(model, full_key, decode, source, active, caps,
                                  np.int32(min_new_tokens), *extra_args)
     ids = [cut_at_eos(row[1:], eos_id) for row in buffer[:batch]]
     if return_logits:
@@ -112,7 +196,8 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
 
 
 def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
-                     min_new_tokens=0, use_cache=True, return_logits=False):
+                     min_new_tokens=0, use_cache=True, return_logits=False, max_len_a=None,
+                     max_len_b=None, drop_finished=True):
     """Translate a batch greedily with a ``Transformer``.
 
     Args:
@@ -128,7 +213,15 @@ def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_to
             (the model's own Keras cache API) or False (recompute the whole prefix every
             step: the baseline of ``bench/decode.py``; same output).
         return_logits: also return the raw logits ``(batch, max_new_tokens, vocab)`` of
-            every step (steps after a sentence ended, or after the loop stopped, are 0).
+            every step (steps after a sentence ended, or after the loop stopped, are 0 where
+            finished rows leave the batch; with fixed shapes a finished row's later logits
+            are those of the step it kept running).
+        max_len_a, max_len_b: cap each output at ``floor(max_len_a * source_len +
+            max_len_b)`` tokens, EOS included (``source_len``: the source's real tokens,
+            EOS included), as fairseq; None, None (default): only ``max_new_tokens``.
+        drop_finished: in the eager (PyTorch) loop, finished sentences leave the batch (their
+            cache rows and encoder memory are dropped; the same tokens, fewer rows per step);
+            False keeps every row to the end, as the compiled JAX/TensorFlow loops do.
 
     Returns:
         ``batch`` lists of ids, without BOS, cut before EOS; with ``return_logits``, the
@@ -140,4 +233,5 @@ def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_to
     """
     return translate_ids(model, source_ids, max_new_tokens, argmax_choice, "greedy",
                          bos_id=bos_id, eos_id=eos_id, min_new_tokens=min_new_tokens,
-                         use_cache=use_cache, return_logits=return_logits)
+                         use_cache=use_cache, return_logits=return_logits, max_len_a=max_len_a,
+                         max_len_b=max_len_b, drop_finished=drop_finished)

@@ -82,7 +82,7 @@ def _choice_args(temperature, top_k, top_p, seed):
 
 def sample_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
                      temperature=1.0, top_k=None, top_p=None, seed=None, min_new_tokens=0,
-                     use_cache=True):
+                     use_cache=True, max_len_a=None, max_len_b=None):
     """Sampled translations of a batch (arguments as
     :func:`~transformerkit.decoding.greedy.greedy_translate`, plus ``temperature`` (0 =
     greedy), ``top_k``, ``top_p`` and ``seed``: the same seed gives the same output on the
@@ -90,7 +90,8 @@ def sample_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_to
     key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
     return translate_ids(model, source_ids, max_new_tokens, argmax_choice, key, args,
                          make_choose, bos_id=bos_id, eos_id=eos_id,
-                         min_new_tokens=min_new_tokens, use_cache=use_cache)
+                         min_new_tokens=min_new_tokens, use_cache=use_cache,
+                         max_len_a=max_len_a, max_len_b=max_len_b)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=None,

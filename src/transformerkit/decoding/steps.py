@@ -12,10 +12,14 @@ The search loops (:mod:`.greedy`, :mod:`.beam`, :mod:`.sampling`) see a model th
   without it the whole prefix is run again (the baseline of ``bench/decode.py``).
 
 State is a list of per-layer self-attention ``(keys, values)``; beam search reorders its
-rows with ``reorder``. :func:`make_steps` picks the adapter: the model's Keras cache API
-(``Transformer.decode`` / ``GPT.__call__`` with ``caches``, caches ``(rows, max_len, heads,
-dim)``) on every backend, or, where the PyTorch shortcuts apply
-(:mod:`transformerkit.fastpath`), :class:`EagerSteps`: the models' own one-position
+rows with ``reorder``. The eager (PyTorch) loops also drop the rows of finished sentences:
+``reorder`` with fewer rows shrinks the caches, and ``select_sources(static, rows)`` keeps the
+encoder memory of the sentences those rows belong to.
+
+:func:`make_steps` picks the adapter: the model's Keras cache API (``Transformer.decode`` /
+``GPT.__call__`` with ``caches``, caches ``(rows, max_len, heads, dim)``) on every backend,
+or, where the PyTorch shortcuts apply (:mod:`transformerkit.fastpath`),
+:class:`EagerSteps`: the models' own one-position
 ``decode_step`` (the fast twin of their cached ``call``, beside it in ``models/base.py``
 and ``layers/``) over position-major caches ``(max_len, rows, heads, dim)``.
 """
@@ -57,8 +61,14 @@ class _KerasSteps:
         self.vocab_size = getattr(model, "target_vocab_size", None) or model.vocab_size
 
     def reorder(self, state, rows, filled):
-        """Self-attention caches with their rows taken from ``rows`` (beam search)."""
+        """Self-attention caches with their rows taken from ``rows`` (beam search; fewer
+        rows drop finished sentences)."""
         return [(ops.take(k, rows, axis=0), ops.take(v, rows, axis=0)) for k, v in state]
+
+    def select_sources(self, static, rows):
+        """``static`` for the rows ``rows`` of the current ones (``copies`` adjacent rows per
+        sentence: every row of a kept sentence, in order): drops finished sentences."""
+        return static
 
 
 def _repeat(x, copies):
@@ -105,6 +115,14 @@ class Seq2SeqSteps(_KerasSteps):
         logits, caches = self.model.decode(token_at(buffer, index), None, source_mask,
                                            caches=caches, cache_index=index)
         return logits[:, -1, :], [c["self"] for c in caches]
+
+    def select_sources(self, static, rows):
+        context, source_mask, max_len = static  # every row holds its own copy here
+        if self.use_cache:
+            context = [tuple(ops.take(t, rows, axis=0) for t in pair) for pair in context]
+        else:
+            context = ops.take(context, rows, axis=0)
+        return context, ops.take(source_mask, rows, axis=0), max_len
 
 
 class LanguageModelSteps(_KerasSteps):
@@ -193,10 +211,11 @@ class EagerSteps:
         return self.model.decode_step(tokens, index, state, weights, memories, copies), state
 
     def reorder(self, state, rows, filled):
-        """Beam search: caches whose rows are taken from ``rows``; only the filled positions
-        are copied (the rest of the new buffers is written before it is read). The select
-        runs on row-major views ``(rows, filled, h, d)``: PyTorch's row gather along the
-        first axis is faster than along the second."""
+        """Beam search: caches whose rows are taken from ``rows`` (fewer rows than now drop
+        finished sentences); only the filled positions are copied (the rest of the new
+        buffers is written before it is read). The select runs on row-major views ``(rows,
+        filled, h, d)``: PyTorch's row gather along the first axis is faster than along the
+        second."""
         import torch
 
         rows = torch.as_tensor(rows).long()
@@ -204,9 +223,23 @@ class EagerSteps:
         for cache in state:
             pair = []
             for t in cache:
-                new = torch.empty_like(t)
+                new = t.new_empty((t.shape[0], rows.shape[0]) + tuple(t.shape[2:]))
                 torch.index_select(t[:filled].transpose(0, 1), 0, rows,
                                    out=new[:filled].transpose(0, 1))
                 pair.append(new)
             reordered.append(tuple(pair))
         return reordered
+
+    def select_sources(self, static, rows):
+        """Keep the cross-attention memory (one copy per sentence) of the sentences of
+        ``rows``: every ``copies``-th row names one."""
+        import torch
+
+        weights, memories, copies = static
+        if memories is None:
+            return static
+        rows = torch.as_tensor(rows).long()
+        sentences = rows[::copies] // copies
+        memories = [tuple(None if t is None else t.index_select(0, sentences) for t in memory)
+                    for memory in memories]
+        return weights, memories, copies

@@ -28,7 +28,8 @@ class TokenEmbedding(keras.layers.Layer):
         embeddings_initializer: initializer (default normal with stddev d_model^-0.5, so that
             the scaled embeddings have unit variance, as in tensor2tensor).
         pretrained: optional ``(vocab_size, d_model)`` array copied into the matrix at build
-            time (not serialized: the saved weights carry it).
+            time (not serialized: the saved weights carry it). Rows that are all NaN keep
+            the initializer's values: tokens a vectors file has no vector for.
         trainable: bool, set False to freeze a pretrained matrix.
 
     Example:
@@ -53,16 +54,24 @@ class TokenEmbedding(keras.layers.Layer):
                 raise ValueError(
                     f"pretrained embedding matrix has shape {pretrained.shape}, expected "
                     f"(vocab_size, d_model) = ({self.vocab_size}, {self.d_model})")
+            nan = np.isnan(pretrained)
+            if (nan.any(axis=1) & ~nan.all(axis=1)).any() or np.isinf(pretrained).any():
+                raise ValueError("pretrained embedding matrix has infinite values or rows only "
+                                 "partly NaN (a NaN row means: no vector, keep the "
+                                 "initializer's)")
             self._pretrained = pretrained
         self.supports_masking = True
 
     def build(self, input_shape=None):
+        initializer = self.embeddings_initializer
+        if self._pretrained is not None:
+            # The matrix is the initial value (an assignment would be lost when Keras' first
+            # build runs symbolically inside fit).
+            initializer = _PretrainedInitializer(self._pretrained, initializer)
+            self._pretrained = None
         self.embeddings = self.add_weight(
             name="embeddings", shape=(self.vocab_size, self.d_model),
-            initializer=self.embeddings_initializer, trainable=True)
-        if self._pretrained is not None:
-            self.embeddings.assign(self._pretrained.astype(self.embeddings.dtype))
-            self._pretrained = None
+            initializer=initializer, trainable=True)
 
     def call(self, inputs, reverse=False):
         if reverse:  # (b, t, d_model) -> (b, t, vocab)
@@ -97,6 +106,21 @@ class TokenEmbedding(keras.layers.Layer):
                       embeddings_initializer=keras.initializers.serialize(
                           self.embeddings_initializer))
         return config
+
+
+class _PretrainedInitializer:
+    """The rows of ``matrix`` ``(vocab, d_model)``, and ``fallback``'s draw for the rows
+    that are all NaN (tokens without a pretrained vector)."""
+
+    def __init__(self, matrix, fallback):
+        self.matrix, self.fallback = matrix, fallback
+
+    def __call__(self, shape, dtype=None):
+        given = self.matrix.astype(keras.backend.standardize_dtype(dtype or "float32"))
+        missing = np.isnan(given).all(axis=1, keepdims=True)  # (vocab, 1)
+        if not missing.any():
+            return ops.convert_to_tensor(given)
+        return ops.where(missing, self.fallback(shape, dtype=dtype), np.nan_to_num(given))
 
 
 def sinusoidal_table(max_length, d_model, kind="sinusoidal", min_timescale=1.0,

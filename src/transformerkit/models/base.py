@@ -24,6 +24,7 @@ from transformerkit.layers.calls import (
     normalize,
 )
 from transformerkit.layers.dropout import apply_dropout
+from transformerkit.special_tokens import PAD_ID
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 # The options a block takes: the arguments of EncoderBlock (DecoderBlock passes them on).
@@ -88,6 +89,10 @@ class TransformerBase(keras.Model):
     """Shared constructor checks and building blocks of ``Transformer``, ``GPT``, ``Encoder``."""
 
     use_bias = True  # projection biases and LayerNorm offsets (a GPT may turn them off)
+    # The switch of multi-process data parallel training on PyTorch: None (one process), or
+    # a callable ``grads -> grads`` averaging the gradients over the processes with a
+    # ``replicas`` count (``training/processes.py: GradientAllReduce``, set by ``train``).
+    gradient_sync = None
 
     def train_step(self, *args):
         """One optimisation step on a batch: what ``model.fit`` calls for every batch.
@@ -105,12 +110,14 @@ class TransformerBase(keras.Model):
         (``torch.compile``), on JAX and TensorFlow, and with the shortcuts off it is Keras'
         ``train_step`` (JAX's takes ``(state, data)``, the others ``(data)``).
         """
+        sync = self.gradient_sync
         if not (fastpath.applies() and not self.jit_compile and self.optimizer is not None
-                and internals.available("model_train_step")):
-            return super().train_step(*args)
+                and internals.available("model_train_step")) or not self.trainable_weights:
+            if sync is None:
+                return super().train_step(*args)
+            with sync.wrap_apply(self.optimizer):  # Keras' step calls optimizer.apply
+                return super().train_step(*args)
         weights = self.trainable_weights
-        if not weights:
-            return super().train_step(*args)  # Keras warns
         import torch
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(*args)
@@ -124,8 +131,49 @@ class TransformerBase(keras.Model):
         self._loss_tracker.update_state(loss, sample_weight=batch_size)
         self.optimizer.scale_loss(loss).backward()
         with torch.no_grad():
-            self.optimizer.apply([v.value.grad for v in weights], weights)
+            grads = [v.value.grad for v in weights]
+            self.optimizer.apply(grads if sync is None else sync(grads), weights)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _accumulation_steps(self):
+        """How many micro-batch gradients are averaged into one update, when more than one:
+        ``k`` when the optimizer accumulates gradients over k micro-batches, times the
+        number of processes whose gradients :attr:`gradient_sync` averages; else None."""
+        optimizer = getattr(self, "optimizer", None)
+        steps = getattr(optimizer, "gradient_accumulation_steps", None) or 1
+        steps *= getattr(self.gradient_sync, "replicas", 1)
+        return steps if steps > 1 else None
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' ``compute_loss``; with gradient accumulation, one micro-batch's share of
+        its update's loss.
+
+        With ``gradient_accumulation_steps = k`` Keras' optimizer updates with the plain mean
+        of k micro-batch gradients (and with P processes, :attr:`gradient_sync` averages
+        over the P ranks too: k is then k * P, ``N`` counts all ranks' tokens). The
+        token-normalized loss of one large batch made of those micro-batches has the
+        gradient ``sum_i n_i g_i / N`` (``n_i`` real target tokens of micro-batch i,
+        ``N = sum_i n_i``), so each micro-batch's loss ``L_i`` is
+        scaled to ``k * n_i / N * L_i``, whose mean over the k micro-batches is the large
+        batch's loss. ``N`` travels with every micro-batch as its ``sample_weight``, a
+        ``(rows,)`` array all equal to ``N``
+        (:class:`transformerkit.training.accumulation.UpdateBatches` adds it); a batch
+        without one (validation) gets the plain loss.
+        """
+        steps = self._accumulation_steps()
+        if not steps or sample_weight is None:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        loss = super().compute_loss(x, y, y_pred, None, training=training)
+        tokens = keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y, PAD_ID), "float32"))
+        update_tokens = keras.ops.max(keras.ops.cast(sample_weight, "float32"))
+        return loss * (tokens * float(steps) / keras.ops.maximum(update_tokens, 1.0))
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        """Keras' ``compute_metrics``; with gradient accumulation the ``sample_weight`` is the
+        update's token count (see :meth:`compute_loss`), not a weight: metrics get none."""
+        if self._accumulation_steps():
+            sample_weight = None
+        return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _set_options(self, options):
         """Keep ``options`` (a validated dataclass of :mod:`transformerkit.models.options`)
@@ -142,10 +190,10 @@ class TransformerBase(keras.Model):
         return {name: value for name, value in dataclasses.asdict(self.options).items()
                 if name in _BLOCK_OPTIONS}
 
-    def _token_embedding(self, vocab_size, pretrained, name, scale=True):
+    def _token_embedding(self, vocab_size, pretrained, name, scale=True, trainable=None):
         embedding = TokenEmbedding(vocab_size, self.d_model, scale=scale, pretrained=pretrained,
                                    name=name)
-        embedding.trainable = self.embeddings_trainable
+        embedding.trainable = self.embeddings_trainable if trainable is None else trainable
         return embedding
 
     def _positions(self, name):

@@ -145,7 +145,10 @@ class Encoder(TransformerBase):
         total = ops.sum(hidden * weights, axis=1)
         return total / ops.maximum(ops.sum(weights, axis=1), ops.cast(1e-9, hidden.dtype))
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, return_logits=True):
+        """Hidden states ``(batch, len, d_model)``; with ``pooling`` ``(batch, d_model)``;
+        with ``num_classes`` the class logits ``(batch, num_classes)``, or with
+        ``return_logits=False`` their softmax, the class probabilities."""
         ids, token_type_ids = _unpack_inputs(inputs)
         hidden = self.encode(ids, token_type_ids, training=training)
         if self.pooling is None:
@@ -154,7 +157,8 @@ class Encoder(TransformerBase):
         if self.classifier is None:
             return pooled
         logits = self.classifier(apply_dropout(self.classifier_dropout, pooled, training))
-        return ops.cast(logits, "float32")
+        logits = ops.cast(logits, "float32")
+        return logits if return_logits else ops.softmax(logits, axis=-1)
 
     def attention_scores(self, ids, token_type_ids=None):
         """``{"self": [ (batch, heads, len, len) per layer ]}``."""

@@ -25,7 +25,7 @@ class GPT(TransformerBase):
         tie_embeddings: "none" (default) or "all"/"decoder" (both mean: the input embedding
             is the output projection, as in GPT-2 and nanoGPT).
         key_dim, value_dim, attention_dropout, layer_norm_epsilon, embeddings,
-        embeddings_trainable: as in ``Transformer``.
+        embeddings_trainable, projection_trainable: as in ``Transformer``.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper: True;
             GPT-2 and nanoGPT: False, the default).
         initialization: "gpt2" (default): every matrix drawn from N(0, 0.02), the residual
@@ -52,7 +52,7 @@ class GPT(TransformerBase):
                  attention_dropout=0.0, activation_dropout=0.0, layer_norm_epsilon=1e-5,
                  embeddings=None, embeddings_trainable=True, scale_embeddings=False,
                  initialization="gpt2", use_bias=True, min_timescale=1.0,
-                 max_timescale=1.0e4, **kwargs):
+                 max_timescale=1.0e4, projection_trainable=None, **kwargs):
         super().__init__(**kwargs)
         self._set_options(GPTOptions.from_arguments(locals()))
         self._pretrained_embeddings = embeddings is not None
@@ -65,7 +65,8 @@ class GPT(TransformerBase):
         self.final_norm = self._final_norm("final_norm")
         self.output_projection = (None if self.tie_embeddings != "none" else
                                   LogitsProjection(self.vocab_size, use_bias=self.use_bias,
-                                                   name="output_projection"))
+                                                   name="output_projection",
+                                                   trainable=projection_trainable is not False))
         if self.initialization == "gpt2":
             # built now: Keras' own first build can be symbolic, where assignments are lost
             self.build(None)
@@ -103,9 +104,10 @@ class GPT(TransformerBase):
             variable.assign(draw(variable.shape, dtype=variable.dtype))
 
     def call(self, ids, training=None, caches=None, cache_index=None,
-             return_attention_scores=False):
-        """Logits ``(batch, len, vocab)``; with ``caches``, ``ids`` are the new positions from
-        ``cache_index`` on and ``(logits, new_caches)`` is returned."""
+             return_attention_scores=False, return_logits=True):
+        """Logits ``(batch, len, vocab)`` (``return_logits=False``: their softmax, the
+        probabilities); with ``caches``, ``ids`` are the new positions from ``cache_index``
+        on and ``(logits, new_caches)`` is returned."""
         if caches is None:
             ids = check_token_ids(ids, self.vocab_size, self.max_length, "ids")
         start = 0 if cache_index is None else cache_index
@@ -121,6 +123,8 @@ class GPT(TransformerBase):
         else:
             logits = call_sublayer(self.token_embedding, out[0], reverse=True)
         logits = ops.cast(logits, "float32")
+        if not return_logits:
+            logits = ops.softmax(logits, axis=-1)
         return (logits, *out[1:]) if len(out) > 1 else logits
 
     def init_caches(self, batch_size, max_length, dtype="float32"):

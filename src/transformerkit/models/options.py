@@ -160,6 +160,13 @@ class TransformerOptions(ModelOptions):
         help="decoder: the output projection is the target embedding (section 3.4); all: the "
              "source embedding too, one vocabulary (GPT: both tie input and output)")
     num_decoder_layers: int | None = option(None, help="decoder blocks (null: num_layers)")
+    source_embeddings_trainable: bool | None = option(
+        None, help="false freezes the source embedding (null: embeddings_trainable)")
+    target_embeddings_trainable: bool | None = option(
+        None, help="false freezes the target embedding (null: embeddings_trainable)")
+    projection_trainable: bool | None = option(
+        None, help="false freezes the output projection (null: trainable; tied embeddings: "
+                   "the target embedding's setting, which it is)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -169,6 +176,32 @@ class TransformerOptions(ModelOptions):
                 f"one shared vocabulary, but source_vocab_size={self.source_vocab_size} != "
                 f"target_vocab_size={self.target_vocab_size}")
         self.num_decoder_layers = self.num_decoder_layers or self.num_layers
+        self.trainable_parts()  # checks the three settings agree where matrices are shared
+
+    def trainable_parts(self):
+        """``(source, target, projection)`` trainability of the embeddings and the output
+        projection; a ``ValueError`` where tied matrices would be both frozen and trained."""
+        source = _either(self.source_embeddings_trainable, self.embeddings_trainable)
+        target = _either(self.target_embeddings_trainable, self.embeddings_trainable)
+        if self.tie_embeddings == "all" and source != target:
+            raise ValueError("tie_embeddings='all' shares one matrix: source_embeddings_"
+                             "trainable and target_embeddings_trainable must agree")
+        return source, target, _tied_projection(self, target, "target_embeddings_trainable")
+
+
+def _either(own, shared):
+    return shared if own is None else own
+
+
+def _tied_projection(opts, embedding, embedding_key):
+    """The output projection's trainability: its own setting, or (tied) the embedding's."""
+    if opts.tie_embeddings == "none":
+        return _either(opts.projection_trainable, True)
+    if opts.projection_trainable not in (None, embedding):
+        raise ValueError(f"tie_embeddings={opts.tie_embeddings!r}: the output projection is the "
+                         f"embedding matrix, so projection_trainable={opts.projection_trainable}"
+                         f" cannot differ from {embedding_key}={embedding}")
+    return embedding
 
 
 @dataclass(kw_only=True)
@@ -195,6 +228,12 @@ class GPTOptions(ModelOptions):
              "paper: the layers' own (Glorot)")
     use_bias: bool = option(True, help="biases in the projections and LayerNorm offsets "
                                        "(false: nanoGPT's bias=False)")
+    projection_trainable: bool | None = redefault(TransformerOptions, "projection_trainable",
+                                                  None)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _tied_projection(self, self.embeddings_trainable, "embeddings_trainable")
 
 
 @dataclass(kw_only=True)

@@ -34,6 +34,10 @@ class Transformer(TransformerBase):
         layer_norm_epsilon: float (1e-6, as in the reference implementation).
         source_embeddings, target_embeddings: optional pretrained ``(vocab, d_model)`` arrays.
         embeddings_trainable: bool, False freezes the embedding matrices.
+        source_embeddings_trainable, target_embeddings_trainable: bool or None (default:
+            ``embeddings_trainable``), freeze or train one embedding on its own.
+        projection_trainable: bool or None, False freezes the output projection (default:
+            trainable; with tied embeddings it is the target embedding and follows it).
 
     Call: ``model((source_ids, target_input_ids))`` with ``(batch, source_len)`` and
     ``(batch, target_len)`` int ids -> logits ``(batch, target_len, target_vocab_size)``
@@ -52,20 +56,25 @@ class Transformer(TransformerBase):
                  activation_dropout=0.0,
                  layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
                  embeddings_trainable=True, min_timescale=1.0, max_timescale=1.0e4,
-                 **kwargs):
+                 source_embeddings_trainable=None, target_embeddings_trainable=None,
+                 projection_trainable=None, **kwargs):
         super().__init__(**kwargs)
         self._set_options(TransformerOptions.from_arguments(locals()))
+        source_trainable, target_trainable, projection_trainable = \
+            self.options.trainable_parts()
 
-        self.source_embedding = self._token_embedding(self.source_vocab_size, source_embeddings,
-                                                      "source_embedding")
+        self.source_embedding = self._token_embedding(
+            self.source_vocab_size, source_embeddings, "source_embedding",
+            trainable=source_trainable)
         if self.tie_embeddings == "all":
             if target_embeddings is not None:
                 raise ValueError("tie_embeddings='all' uses one matrix: pass source_embeddings "
                                  "only")
             self.target_embedding = self.source_embedding
         else:
-            self.target_embedding = self._token_embedding(self.target_vocab_size,
-                                                          target_embeddings, "target_embedding")
+            self.target_embedding = self._token_embedding(
+                self.target_vocab_size, target_embeddings, "target_embedding",
+                trainable=target_trainable)
         self.source_positions = self._positions("source_positions")
         self.target_positions = self._positions("target_positions")
         self.embedding_dropout = keras.layers.Dropout(self.dropout)
@@ -75,7 +84,8 @@ class Transformer(TransformerBase):
         self.decoder_norm = self._final_norm("decoder_norm")
         self.output_projection = (
             None if self.tie_embeddings != "none"
-            else LogitsProjection(self.target_vocab_size, name="output_projection"))
+            else LogitsProjection(self.target_vocab_size, name="output_projection",
+                                  trainable=projection_trainable))
 
     def build(self, input_shape=None):
         hidden = (None, None, self.d_model)
@@ -153,10 +163,14 @@ class Transformer(TransformerBase):
             logits = call_sublayer(self.target_embedding, hidden, reverse=True)
         return ops.cast(logits, "float32")
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, return_logits=True):
+        """Logits ``(batch, target_len, target_vocab)``; ``return_logits=False``: the
+        probabilities, their softmax over the vocabulary."""
         source_ids, target_ids = _unpack_pair(inputs)
         memory = self.encode(source_ids, training=training)
-        return self.decode(target_ids, memory, self._padding_mask(source_ids), training=training)
+        logits = self.decode(target_ids, memory, self._padding_mask(source_ids),
+                             training=training)
+        return logits if return_logits else ops.softmax(logits, axis=-1)
 
     def attention_scores(self, source_ids, target_ids):
         """Attention weights for plotting: dict of lists (one per layer) of

@@ -16,54 +16,136 @@ import transformerkit.training.optimizers  # noqa: F401
 import transformerkit.training.schedules  # noqa: F401
 from transformerkit.files import atomic_path, atomic_write_text, file_sha256, remove_temporaries
 from transformerkit.run_directory import CHECKPOINT_STATE, CheckpointDirectory
+from transformerkit.training.optimizers import optimizer_steps
 
 
 class RunCheckpoint(keras.callbacks.Callback):
-    """Saves the model with its optimizer state after every epoch, atomically.
+    """Saves the model with its optimizer state after every epoch and, with ``every``, every
+    ``every`` optimizer steps inside an epoch; atomically. Also the early-stopping rule.
 
     Layout in ``directory`` (see :class:`~transformerkit.run_directory.CheckpointDirectory`):
-    ``epoch-0003.keras`` (the last ``keep`` of them), ``best.keras`` (lowest ``monitor``)
-    and ``latest.json`` = ``{"epoch": 3, "step": 540, "checkpoint": "epoch-0003.keras",
-    "sha256": "...", "best": 2.31, "monitor": "val_loss", "global_rng": ...}``. Each file is
+    ``epoch-0003.keras`` after epoch 3, ``epoch-0003-batch-0000150.keras`` after 150 batches
+    of epoch 4 (the last ``keep`` of both kinds together), ``best.keras`` (the best
+    ``monitor`` value: lowest ``val_loss``/``loss``, highest ``val_bleu``) and ``latest.json``
+    = ``{"epoch": 3, "batch": 150, "step": 690, "checkpoint": "...", "sha256": "...",
+    "best": 2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``. Each file is
     written to a temporary name and renamed; ``latest.json`` is written last, so it always
     names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
-    crash during a save leaves the previous state. An epoch whose loss is NaN or inf is not
-    saved, so the last checkpoint stays the last good one.
+    crash during a save leaves the previous state. A checkpoint whose running loss is NaN
+    or inf is not saved, so the last checkpoint stays the last good one.
+
+    Early stopping (``patience``): every epoch end where ``monitor`` is in the logs is an
+    evaluation; after ``patience`` evaluations in a row without a better value, training
+    stops and ``stopped_early`` is True. ``wait`` (evaluations without improvement so far)
+    is in ``latest.json``, so a resumed run stops where the straight one would.
+
+    Args:
+        directory: the checkpoint folder. keep: checkpoints kept. monitor: a log key.
+        best, wait: the resumed state (None, 0 for a new run). every: optimizer steps
+        between checkpoints inside an epoch (None: epoch ends only). patience: int or None.
+        epoch_batches: batches in a full epoch (mid-epoch checkpoints are named by position).
+        resume_at: ``(epoch, batch)`` where a resumed run starts (its first epoch then
+            starts at that batch).
+        group: the :class:`~transformerkit.training.processes.ProcessGroup` of a run of
+            several processes (None: one). Every rank runs this callback and decides the
+            same (the monitored value is rank 0's); rank 0 alone writes, after gathering
+            every rank's global RNG state into ``latest.json`` (``rank_rng``, with
+            ``world_size``) so that each rank resumes exactly.
     """
 
-    def __init__(self, directory, keep=2, monitor="val_loss", best=None):
+    def __init__(self, directory, keep=2, monitor="val_loss", best=None, every=None,
+                 patience=None, wait=0, epoch_batches=None, resume_at=None, group=None):
         super().__init__()
+        from transformerkit.training.processes import ProcessGroup
+
+        self.group = group or ProcessGroup()
         self.directory = CheckpointDirectory(directory)
         self.keep = max(1, int(keep))
         self.monitor = monitor
+        self.higher_is_better = monitor == "val_bleu"
         self.best = best
-        os.makedirs(self.directory, exist_ok=True)
-        remove_temporaries(self.directory)  # left by a killed save
+        self.every, self.patience, self.wait = every, patience, int(wait or 0)
+        self.epoch_batches = epoch_batches
+        self.resume_at = resume_at
+        self.stopped_early = False
+        self._epoch, self._batches, self._last_step = 0, 0, None
+        if self.group.is_main:
+            os.makedirs(self.directory, exist_ok=True)
+            remove_temporaries(self.directory)  # left by a killed save
+
+    def on_train_begin(self, logs=None):
+        self._last_step = optimizer_steps(self.model.optimizer)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._batches = epoch, 0
+        if self.resume_at is not None and self.resume_at[0] == epoch:
+            self._batches = self.resume_at[1]
+        self.resume_at = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if not self.every:
+            return
+        step = optimizer_steps(self.model.optimizer)
+        if step == self._last_step or step % self.every:
+            return  # not a new update, or not one to checkpoint
+        self._last_step = step
+        if self.epoch_batches is not None and self._batches >= self.epoch_batches:
+            return  # the epoch's end: on_epoch_end saves it
+        self._save(self._epoch, self._batches, logs)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.epoch_batches is not None and self._batches < self.epoch_batches:
+            # fit stopped inside the epoch (max_steps, time_budget): where it stopped
+            self._save(epoch, self._batches, logs, evaluate=True)
+        else:
+            self._save(epoch + 1, 0, logs, evaluate=True)
+
+    def _save(self, epoch, batch, logs, evaluate=False):
         logs = logs or {}
         loss = logs.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            warnings.warn(f"epoch {epoch + 1}: the loss is {loss}; no checkpoint written (the "
-                          "last one stays the last good one)", RuntimeWarning, stacklevel=2)
-            return
-        name = self.directory.epoch_name(epoch + 1)
-        with atomic_path(self.directory.file(name)) as tmp:
-            self.model.save(tmp)
-            digest = file_sha256(tmp)
-        value = logs.get(self.monitor)
-        improved = value is not None and math.isfinite(value) and (
-            self.best is None or value < self.best)
-        if improved:
-            self.best = float(value)
-            with atomic_path(self.directory.best) as tmp:
+            warnings.warn(f"epoch {epoch + (batch > 0)}: the loss is {loss}; no checkpoint "
+                          "written (the last one stays the last good one)", RuntimeWarning,
+                          stacklevel=3)
+            return False
+        name = self.directory.position_name(epoch, batch)
+        rng = self.group.gather(global_rng_state(), "a checkpoint")
+        digest = None
+        if self.group.is_main:
+            with atomic_path(self.directory.file(name)) as tmp:
                 self.model.save(tmp)
-        state = {"epoch": epoch + 1, "step": int(self.model.optimizer.iterations.numpy()),
+                digest = file_sha256(tmp)
+        if evaluate:
+            self._evaluate(self.group.broadcast(logs.get(self.monitor), "early stopping"))
+        if not self.group.is_main:
+            return True
+        state = {"epoch": epoch, "batch": batch, "step": optimizer_steps(self.model.optimizer),
                  "checkpoint": name, "sha256": digest, "best": self.best,
-                 "monitor": self.monitor,
-                 "global_rng": global_rng_state()}
+                 "monitor": self.monitor, "wait": self.wait, "global_rng": rng[0]}
+        if self.group.distributed:
+            state.update(world_size=self.group.size, rank_rng=rng)
         atomic_write_text(self.directory.state, json.dumps(state, indent=1))
         self._prune()
+        return True
+
+    def _evaluate(self, value):
+        """Keep ``best.keras`` and the early-stopping count up to date with ``value``."""
+        if value is None or not math.isfinite(float(value)):
+            return
+        value = float(value)
+        improved = self.best is None or (value > self.best if self.higher_is_better
+                                         else value < self.best)
+        if improved:
+            self.best, self.wait = value, 0
+            if self.group.is_main:
+                with atomic_path(self.directory.best) as tmp:
+                    self.model.save(tmp)
+            return
+        self.wait += 1
+        if self.patience is not None and self.wait >= self.patience:
+            self.stopped_early = True
+            self.model.stop_training = True
 
     def _prune(self):
         for old in self.directory.epoch_names()[: -self.keep]:
@@ -96,16 +178,24 @@ def restore_global_rng(state):
 
 
 class RestoreGlobalRNG(keras.callbacks.Callback):
-    """On resume, restores the saved global RNG right before the first resumed epoch (after
-    anything ``fit`` does at start-up), where the straight run had it."""
+    """On resume, restores the saved global RNG where the straight run had it: right before
+    the first resumed epoch (after anything ``fit`` does at start-up) for a checkpoint at an
+    epoch end, right before the first resumed batch (``at_batch=True``, after the epoch's
+    data iterator is made) for one inside an epoch."""
 
-    def __init__(self, state):
+    def __init__(self, state, at_batch=False):
         super().__init__()
-        self.state = state
+        self.state, self.at_batch = state, at_batch
 
     def on_epoch_begin(self, epoch, logs=None):
-        restore_global_rng(self.state)
-        self.state = None
+        if not self.at_batch:
+            restore_global_rng(self.state)
+            self.state = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.state is not None:
+            restore_global_rng(self.state)
+            self.state = None
 
 
 def read_checkpoint_state(directory):
@@ -166,10 +256,10 @@ def load_checkpoint(directory):
         reason = "; ".join(problems) or f"{CHECKPOINT_STATE} is missing or unreadable"
         warnings.warn(f"falling back to checkpoint {path}: {reason}", RuntimeWarning,
                       stacklevel=2)
-        fallback = {"epoch": directory.epoch_of(name),
-                    "step": int(model.optimizer.iterations.numpy()), "checkpoint": name,
+        fallback = {"epoch": directory.epoch_of(name), "batch": directory.batch_of(name),
+                    "step": optimizer_steps(model.optimizer), "checkpoint": name,
                     "best": (state or {}).get("best"), "monitor": (state or {}).get("monitor"),
-                    "global_rng": None}
+                    "wait": (state or {}).get("wait", 0), "global_rng": None}
         return model, fallback
     raise ValueError(f"no readable checkpoint in {directory}: {'; '.join(problems)}")
 
@@ -188,20 +278,26 @@ class EpochTimer(keras.callbacks.Callback):
 
 class StopConditions(keras.callbacks.Callback):
     """Stops ``fit`` after ``max_steps`` optimizer steps or ``time_budget`` seconds, checked
-    after every batch. ``stopped_by`` says which rule fired (or None)."""
+    after every optimizer update (with gradient accumulation: never between the batches of
+    one update). ``stopped_by`` says which rule fired (or None)."""
 
     def __init__(self, max_steps=None, time_budget=None):
         super().__init__()
         self.max_steps, self.time_budget = max_steps, time_budget
         self.stopped_by = None
-        self._start = None
+        self._start = self._last_step = None
 
     def on_train_begin(self, logs=None):
-        self._start = time.monotonic()
+        if self._start is None:  # a resume inside an epoch calls fit twice
+            self._start = time.monotonic()
+        self._last_step = optimizer_steps(self.model.optimizer)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.max_steps is not None and \
-                int(self.model.optimizer.iterations.numpy()) >= self.max_steps:
+        step = optimizer_steps(self.model.optimizer)
+        if step == self._last_step:
+            return  # inside an update
+        self._last_step = step
+        if self.max_steps is not None and step >= self.max_steps:
             self.stopped_by = "max_steps"
         elif self.time_budget is not None and time.monotonic() - self._start >= self.time_budget:
             self.stopped_by = "time_budget"
@@ -224,6 +320,52 @@ class NonFiniteLoss(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if self.failed_step is None and loss is not None and not math.isfinite(float(loss)):
-            self.failed_step = int(self.model.optimizer.iterations.numpy())
+            self.failed_step = optimizer_steps(self.model.optimizer)
             self.failed_epoch, self.failed_value = self._epoch, float(loss)
             self.model.stop_training = True
+
+
+class ReduceLogs(keras.callbacks.Callback):
+    """Several processes: replaces this rank's training logs (running loss, accuracy) by
+    their mean over the ranks after every batch and epoch, so that every rank logs, checks
+    for NaN (a NaN on any rank is a NaN on all) and records the same numbers. Goes first
+    among the callbacks; the validation logs (``val_*``, equal on every rank) stay."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def _reduce(self, logs, what):
+        if not logs:
+            return
+        keys = sorted(k for k in logs if not k.startswith("val_"))
+        values = self.group.sum([float(logs[k]) for k in keys], what) / self.group.size
+        logs.update(zip(keys, values.tolist(), strict=True))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._reduce(logs, "a training step")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._reduce(logs, "an epoch end")
+
+
+class StopTogether(keras.callbacks.Callback):
+    """Several processes: after every batch and epoch, training stops on every rank if any
+    rank's callbacks asked to stop (max steps, time budget, early stopping, a NaN), so all
+    ranks stop on the same step. Goes after the callbacks that may stop; ``stopped`` says
+    whether it stopped the run."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.stopped = False
+
+    def _agree(self, what):
+        if self.group.any(self.model.stop_training, what):
+            self.model.stop_training = self.stopped = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._agree("agreeing to stop")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree("agreeing to stop at an epoch end")

@@ -69,6 +69,11 @@ def build_distribution(kind, num_devices=None, model_parallel_size=None):
     from keras import distribution
 
     if os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES") and not _initialized:
+        import jax
+
+        # CPU processes exchange gradients through gloo (XLA's CPU collectives); GPUs and
+        # TPUs use their own (NCCL, ICI) whatever this says
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         distribution.initialize()  # multi-host: coordinator, process count and id from env
         _initialized.append(True)
     devices = distribution.list_devices()

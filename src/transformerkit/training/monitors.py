@@ -12,12 +12,15 @@ adds them from the ``train:`` keys ``sample_every`` / ``sample_unit`` and ``bleu
 """
 
 import logging
+import os
 
 import keras
 
 from transformerkit.decoding.sampling import generate_text
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
+from transformerkit.files import atomic_write_text
+from transformerkit.run_directory import RunDirectory
 
 log = logging.getLogger("transformerkit")
 UNITS = ("epoch", "step")
@@ -30,17 +33,18 @@ class SampleMonitor(keras.callbacks.Callback):
         source_tokenizer, target_tokenizer: the run's tokenizers (the same for a GPT).
         sources: source texts to translate (Transformer), or None.
         references: optional reference translations, printed next to the outputs.
-        prompt: text to continue (GPT), or None.
+        prompt: text to continue (GPT), or a list of texts, or None.
         every: int >= 1. unit: "epoch" or "step".
         max_new_tokens: length limit of each output.
-        temperature, top_k, seed: GPT sampling (the seed is fixed, so successive samples
-            show the model changing, not the dice).
+        temperature, top_k, top_p, seed: GPT sampling (the seed is fixed, so successive
+            samples show the model changing, not the dice).
         print_fn: where lines go (default ``print``).
+        out: a file the samples are also appended to (``RUN/samples.txt``), or None.
     """
 
     def __init__(self, source_tokenizer, target_tokenizer=None, sources=None, references=None,
                  prompt=None, every=1, unit="epoch", max_new_tokens=64, temperature=0.8,
-                 top_k=50, seed=0, print_fn=print):
+                 top_k=50, seed=0, print_fn=print, top_p=None, out=None):
         super().__init__()
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
@@ -51,11 +55,11 @@ class SampleMonitor(keras.callbacks.Callback):
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer or source_tokenizer
         self.sources, self.references = list(sources or []), list(references or [])
-        self.prompt = prompt
+        self.prompts = [prompt] if isinstance(prompt, str) else prompt
         self.every, self.unit = int(every), unit
         self.max_new_tokens = max_new_tokens
-        self.temperature, self.top_k, self.seed = temperature, top_k, seed
-        self.print_fn = print_fn
+        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
+        self.print_fn, self.out = print_fn, out
         self.printed = 0  # how many times samples were shown (for tests and curiosity)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -71,11 +75,9 @@ class SampleMonitor(keras.callbacks.Callback):
     def show(self, when):
         """Decode the samples now and print them under the heading ``when``."""
         lines = [f"--- samples after {when} ---"]
-        if self.prompt is not None:
-            lines.append(generate_text(self.model, self.source_tokenizer, self.prompt,
-                                       max_new_tokens=self.max_new_tokens,
-                                       temperature=self.temperature, top_k=self.top_k,
-                                       seed=self.seed))
+        if self.prompts is not None:
+            lines += gpt_samples(self.model, self.source_tokenizer, self.prompts, [self.seed],
+                                 self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         else:
             outputs = translate_texts(self.model, self.source_tokenizer, self.target_tokenizer,
                                       self.sources, beam_size=1,
@@ -86,7 +88,42 @@ class SampleMonitor(keras.callbacks.Callback):
                     lines.append(f"REFERENCE: {self.references[i]}")
                 lines.append(f"MODEL:     {output}")
         self.print_fn("\n".join(lines))
+        if self.out is not None:
+            append_text(self.out, "\n".join(lines) + "\n\n")
         self.printed += 1
+
+
+def gpt_samples(model, tokenizer, prompts, seeds, max_new_tokens, temperature, top_k, top_p):
+    """Lines of text: for each prompt and seed a heading and the sampled continuation."""
+    lines = []
+    for prompt in prompts:
+        for seed in seeds:
+            text = generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+            lines += [f"[prompt {prompt!r}, seed {seed}]", text]
+    return lines
+
+
+def append_text(path, text):
+    """``path``'s content followed by ``text``, written atomically (a crash leaves the old
+    file or the new one, never a torn line)."""
+    old = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+    atomic_write_text(path, old + text)
+
+
+def sample_settings(config, data):
+    """The GPT sampling options of the ``train:`` section: prompts, tokens, temperature,
+    top-k, top-p (``train.sample_*``); the prompt defaults to the validation text's start."""
+    train = config["train"]
+    prompts = train["sample_prompts"] or [data.val_sources[0][:32] if data.val_sources
+                                          else "\n"]
+    return dict(prompts=prompts,
+                max_new_tokens=train["sample_max_tokens"] or train["decode_max_length"] or 200,
+                temperature=train["sample_temperature"], top_k=train["sample_top_k"],
+                top_p=train["sample_top_p"])
 
 
 class ValidationBLEU(keras.callbacks.Callback):
@@ -134,18 +171,21 @@ class ValidationBLEU(keras.callbacks.Callback):
                       f"({len(self.sources)} sentences, beam {self.beam_size})")
 
 
-def build_monitors(config, data):
-    """The monitors the ``train:`` section asks for (``sample_every``, ``bleu_every``)."""
+def build_monitors(config, data, run_dir=None):
+    """The monitors the ``train:`` section asks for (``sample_every``, ``bleu_every``);
+    samples are also appended to ``run_dir``'s ``samples.txt`` when it is given."""
     train = config["train"]
     monitors = []
     max_new = train["decode_max_length"]
     if train["sample_every"]:
         common = dict(every=train["sample_every"], unit=train["sample_unit"],
-                      print_fn=log.info)
+                      print_fn=log.info,
+                      out=RunDirectory(run_dir).samples if run_dir is not None else None)
         if config["model"]["type"] == "gpt":
-            prompt = data.val_sources[0][:32] if data.val_sources else "\n"
-            monitors.append(SampleMonitor(data.source_tokenizer, prompt=prompt,
-                                          max_new_tokens=max_new or 200, **common))
+            settings = sample_settings(config, data)
+            monitors.append(SampleMonitor(data.source_tokenizer,
+                                          prompt=settings.pop("prompts"), seed=train["seed"],
+                                          **settings, **common))
         elif data.val_sources:
             count = max(1, min(train["samples"], 3))
             monitors.append(SampleMonitor(data.source_tokenizer, data.target_tokenizer,

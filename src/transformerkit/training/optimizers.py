@@ -58,7 +58,7 @@ class Adam(keras.optimizers.Adam):
         import torch
 
         learning_rate = float(learning_rate)
-        step = torch.as_tensor(float(self.iterations.value) + 1.0, dtype=torch.float32)
+        step = torch.as_tensor(optimizer_steps(self) + 1.0, dtype=torch.float32)
         with torch.no_grad():
             for decayed, positions, params, momentums, velocities in \
                     self._fused_groups(trainable_variables):
@@ -96,6 +96,60 @@ class Adam(keras.optimizers.Adam):
         # a plain attribute, which Keras' attribute tracking does not see
         self.__dict__["_fused_plan"] = (tuple(variables), self._momentums, decays, groups)
         return groups
+
+
+def optimizer_steps(optimizer):
+    """The updates ``optimizer`` has applied, an int: ``iterations``, which with
+    ``gradient_accumulation_steps = k`` Keras counts as micro-batches // k."""
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class UpdateCountSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """``schedule`` evaluated at the update count when an optimizer accumulates gradients
+    over ``steps`` micro-batches.
+
+    Keras' optimizer evaluates a learning-rate schedule at its micro-batch counter
+    (``_iterations``) while its ``iterations`` (Adam's bias correction, ``max_steps``) count
+    updates; this makes the schedule count updates too: ``schedule(micro_batches // steps)``,
+    so a warmup of 4000 steps is 4000 updates whatever the accumulation.
+    """
+
+    def __init__(self, schedule, steps):
+        self.schedule = schedule
+        self.steps = int(steps)
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.floor_divide(step, self.steps))
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "steps": self.steps}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["steps"])
+
+
+def with_accumulation(optimizer, steps):
+    """A copy of the (unbuilt) ``optimizer`` that applies one update every ``steps`` calls of
+    ``apply`` (Keras' ``gradient_accumulation_steps``: the update uses the mean of the
+    ``steps`` gradients; ``TransformerBase.compute_loss`` weights each micro-batch's loss by
+    its share of the update's real tokens so that this mean is the token-weighted one), with
+    its learning-rate schedule counting updates (:class:`UpdateCountSchedule`).
+    ``steps`` 1 returns ``optimizer`` itself."""
+    steps = int(steps)
+    if steps == 1:
+        return optimizer
+    if steps < 1:
+        raise ValueError(f"accumulation steps must be positive, got {steps}")
+    config = optimizer.get_config()
+    rate = config["learning_rate"]
+    if isinstance(rate, dict):
+        config["learning_rate"] = UpdateCountSchedule(
+            keras.saving.deserialize_keras_object(rate), steps)
+    config["gradient_accumulation_steps"] = steps
+    return type(optimizer).from_config(config)
 
 
 def _as_dtype(grad, param):

@@ -1,15 +1,18 @@
 """What ``train`` writes at the end: ``metrics.json`` and ``samples.txt``."""
 
-from transformerkit.decoding.sampling import generate_text
+import os
+
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
 from transformerkit.files import atomic_write_text
 from transformerkit.run_directory import RunDirectory
+from transformerkit.training.monitors import append_text, gpt_samples, sample_settings
 
 
-def write_final_reports(model, data, config, run_dir, summary):
+def write_final_reports(model, data, config, run_dir, summary, write=True):
     """Evaluate on the validation texts, write ``samples.txt`` and ``metrics.json`` into
-    ``run_dir``; return the metrics (``summary`` and the validation scores)."""
+    ``run_dir`` (unless ``write`` is False); return the metrics (``summary`` and the
+    validation scores)."""
     run = RunDirectory(run_dir)
     train_cfg = config["train"]
     metrics = dict(summary)
@@ -27,11 +30,14 @@ def write_final_reports(model, data, config, run_dir, summary):
         for src, ref, hyp in shown:
             lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
     elif config["model"]["type"] == "gpt":
-        prompt = data.val_sources[0][:32] if data.val_sources else "\n"
-        for seed in range(train_cfg["samples"]):
-            text = generate_text(model, data.source_tokenizer, prompt, max_new_tokens=200,
-                                 temperature=0.8, top_k=50, seed=seed)
-            lines += [f"--- sample {seed} (prompt {prompt!r}) ---", text, ""]
-    atomic_write_text(run.samples, "\n".join(lines))
-    run.write_metrics(metrics)
+        settings = sample_settings(config, data)
+        lines += gpt_samples(model, data.source_tokenizer, settings.pop("prompts"),
+                             range(train_cfg["samples"]), **settings)
+    if write:
+        if train_cfg["sample_every"] and os.path.exists(run.samples):
+            # the samples taken while training (SampleMonitor) stay, the final ones follow
+            append_text(run.samples, "--- final samples ---\n" + "\n".join(lines))
+        else:
+            atomic_write_text(run.samples, "\n".join(lines))
+        run.write_metrics(metrics)
     return metrics

@@ -17,20 +17,27 @@ import math
 import os
 import shutil
 import time
+import types
 
 import keras
+import numpy as np
 
 from transformerkit.config import parse_duration, save_config
 from transformerkit.data.pipeline import EpochSync
 from transformerkit.files import atomic_path
 from transformerkit.models.factory import build_model
 from transformerkit.run_directory import RunDirectory
+from transformerkit.saving import load_model
+from transformerkit.training.accumulation import UpdateBatches
+from transformerkit.training.averaging import average_checkpoints
 from transformerkit.training.callbacks import (
     EpochTimer,
     NonFiniteLoss,
+    ReduceLogs,
     RestoreGlobalRNG,
     RunCheckpoint,
     StopConditions,
+    StopTogether,
     load_checkpoint,
 )
 from transformerkit.training.data_setup import prepare_data
@@ -42,8 +49,10 @@ from transformerkit.training.distribution import (
 from transformerkit.training.gpt_recipe import gpt_optimizer
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.monitors import build_monitors
-from transformerkit.training.optimizers import Adam
+from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
 from transformerkit.training.precision import precision_of, precision_policy
+from transformerkit.training.processes import GradientAllReduce
+from transformerkit.training.processes import setup as setup_processes
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
 from transformerkit.training.tensorboard import TensorBoardScalars
@@ -58,6 +67,11 @@ def train(config, run_dir, resume=False):
     or a disk without room for the checkpoints, ``ValueError`` for a distribution the
     backend or the devices cannot do; during training ``FloatingPointError`` naming the
     step where the loss became NaN or inf (the last good checkpoint is kept).
+
+    Launched as one of several processes (``torchrun``; JAX processes with
+    ``train.distribution: data_parallel``, see ``training/processes.py``) every process
+    calls this; rank 0 alone writes the run directory and returns the metrics, the other
+    ranks return None. ``ProcessGroupError`` (a ``ConnectionError``) when a process is lost.
     """
     if config["model"]["type"] == "encoder":
         raise ValueError("`train` supports model.type transformer and gpt; train an Encoder "
@@ -65,83 +79,230 @@ def train(config, run_dir, resume=False):
     run = RunDirectory(run_dir)
     checkpoints = run.checkpoints
     train_cfg = config["train"]
-    _check_run_dir(run, resume)
     dist = build_distribution(train_cfg["distribution"], train_cfg["devices"],
                               train_cfg["model_parallel_size"])
-    if not resume:
-        save_config(config, run.config)
+    group = setup_processes(parse_duration(train_cfg["process_timeout"],
+                                               "train.process_timeout"))
+    if group.kind == "torch" and train_cfg["jit_compile"] is True:
+        raise ValueError("train.jit_compile: true is not supported with several PyTorch "
+                         "processes (torchrun); set train.jit_compile: auto or false")
+    if not group.is_main:  # rank 0 reports; the others only warn
+        log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+    if group.is_main:
+        _check_run_dir(run, resume)
+        if not resume:
+            save_config(config, run.config)
     keras.utils.set_random_seed(train_cfg["seed"])
-    with precision_policy(precision_of(train_cfg)), \
-            (dist.scope() if dist else contextlib.nullcontext()):
-        return _train(config, run, checkpoints, resume, dist)
+    try:
+        with precision_policy(precision_of(train_cfg)), \
+                (dist.scope() if dist else contextlib.nullcontext()):
+            return _train(config, run, checkpoints, resume, dist, group)
+    finally:
+        if group.kind == "torch":
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()
 
 
-def _train(config, run, checkpoints, resume, dist):
+def _prepare_data(config, run, resume, group):
+    """Rank 0 first (it trains and writes the tokenizers, fills data caches), then the
+    other ranks, which read what rank 0 wrote."""
+    data = None
+    if group.is_main:
+        data = prepare_data(config, run, reuse_tokenizers=resume)
+    group.barrier("data preparation")
+    if not group.is_main:
+        data = prepare_data(config, run, reuse_tokenizers=True)
+    return data
+
+
+def _train(config, run, checkpoints, resume, dist, group):
     train_cfg = config["train"]
-    data = prepare_data(config, run, reuse_tokenizers=resume)
+    data = _prepare_data(config, run, resume, group)
     for key, value in data.info.items():
         log.info("%s: %s", key, value)
+    # PyTorch processes: each rank its shard of every epoch's batches (JAX processes split
+    # the rows of each global batch instead, training/distribution.py: DivisibleBatches)
+    shards = (group.size, group.rank) if group.kind == "torch" else (1, 0)
+    batches = UpdateBatches(data.train, train_cfg["accumulate_steps"], 0, *shards)
+    monitor = _monitor(train_cfg, data)
 
     if not resume:
         model = build_model(config["model"], data.source_tokenizer.vocab_size,
-                            data.target_tokenizer.vocab_size)
-        compile_model(model, config, _total_steps(train_cfg, len(data.train)))
-        state, initial_epoch, best = None, 0, None
-    else:  # exact resume: weights, optimizer moments and step, dropout RNG state
+                            data.target_tokenizer.vocab_size, embeddings=data.embeddings)
+        compile_model(model, config, _total_steps(train_cfg, batches.updates_per_epoch))
+        state = None
+        initial_epoch, start_batch, best, wait = 0, 0, None, 0
+    else:  # exact resume: weights, optimizer moments and step, dropout RNG state, position
         model, state = load_checkpoint(checkpoints)
-        initial_epoch, best = state["epoch"], state["best"]
-        log.info("resuming from %s (epoch %d, step %d)", state["checkpoint"], initial_epoch,
-                 state["step"])
+        _check_world_size(state, group)
+        initial_epoch, start_batch = state["epoch"], state.get("batch") or 0
+        best, wait = state["best"], state.get("wait") or 0
+        if state.get("monitor") != monitor:  # another metric than the checkpointed run's
+            best, wait = None, 0
+        log.info("resuming from %s (epoch %d, batch %d, step %d)", state["checkpoint"],
+                 initial_epoch, start_batch, state["step"])
     check_model_parallel_shapes(model, dist)
-    check_disk_space(run.path, model, train_cfg["checkpoints_to_keep"])
+    if group.is_main:
+        check_disk_space(run.path, model, train_cfg["checkpoints_to_keep"])
+    if group.kind == "torch":
+        _join_torch_processes(model, group, train_cfg["seed"], resume)
 
     stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
     non_finite = NonFiniteLoss()
+    checkpoint = RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
+                               monitor=monitor, best=best, wait=wait,
+                               every=train_cfg["checkpoint_every"],
+                               patience=train_cfg["patience"], epoch_batches=len(batches),
+                               resume_at=(initial_epoch, start_batch), group=group)
+    together = StopTogether(group)
+    main = group.is_main
     callbacks = [
+        *([ReduceLogs(group)] if group.distributed else []),  # first: all see the mean loss
         EpochSync(data.train), EpochTimer(), stop, non_finite,
-        *([RestoreGlobalRNG(state.get("global_rng"))] if state else []),
-        *build_monitors(config, data),  # before the checkpoint/CSV: they log val_bleu
-        RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
-                      monitor="val_loss" if data.val is not None else "loss", best=best),
-        keras.callbacks.CSVLogger(run.history, append=resume),
-        *_tensorboard(run),
+        *([RestoreGlobalRNG(_rng_state(state, group), at_batch=start_batch > 0)]
+          if state else []),
+        # before the checkpoint/CSV: they log val_bleu
+        *(build_monitors(config, data, run.path) if main else []),
+        checkpoint,
+        *([together] if group.distributed else []),  # after every rule that may stop
+        *([keras.callbacks.CSVLogger(run.history, append=resume), *_tensorboard(run)]
+          if main else []),
     ]
-    epochs = _epochs(train_cfg, len(data.train))
+    epochs = _epochs(train_cfg, batches.updates_per_epoch)
     started = time.monotonic()
-    history = None
-    if initial_epoch < epochs:
+    history = {}
+
+    def fit(dataset, first_epoch, last_epoch):
         # shuffle=False: the dataset orders its own batches as a function of (seed, epoch);
         # Keras' own batch shuffling would draw from NumPy's global RNG and break resume.
-        data.train.set_epoch(initial_epoch)
-        history = model.fit(divisible(data.train, dist),
-                            validation_data=divisible(data.val, dist), epochs=epochs,
-                            initial_epoch=initial_epoch, callbacks=callbacks, shuffle=False,
-                            verbose=train_cfg["verbose"])
+        data.train.set_epoch(first_epoch)
+        result = model.fit(divisible(dataset, dist), validation_data=divisible(data.val, dist),
+                           epochs=last_epoch, initial_epoch=first_epoch, callbacks=callbacks,
+                           shuffle=False, verbose=train_cfg["verbose"] if main else 0)
+        for key, values in result.history.items():
+            history.setdefault(key, []).extend(values)
+
+    def stopped():
+        return bool(stop.stopped_by or non_finite.failed_step is not None
+                    or checkpoint.stopped_early or together.stopped)
+
+    if start_batch and initial_epoch < epochs:
+        # the rest of the epoch the checkpoint stopped in, then the following epochs
+        fit(UpdateBatches(data.train, train_cfg["accumulate_steps"], start_batch, *shards),
+            initial_epoch, initial_epoch + 1)
+        initial_epoch += 1
+    if initial_epoch < epochs and not stopped():
+        fit(batches, initial_epoch, epochs)
     if non_finite.failed_step is not None:
         raise FloatingPointError(
             f"the loss became {non_finite.failed_value} at step {non_finite.failed_step} "
             f"(epoch {non_finite.failed_epoch + 1}); training stopped and the last good "
             f"checkpoint is kept in {checkpoints}. Lower the learning rate (train.lr_scale or "
             "train.learning_rate) or check the data, then --resume.")
+    if not main:
+        return None
     with atomic_path(run.model) as tmp:
         model.save(tmp)
     summary = {
         "train_seconds": round(time.monotonic() - started, 1),
-        "steps": int(model.optimizer.iterations.numpy()),
-        "stopped_by": stop.stopped_by or "epochs",
+        "steps": optimizer_steps(model.optimizer),
+        "stopped_by": ("early_stopping" if checkpoint.stopped_early
+                       else stop.stopped_by or "epochs"),
+        "accumulate_steps": train_cfg["accumulate_steps"],
+        **({"processes": group.size} if group.distributed else {}),
         **data.info,
     }
-    if history is not None:
-        summary.update({k: float(v[-1]) for k, v in history.history.items()})
-    return write_final_reports(model, data, config, run, summary)
+    if train_cfg["patience"] is not None:
+        summary.update(early_stopping_metric=monitor, early_stopping_best=checkpoint.best)
+    summary.update({k: float(v[-1]) for k, v in history.items()})
+    metrics = write_final_reports(model, data, config, run, summary)
+    if train_cfg["average_last"]:
+        metrics = _evaluate_average(model, data, config, run, metrics)
+    return metrics
+
+
+def _check_world_size(state, group):
+    """A PyTorch run resumes with as many processes as it was checkpointed with: each
+    rank's position in the epoch is counted in its own shard's batches."""
+    saved = int(state.get("world_size") or 1)
+    current = group.size if group.kind == "torch" else 1
+    if saved != current:
+        raise ValueError(f"--resume: the checkpoint {state['checkpoint']} was written by a run "
+                         f"of {saved} process(es), this launch has {current}; resume with "
+                         f"the same number (torchrun --nproc_per_node {saved} ...)")
+
+
+def _rng_state(state, group):
+    """This rank's saved global RNG state (rank 0's in a one-process checkpoint)."""
+    per_rank = state.get("rank_rng")
+    return per_rank[group.rank] if per_rank else state.get("global_rng")
+
+
+def _join_torch_processes(model, group, seed, resume):
+    """Several PyTorch processes: start every rank from rank 0's weights (a new run; a
+    resumed one loads the same checkpoint everywhere), give each rank its own dropout
+    stream (torch's global generator, seeded by ``seed`` and the rank) and switch the
+    gradient all-reduce of ``TransformerBase.train_step`` on."""
+    import torch
+    import torch.distributed
+
+    if not resume:
+        with torch.no_grad():
+            for variable in model.weights:
+                torch.distributed.broadcast(variable.value.data, src=0)
+        torch.manual_seed(seed * 1009 + group.rank)
+    model.gradient_sync = GradientAllReduce(group)
+
+
+def _monitor(train_cfg, data):
+    """The log key that picks ``best.keras`` and drives early stopping."""
+    if data.val is None:
+        if train_cfg["patience"] is not None:
+            raise ValueError("train.patience needs validation data (data.val_source/"
+                             "val_target, data.val_tsv, ...): early stopping watches "
+                             f"{train_cfg['early_stopping_metric']}")
+        return "loss"
+    return train_cfg["early_stopping_metric"]
+
+
+def _evaluate_average(model, data, config, run, metrics):
+    """``train.average_last``: average the last checkpoints into ``RUN/averaged.keras`` and
+    evaluate it like the final model; ``metrics.json`` gets its scores under ``averaged``
+    (the final model's stay at the top level). A run with fewer checkpoints than asked for
+    averages those it has (with a warning)."""
+    count = config["train"]["average_last"]
+    available = len(run.checkpoints.epoch_names())
+    if available < count:  # a short run: average what there is rather than fail at the end
+        log.warning("train.average_last=%d but the run has %d checkpoint(s); averaging "
+                    "those", count, available)
+    out, paths = average_checkpoints(run.path, min(count, available))
+    averaged = load_model(out, compile=False)
+    compile_model(averaged, config)  # the loss, for the validation loss
+    scores = {"checkpoints": [os.path.basename(p) for p in paths]}
+    if data.val is not None:
+        scores["val_loss"] = float(averaged.evaluate(data.val, verbose=0,
+                                                     return_dict=True)["loss"])
+    final = write_final_reports(averaged, data, config, run.path, {}, write=False)
+    scores.update({k: v for k, v in final.items() if k.startswith("val_")})
+    # samples.txt stays the final model's: write the final metrics with the averaged ones
+    metrics = {**metrics, "averaged": scores}
+    run.write_metrics(metrics)
+    log.info("averaged %d checkpoints into %s: %s", len(paths), out, scores)
+    return metrics
 
 
 def compile_model(model, config, total_steps=None):
     """Masked token cross-entropy, masked accuracy and the optimizer of ``train.optimizer``:
     ``paper``: Adam(0.9, 0.98, 1e-9) on the paper's warmup schedule (or a constant
     ``train.learning_rate``); ``adamw_cosine``: nanoGPT's AdamW with warmup and cosine decay
-    ending at ``total_steps`` (the run's last optimizer step)."""
-    model.compile(optimizer=build_optimizer(model, config["train"], total_steps),
+    ending at ``total_steps`` (the run's last optimizer step). With
+    ``train.accumulate_steps: k`` the optimizer updates once every k batches
+    (:func:`~transformerkit.training.optimizers.with_accumulation`); its steps, the
+    schedule, ``max_steps`` and ``checkpoint_every`` count updates."""
+    optimizer = with_accumulation(build_optimizer(model, config["train"], total_steps),
+                                  config["train"]["accumulate_steps"])
+    model.compile(optimizer=optimizer,
                   loss=MaskedCrossEntropy(config["train"]["label_smoothing"]),
                   metrics=[MaskedAccuracy()], jit_compile=config["train"]["jit_compile"])
 
@@ -161,6 +322,21 @@ def build_optimizer(model, train_cfg, total_steps=None):
         return Adam(train_cfg["learning_rate"], beta_1=0.9, epsilon=1e-9, **extra)
     return paper_optimizer(model.d_model, train_cfg["warmup_steps"], train_cfg["lr_scale"],
                            **extra)
+
+
+def learning_rates(config, steps):
+    """The learning rate of each optimizer update ``1 .. steps`` of a run of ``config``:
+    ``(steps,)`` float NumPy, from the schedule of the optimizer :func:`build_optimizer`
+    makes (read back through its public ``get_config``), with ``steps`` as the run's length
+    (where ``adamw_cosine`` ends its decay). ``transformerkit plot CONFIG --lr``."""
+    if steps < 1:
+        raise ValueError(f"steps must be positive, got {steps}")
+    width = types.SimpleNamespace(d_model=config["model"]["d_model"])  # all it reads
+    rate = build_optimizer(width, config["train"], steps).get_config()["learning_rate"]
+    if not isinstance(rate, dict):  # a constant train.learning_rate
+        return np.full(steps, float(rate))
+    schedule = keras.saving.deserialize_keras_object(rate)
+    return keras.ops.convert_to_numpy(schedule(np.arange(steps)))
 
 
 def _check_run_dir(run, resume):
@@ -207,7 +383,7 @@ def _seconds(budget):
     return None if budget is None else parse_duration(budget, "train.time_budget")
 
 
-def _epochs(train_cfg, steps_per_epoch):
+def _epochs(train_cfg, steps_per_epoch):  # steps: optimizer updates
     """``train.epochs``, raised if needed so that ``max_steps`` can be reached."""
     epochs = train_cfg["epochs"]
     if train_cfg["max_steps"] is not None:

@@ -1,0 +1,237 @@
+"""Translate and generate with a run's CTranslate2 export (``engine="ctranslate2"``).
+
+The run's tokenizers turn text into token strings of the exported vocabulary and back; the
+search runs in CTranslate2 (``Translator.translate_batch`` / ``Generator.generate_batch``).
+How our decoding options map onto CTranslate2's:
+
+    ====================  ===========================================================
+    ours                  CTranslate2
+    ====================  ===========================================================
+    beam_size             ``beam_size`` (1: greedy search)
+    n_best                ``num_hypotheses`` (scores: ``return_scores``)
+    max_new_tokens        ``max_decoding_length`` / ``max_length``, within the model's
+                          ``max_length`` (the positional table's end), as ours
+    alpha                 ``length_penalty``: CTranslate2 divides a beam's log-probability
+                          by ``length ** alpha``, not by GNMT's ``((5 + length) / 6) **
+                          alpha``, so long and short candidates are weighed a little
+                          differently
+    temperature, top_k,   ``sampling_temperature``, ``sampling_topk`` (0: the whole
+    top_p                 vocabulary), ``sampling_topp``; temperature 0 is greedy
+    seed                  ``ctranslate2.set_random_seed``, which seeds a translator's
+                          worker threads when they start: a call with a seed runs on a
+                          fresh session (a model load), so the same seed gives the same
+                          output (not the same draws as our engine)
+    never PAD or BOS      ``suppress_sequences``
+    stop_at_eos=False     ``end_token=[]``
+
+    max_len_a, max_len_b  the cap ``max_len_a * source_len + max_len_b`` per sentence:
+                          CTranslate2 decodes the batch up to its largest cap
+                          (``max_decoding_length``) and each output is cut at its own
+                          cap, which is exactly ours for greedy search and sampling (a
+                          shorter cap only ends the same sequence earlier); beam search
+                          compares its candidates under the batch's cap, so a capped
+                          sentence may get another hypothesis than ours
+    stopping="early"      CTranslate2's only rule; ``"exact"`` is refused
+    ====================  ===========================================================
+
+Not mapped: for a GPT, generation beyond the model's ``max_length`` (our engine slides a
+window over the context; CTranslate2 raises).
+"""
+
+import os
+import warnings
+import weakref
+
+import ctranslate2
+import numpy as np
+
+from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+from transformerkit.data.pipeline import pad_batch
+from transformerkit.decoding.common import check_length_cap, length_caps
+from transformerkit.decoding.translate import check_text, encode_sources
+from transformerkit.export.ctranslate2 import (
+    default_export_dir,
+    export_run,
+    is_current,
+)
+
+_ENGINES = weakref.WeakKeyDictionary()  # Run -> its default CTranslate2Engine
+
+
+def engine_for(run, engine):
+    """The engine object for ``run.translate(..., engine=engine)``: ``"ctranslate2"`` (the
+    run's default :class:`CTranslate2Engine`, made once per run) or an engine instance."""
+    if isinstance(engine, CTranslate2Engine):
+        return engine
+    if engine != "ctranslate2":
+        raise ValueError(f"engine must be 'keras' or 'ctranslate2', got {engine!r}")
+    if run not in _ENGINES:
+        _ENGINES[run] = CTranslate2Engine(run)
+    return _ENGINES[run]
+
+
+def ensure_export(run, quantization=None):
+    """The run's export folder (:func:`default_export_dir`), written first if it is missing,
+    incomplete or made from other weights than ``run.model``'s. The export is atomic, so a
+    half-written one is never used; two processes exporting at once both end with a
+    complete folder."""
+    model_dir = default_export_dir(run.run_dir, quantization)
+    if not is_current(model_dir, run.model):
+        try:
+            export_run(run, model_dir, quantization=quantization, force=True)
+        except OSError:
+            if not is_current(model_dir, run.model):  # else another process exported it
+                raise
+    return model_dir
+
+
+class CTranslate2Engine:
+    """A run's model in CTranslate2: ``translate`` / ``translate_batches`` for a
+    ``Transformer`` run, ``generate`` for a GPT, with the options of ``transformerkit.api.Run``.
+
+    Args:
+        run: a loaded ``transformerkit.api.Run`` (its tokenizers; its model is exported on
+            first use into the run directory).
+        threads: CTranslate2's ``intra_threads`` (0: CTranslate2's default).
+        compute_type: CTranslate2's ``compute_type`` ("default": as exported; "int8",
+            "int8_float32", "float32", ...: converted when loaded).
+        model_dir: an export folder to use instead of the run's own.
+    """
+
+    def __init__(self, run, threads=0, compute_type="default", model_dir=None):
+        self.run = run
+        self.model_dir = os.fspath(model_dir) if model_dir else ensure_export(run)
+        self.max_length = run.model.max_length
+        self._open = lambda: (ctranslate2.Generator if run.kind == "gpt" else
+                              ctranslate2.Translator)(self.model_dir, device="cpu",
+                                                      intra_threads=int(threads),
+                                                      compute_type=compute_type)
+        self.session = self._open()
+        target = run.target_tokenizer
+        self._source_tokens = _tokens_of(run.source_tokenizer)
+        self._target_ids = {t: i for i, t in enumerate(_tokens_of(target))}
+        self._suppress = [[target.id_to_token(target.pad_id)],
+                          [target.id_to_token(target.bos_id)]]
+        self._target = target
+
+    def _session(self, seed):
+        """The session to sample with ``seed``: CTranslate2 seeds its worker threads' random
+        generators when they start, so a seeded call gets a session of its own."""
+        if seed is None:
+            return self.session
+        ctranslate2.set_random_seed(int(seed) % 2 ** 31)
+        return self._open()
+
+    def _max_new(self, max_new_tokens):
+        limit = self.max_length  # the last output needs no position of its own
+        if max_new_tokens is None:
+            return limit
+        if int(max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if int(max_new_tokens) > limit:
+            warnings.warn(f"max_new_tokens={max_new_tokens} is more than this model can "
+                          f"produce; decoding at most {limit} tokens", stacklevel=3)
+        return min(int(max_new_tokens), limit)
+
+    def _decode(self, tokens):
+        return self._target.decode([self._target_ids[t] for t in tokens])
+
+    # -- translation ---------------------------------------------------------------------
+    def translate_batches(self, texts, beam_size=1, alpha=0.6, n_best=1, max_new_tokens=None,
+                          batch_size=64, temperature=None, top_k=None, top_p=None, seed=None,
+                          stopping=DEFAULT_STOPPING, max_len_a=DEFAULT_MAX_LEN_A,
+                          max_len_b=DEFAULT_MAX_LEN_B):
+        """Yield ``(indices, results)`` per batch, as
+        :func:`transformerkit.decoding.translate.translate_batches` (the length cap and
+        stopping rule as the module's table says)."""
+        if stopping != "early":
+            raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a "
+                             f"sentence ends when beam_size hypotheses have); got {stopping!r}")
+        check_length_cap(max_len_a, max_len_b)
+        encoded = encode_sources(texts, self.run.source_tokenizer, self.max_length)
+        order = np.argsort([len(e) for e in encoded], kind="stable")
+        options = dict(beam_size=max(int(beam_size), int(n_best)), num_hypotheses=int(n_best),
+                       length_penalty=float(alpha), return_scores=n_best > 1,
+                       max_decoding_length=self._max_new(max_new_tokens),
+                       max_input_length=0, suppress_sequences=self._suppress)
+        session = self.session
+        if temperature is not None:
+            options.update(_sampling(temperature, top_k, top_p), beam_size=1)
+            session = self._session(seed)
+        for start in range(0, len(order), int(batch_size)):
+            chunk = [int(i) for i in order[start:start + int(batch_size)]]
+            # the model adds </s> itself (add_source_eos): give the pieces only
+            source = [[self._source_tokens[i] for i in encoded[k][:-1]] for k in chunk]
+            caps = length_caps(pad_batch([encoded[k] for k in chunk]),
+                               options["max_decoding_length"], max_len_a, max_len_b)
+            found = session.translate_batch(source, **{**options,
+                                                       "max_decoding_length": int(caps.max())})
+            # a cap counts the end token: an output of cap tokens or more is cut to cap
+            if n_best > 1:
+                results = [[(self._decode(h[:cap]), float(s)) for h, s in
+                            zip(r.hypotheses, r.scores, strict=True)]
+                           for r, cap in zip(found, caps, strict=True)]
+            else:
+                results = [self._decode(r.hypotheses[0][:cap])
+                           for r, cap in zip(found, caps, strict=True)]
+            yield chunk, results
+
+    def translate(self, texts, **options):
+        """One text -> str, a list -> a list (options of :meth:`translate_batches`)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        results = [None] * len(texts)
+        for indices, outputs in self.translate_batches(texts, **options):
+            for i, out in zip(indices, outputs, strict=True):
+                results[i] = out
+        return results[0] if single else results
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt, max_new_tokens=200, temperature=1.0, top_k=None, top_p=None,
+                 seed=None, stop_at_eos=True):
+        """Continue ``prompt`` with a GPT export; returns prompt + continuation."""
+        tok = self.run.source_tokenizer
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        check_text(prompt, "the prompt")
+        ids = tok.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one character or token")
+        if len(ids) >= self.max_length:
+            raise ValueError(f"the prompt has {len(ids)} tokens; CTranslate2 reads at most "
+                             f"{self.max_length - 1} before generating (the model's "
+                             "max_length); shorten it or use engine='keras'")
+        if max_new_tokens is not None and len(ids) + int(max_new_tokens) > self.max_length:
+            raise ValueError(
+                f"{len(ids)} prompt tokens + max_new_tokens={max_new_tokens} exceed the "
+                f"model's max_length={self.max_length}: CTranslate2 has no positions beyond "
+                "it (engine='keras' slides a window over the context); ask for at most "
+                f"{self.max_length - len(ids)} new tokens")
+        options = dict(max_length=int(max_new_tokens) if max_new_tokens is not None
+                       else self.max_length - len(ids), include_prompt_in_result=False,
+                       suppress_sequences=self._suppress,
+                       **_sampling(temperature, top_k, top_p))
+        if not stop_at_eos:
+            options["end_token"] = []
+        session = self._session(seed if temperature else None)
+        result = session.generate_batch([[self._source_tokens[i] for i in ids]], **options)[0]
+        new = [self._target_ids[t] for t in result.sequences[0]]
+        return prompt + tok.decode([i for i in new if i != tok.eos_id])
+
+
+def _sampling(temperature, top_k, top_p):
+    """CTranslate2's sampling arguments for our ``temperature`` / ``top_k`` / ``top_p``."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and int(top_k) < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return dict(sampling_topk=1)
+    return dict(sampling_topk=int(top_k or 0), sampling_topp=float(top_p or 1.0),
+                sampling_temperature=float(temperature))
+
+
+def _tokens_of(tokenizer):
+    return [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]

@@ -1,0 +1,53 @@
+"""``transformerkit serve``: load the runs once, warm them up, serve them with uvicorn."""
+
+import logging
+import os
+
+log = logging.getLogger("transformerkit.serve")
+
+
+def run_names(run_dirs):
+    """A name per run directory: its folder name, with ``-2``, ``-3`` ... for repeats."""
+    names = []
+    for path in run_dirs:
+        base = os.path.basename(os.path.normpath(os.fspath(path))) or "run"
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return names
+
+
+def load_runs(run_dirs, checkpoint="model", engine="keras"):
+    """``{name: Run}`` for ``run_dirs``, each loaded once (``transformerkit.load``: Keras
+    safe mode) and warmed up with one short request on ``engine`` (for "ctranslate2" this
+    writes the run's export first if it is missing)."""
+    import transformerkit
+
+    runs = {}
+    for name, path in zip(run_names(run_dirs), run_dirs, strict=True):
+        run = transformerkit.load(path, checkpoint=checkpoint)
+        log.info("loaded %s as %r: %s", path, name, run)
+        if run.kind == "transformer":
+            run.translate(["a"], beam_size=1, max_new_tokens=2, engine=engine)
+        elif run.kind == "gpt":
+            run.generate("a", max_new_tokens=2, engine=engine)
+        else:
+            raise ValueError(f"{path} holds a {run.kind} run; serve takes transformer and gpt "
+                             "runs")
+        runs[name] = run
+    return runs
+
+
+def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="model",
+          limits=None):
+    """Load ``run_dirs`` and serve them until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    from transformerkit.serving.app import create_app
+
+    runs = load_runs(run_dirs, checkpoint=checkpoint, engine=engine)
+    app = create_app(runs, limits=limits, engine=engine)
+    log.info("serving %s on http://%s:%d (engine %s)", ", ".join(runs), host, port, engine)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,48 @@
+"""``evaluate --split``: any split a run's config names (val, test), Multi30k's test2016,
+and clear errors for a split the run has no data for."""
+
+import json
+
+import pytest
+import yaml
+from tiny_run import ENGLISH, GERMAN, tiny_config
+
+from transformerkit.cli import main
+from transformerkit.training.trainer import train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("splits")
+    config = tiny_config(folder, epochs=1, max_steps=2)
+    test_source, test_target = folder / "test.de", folder / "test.en"
+    test_source.write_text(" ".join(GERMAN[:3]) + "\n" + " ".join(GERMAN[3:5]) + "\n"
+                           + GERMAN[6] + "\n")
+    test_target.write_text(" ".join(ENGLISH[:3]) + "\n" + " ".join(ENGLISH[3:5]) + "\n"
+                           + ENGLISH[6] + "\n")
+    config["data"].update(test_source=str(test_source), test_target=str(test_target))
+    out = folder / "run"
+    train(config, str(out))
+    return out
+
+
+def test_evaluate_split_test_scores_the_configs_test_data(run_dir, capsys):
+    assert main(["evaluate", str(run_dir), "--split", "test", "--beam", "1"]) == 0
+    scores = json.loads((run_dir / "metrics.json").read_text())["evaluate"]["test"]
+    assert scores["sentences"] == 3 and 0.0 <= scores["chrf"] <= 100.0
+    assert "BLEU" in capsys.readouterr().out
+
+
+def test_a_split_the_run_has_no_data_for_is_a_clear_error(run_dir, capsys):
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["data"]["test_source"] = config["data"]["test_target"] = None
+    other = run_dir.parent / "no-test"  # the same run with no test data in its config
+    other.mkdir(exist_ok=True)
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    for name in ("model.keras", "tokenizer.json"):
+        if (run_dir / name).exists():
+            (other / name).write_bytes((run_dir / name).read_bytes())
+    assert main(["evaluate", str(other), "--split", "test"]) == 2
+    assert "names no test data (data.test_source/test_target" in capsys.readouterr().err
+    assert main(["evaluate", str(run_dir), "--split", "test2016"]) == 2
+    assert "--split test2016 is Multi30k's" in capsys.readouterr().err

@@ -1,0 +1,184 @@
+"""Long runs: checkpoints inside an epoch and exact resume from them, checkpoint averaging,
+early stopping (in-process, tiny model; the SIGKILL test runs the CLI, marked slow)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from tiny_run import tiny_config
+
+from transformerkit.config import ConfigError, resolve
+from transformerkit.run_directory import CheckpointDirectory, RunDirectory
+from transformerkit.saving import load_model
+from transformerkit.training.averaging import average_checkpoints
+from transformerkit.training.trainer import train
+
+
+def _config(folder, **train_keys):
+    config = tiny_config(folder, **train_keys)
+    config["model"]["dropout"] = 0.1  # so that the dropout RNG state matters on resume
+    return config
+
+
+def _weights(path):
+    return [np.asarray(w) for w in load_model(path).get_weights()]
+
+
+def test_checkpoint_names_order_by_position(tmp_path):
+    folder = CheckpointDirectory(tmp_path)
+    names = ["epoch-0001.keras", "epoch-0001-batch-0000004.keras", "epoch-0000-batch-0000010.keras",
+             "epoch-0002.keras", "best.keras"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    assert folder.epoch_names() == ["epoch-0000-batch-0000010.keras", "epoch-0001.keras",
+                                    "epoch-0001-batch-0000004.keras", "epoch-0002.keras"]
+    assert folder.position_name(1, 4) == "epoch-0001-batch-0000004.keras"
+    assert folder.position_name(3, 0) == folder.epoch_name(3)
+    assert (folder.epoch_of("epoch-0001-batch-0000004.keras"),
+            folder.batch_of("epoch-0001-batch-0000004.keras")) == (1, 4)
+
+
+def test_resume_inside_an_epoch_is_exact(tmp_path):
+    """Straight 2 epochs == stopped by max_steps inside epoch 2 (a checkpoint there), then
+    --resume to the end: the same weights, bit for bit (position, optimizer, dropout RNG)."""
+    straight = tmp_path / "straight"
+    train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10), straight)
+
+    stopped = tmp_path / "stopped"
+    metrics = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10, max_steps=8),
+                    stopped)
+    assert metrics["stopped_by"] == "max_steps" and metrics["steps"] == 8
+    state = json.loads((stopped / "checkpoints" / "latest.json").read_text())
+    assert (state["epoch"], state["batch"], state["step"]) == (1, 2, 8)  # 6 batches per epoch
+    assert state["checkpoint"] == "epoch-0001-batch-0000002.keras"
+    os.remove(stopped / "model.keras")
+    resumed = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10), stopped,
+                    resume=True)
+    assert resumed["steps"] == 12
+    for a, b in zip(_weights(straight / "model.keras"), _weights(stopped / "model.keras"),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the mid-epoch checkpoints of both runs are the same files' weights
+    for name in ("epoch-0000-batch-0000002.keras", "epoch-0001-batch-0000004.keras"):
+        for a, b in zip(_weights(straight / "checkpoints" / name),
+                        _weights(stopped / "checkpoints" / name), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_average_is_the_float64_mean_of_the_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    metrics = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=4,
+                            average_last=3), run)
+    names = CheckpointDirectory(run / "checkpoints").epoch_names()
+    assert len(names) == 4 and metrics["averaged"]["checkpoints"] == names[-3:]
+    files = [_weights(run / "checkpoints" / n) for n in names[-3:]]
+    averaged = load_model(RunDirectory(run).averaged)
+    for i, variable in enumerate(averaged.weights):
+        got = np.asarray(variable)
+        if np.issubdtype(got.dtype, np.floating):
+            expected = np.mean([f[i].astype("float64") for f in files], axis=0)
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7, err_msg=variable.path)
+    # the CLI command writes the same average elsewhere; the run loads it by name
+    out, paths = average_checkpoints(run, 3, out=tmp_path / "avg.keras")
+    for a, b in zip(_weights(out), [np.asarray(w) for w in averaged.weights], strict=True):
+        np.testing.assert_array_equal(a, b)
+    from transformerkit import load
+
+    assert load(run, checkpoint="averaged").model.count_params() == averaged.count_params()
+    assert load(run, checkpoint=names[-1]).model.count_params() == averaged.count_params()
+
+
+def test_average_errors(tmp_path):
+    run = tmp_path / "run"
+    train(_config(tmp_path, checkpoints_to_keep=2), run)
+    with pytest.raises(FileNotFoundError, match="2 checkpoint.*fewer than the 5"):
+        average_checkpoints(run, 5)
+    # a checkpoint of another model (another d_model) among them
+    other = tmp_path / "other"
+    config = _config(tmp_path, epochs=1)
+    config["model"]["d_model"], config["model"]["d_ff"] = 8, 16
+    train(config, other)
+    os.replace(other / "checkpoints" / "epoch-0001.keras", run / "checkpoints" / "epoch-0003.keras")
+    with pytest.raises(ValueError, match="shape"):
+        average_checkpoints(run, 2)
+
+
+def test_average_cli(tmp_path):
+    run = tmp_path / "run"
+    train(_config(tmp_path, checkpoints_to_keep=2), run)
+    from transformerkit.cli import main
+
+    assert main(["average", str(run), "--last", "2"]) == 0
+    assert os.path.exists(RunDirectory(run).averaged)
+    assert main(["average", str(run), "--last", "3"]) != 0
+
+
+def test_early_stopping_stops_and_keeps_the_best(tmp_path):
+    """A learning rate of 0 never improves val_loss after the first evaluation: patience 2
+    stops after epoch 3 of 10."""
+    config = _config(tmp_path, epochs=10, patience=2, learning_rate=1e-12)
+    config["data"].update(val_source=config["data"]["train_source"],
+                          val_target=config["data"]["train_target"])
+    metrics = train(config, tmp_path / "run")
+    assert metrics["stopped_by"] == "early_stopping"
+    state = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
+    assert state["epoch"] <= 4 and state["wait"] == 2 and state["monitor"] == "val_loss"
+
+
+def test_early_stopping_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="bleu_every"):
+        resolve({"train": {"patience": 2, "early_stopping_metric": "val_bleu"}})
+    with pytest.raises(ConfigError, match="early_stopping_metric"):
+        resolve({"train": {"early_stopping_metric": "bleu"}})
+    with pytest.raises(ConfigError, match="checkpoints_to_keep >= 5"):
+        resolve({"train": {"average_last": 5}})
+    with pytest.raises(ValueError, match="patience needs validation"):
+        train(_config(tmp_path, patience=1), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_sigkill_inside_an_epoch_resumes_exactly(tmp_path):
+    """`transformerkit train` SIGKILLed once a mid-epoch checkpoint exists, then --resume:
+    the final weights equal an uninterrupted run's."""
+    source = tmp_path / "train.de"
+    config = _config(tmp_path, epochs=2, checkpoint_every=1, checkpoints_to_keep=3)
+    config["data"]["train_limit"] = None
+    # a corpus of 240 pairs: 60 batches per epoch
+    from tiny_run import write_corpus
+
+    src, tgt = write_corpus(tmp_path, pairs=240)
+    config["data"].update(train_source=src, train_target=tgt)
+    import yaml
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "transformerkit.cli", "train", str(path)]
+    straight = subprocess.run([*command, "--out", str(tmp_path / "straight")],
+                              capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--out", str(killed)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    state = killed / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if state.exists() and json.loads(state.read_text()).get("step", 0) >= 70:
+            break  # inside epoch 2
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "model.keras").exists(), "the run finished before it was killed"
+    assert json.loads(state.read_text())["batch"] > 0, "killed at an epoch end"
+    resumed = subprocess.run([*command, "--out", str(killed), "--resume"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for a, b in zip(_weights(tmp_path / "straight" / "model.keras"),
+                    _weights(killed / "model.keras"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    del source

@@ -1,0 +1,262 @@
+"""Search to the end token: finished sentences leave the batch (same results as keeping
+them), beam search's two stopping rules and the output-length cap, each against a plain
+reference beam search over full forward passes (float64 log-softmax, one sentence at a
+time), on random-weight and briefly trained models with outputs of mixed lengths.
+
+``reference_beam_search`` is also used by the per-backend probe of ``test_decoding.py``.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from transformerkit.decoding import beam_translate, greedy_translate, translate_texts
+from transformerkit.decoding.common import check_length_cap, length_caps, length_penalty
+from transformerkit.models import Transformer
+from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+SOURCES = np.array([[5, 9, 14, 7, 21, 8, EOS_ID], [11, 6, 19, EOS_ID, 0, 0, 0],
+                    [23, EOS_ID, 0, 0, 0, 0, 0], [4, 4, 13, 12, 18, EOS_ID, 0],
+                    [7, 17, EOS_ID, 0, 0, 0, 0]], dtype="int32")
+
+
+def mixed_length_model(seed, eos_bias, max_length=14, norm_position="post"):
+    """A random-weight Transformer whose end-token bias makes sentences end at different
+    steps (some early, some at the length limit)."""
+    keras.utils.set_random_seed(seed)
+    model = Transformer(30, 27, num_layers=2, d_model=16, num_heads=2, d_ff=24, dropout=0.0,
+                        max_length=max_length, norm_position=norm_position)
+    model((SOURCES, SOURCES[:, :3]))
+    rng = np.random.default_rng(seed)
+    for variable in model.trainable_weights:
+        value = ops.convert_to_numpy(variable)
+        variable.assign((value + rng.normal(0.0, 0.3, value.shape)).astype(value.dtype))
+    bias = ops.convert_to_numpy(model.output_projection.bias)
+    bias[EOS_ID] += eos_bias
+    model.output_projection.bias.assign(bias)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    """A copy-task Transformer trained for a few dozen steps: it ends its outputs at many
+    different lengths (and sometimes not at all), as a weak real model does."""
+    keras.utils.set_random_seed(3)
+    rng = np.random.default_rng(3)
+    vocab, longest, n = 14, 8, 64 * 40
+    lengths = rng.integers(2, longest + 1, n)
+    source = np.zeros((n, longest + 1), "int32")
+    for row, length in enumerate(lengths):
+        source[row, :length] = rng.integers(3, vocab, length)
+        source[row, length] = EOS_ID
+    labels = source.copy()
+    target_input = np.concatenate([np.full((n, 1), BOS_ID, "int32"), source[:, :-1]], axis=1)
+    target_input[labels == PAD_ID] = PAD_ID
+    from transformerkit.training import MaskedCrossEntropy
+
+    model = Transformer(vocab, vocab, num_layers=1, d_model=32, num_heads=4, d_ff=64,
+                        dropout=0.0, max_length=16)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=MaskedCrossEntropy())
+    model.fit((source, target_input), labels, batch_size=64, epochs=1, verbose=0)
+    return model, source[:24]
+
+
+def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
+    """Beam search of one sentence ``source`` ``(len,)`` by full forward passes: the same
+    rules as :func:`beam_translate` written plainly (candidates are the best ``2 * beam``
+    extensions; an end token among the best ``beam`` finishes a hypothesis; ``exact``: stop
+    when no live beam can beat the worst of ``beam`` finished ones, ``early``: stop once
+    ``beam`` have finished; at ``cap`` tokens the live beams join). Returns ``[(ids,
+    score)]``, best first."""
+    alive = [([], 0.0)]
+    finished = []  # (ids, score, logp)
+    max_penalty = length_penalty(cap, alpha)
+    steps = 0
+    while steps < cap:
+        decoder_input = np.array([[BOS_ID] + ids for ids, _ in alive], "int32")
+        logits = ops.convert_to_numpy(model((np.repeat(source[None], len(alive), 0),
+                                             decoder_input), training=False))[:, -1]
+        shifted = logits.astype("float64") - logits.max(1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))  # log-softmax
+        logp[:, [PAD_ID, BOS_ID]] = -np.inf
+        total = logp + np.array([s for _, s in alive])[:, None]
+        flat = total.reshape(-1)
+        order = np.argsort(-flat, kind="stable")[: 2 * beam]
+        steps += 1
+        new_alive = []
+        for rank, k in enumerate(order):
+            parent, token = divmod(int(k), logp.shape[1])
+            ids, score = alive[parent][0] + [token], float(flat[k])
+            if not np.isfinite(score):
+                continue
+            if token == EOS_ID:
+                if rank < beam:
+                    finished.append((ids[:-1], score / length_penalty(steps, alpha), score))
+            elif len(new_alive) < beam:
+                new_alive.append((ids, score))
+        finished = sorted(finished, key=lambda f: -f[1])[:beam]
+        alive = new_alive
+        full = len(finished) == beam
+        if full and stopping == "early":
+            break
+        if full and finished[-1][1] >= max(s for _, s in alive) / max_penalty:
+            break
+    found = [(ids, score) for ids, score, _ in finished]
+    if steps >= cap or len(found) < n_best:
+        found += [(ids, s / length_penalty(steps, alpha)) for ids, s in alive]
+    return sorted(found, key=lambda f: -f[1])[:n_best]
+
+
+def check_against_reference(model, sources, beam, alpha, stopping, max_new, caps_ab=None):
+    """Our beam search (live sentences leaving the batch) == the reference, per sentence."""
+    a, b = caps_ab or (None, None)
+    ours = beam_translate(model, sources, beam_size=beam, alpha=alpha, stopping=stopping,
+                          max_new_tokens=max_new, max_len_a=a, max_len_b=b, n_best=2)
+    caps = length_caps(sources, max_new, a, b)
+    for row, found in enumerate(ours):
+        source = sources[row][: int(np.count_nonzero(sources[row]))]
+        expected = reference_beam_search(model, source, beam, alpha, int(caps[row]),
+                                         stopping, n_best=2)
+        assert [h.ids for h in found] == [ids for ids, _ in expected], (row, found, expected)
+        np.testing.assert_allclose([h.score for h in found], [s for _, s in expected],
+                                   rtol=1e-4, atol=1e-4)
+
+
+# -- live rows: the same results as keeping every row ------------------------------------------
+
+def _same_beams(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert [h.ids for h in x] == [h.ids for h in y]
+        assert [h.finished for h in x] == [h.finished for h in y]
+        np.testing.assert_allclose([h.score for h in x], [h.score for h in y], rtol=1e-5,
+                                   atol=1e-5)
+
+
+@pytest.mark.parametrize("use_cache", [True, "keras", False])
+def test_dropping_finished_rows_changes_no_result(use_cache):
+    for seed, eos_bias in ((0, 2.0), (3, 1.5)):
+        model = mixed_length_model(seed, eos_bias)
+        kept = greedy_translate(model, SOURCES, use_cache=use_cache, drop_finished=False)
+        assert len({len(x) for x in kept}) > 2  # the sentences end at different steps
+        assert greedy_translate(model, SOURCES, use_cache=use_cache) == kept
+        capped = dict(max_len_a=1.0, max_len_b=2)
+        assert greedy_translate(model, SOURCES, use_cache=use_cache, **capped) == \
+            greedy_translate(model, SOURCES, use_cache=use_cache, drop_finished=False, **capped)
+        for stopping in ("exact", "early"):
+            options = dict(beam_size=3, n_best=3, stopping=stopping, use_cache=use_cache)
+            _same_beams(beam_translate(model, SOURCES, **options),
+                        beam_translate(model, SOURCES, drop_finished=False, **options))
+
+
+def test_dropping_finished_rows_on_a_trained_model(trained_model):
+    model, sources = trained_model
+    kept = greedy_translate(model, sources, drop_finished=False)
+    assert len({len(x) for x in kept}) > 3
+    assert greedy_translate(model, sources) == kept
+    _, logits = greedy_translate(model, sources, return_logits=True)
+    _, kept_logits = greedy_translate(model, sources, return_logits=True, drop_finished=False)
+    for row, ids in enumerate(kept):  # the steps each row ran have the same logits
+        np.testing.assert_allclose(logits[row, :len(ids) + 1], kept_logits[row, :len(ids) + 1],
+                                   atol=1e-5)
+    for stopping in ("exact", "early"):
+        _same_beams(beam_translate(model, sources, beam_size=4, n_best=2, stopping=stopping),
+                    beam_translate(model, sources, beam_size=4, n_best=2, stopping=stopping,
+                                   drop_finished=False))
+
+
+# -- stopping rules and caps against the reference ----------------------------------------------
+
+@pytest.mark.parametrize("stopping", ["exact", "early"])
+def test_beam_search_equals_the_reference(stopping):
+    model = mixed_length_model(3, 1.5)
+    # alpha 2 favours long outputs: here the two rules give different results (checked below)
+    check_against_reference(model, SOURCES, 3, 2.0, stopping, 10)
+    check_against_reference(model, SOURCES, 2, 0.0, stopping, 10, caps_ab=(0.5, 2))
+
+
+def test_the_two_stopping_rules_differ_where_the_reference_is_checked():
+    model = mixed_length_model(3, 1.5)
+    exact, early = (beam_translate(model, SOURCES, beam_size=3, alpha=2.0, n_best=2,
+                                   max_new_tokens=10, stopping=rule)
+                    for rule in ("exact", "early"))
+    differ = [[h.ids for h in x] != [h.ids for h in e]
+              for x, e in zip(exact, early, strict=True)]
+    assert sum(differ) >= 2
+
+
+def test_trained_model_equals_the_reference(trained_model):
+    model, sources = trained_model
+    for stopping in ("exact", "early"):
+        check_against_reference(model, sources[:8], 3, 0.6, stopping, 12, caps_ab=(1.0, 1))
+
+
+def test_early_stopping_ends_sooner_and_exact_never_scores_lower(trained_model):
+    model, sources = trained_model
+    exact = beam_translate(model, sources, beam_size=4, stopping="exact")
+    early = beam_translate(model, sources, beam_size=4, stopping="early")
+    for e, x in zip(early, exact, strict=True):
+        assert x[0].score >= e[0].score - 1e-5  # exact search within the beam is never worse
+
+
+# -- length caps ---------------------------------------------------------------------------------
+
+def test_length_caps_follow_the_source_and_stay_below_max_new_tokens():
+    caps = length_caps(SOURCES, 9, 1.5, 1)  # source lengths 7, 4, 2, 6, 3 (EOS included)
+    np.testing.assert_array_equal(caps, [9, 7, 4, 9, 5])
+    np.testing.assert_array_equal(length_caps(SOURCES, 9, None, None), [9] * 5)
+    np.testing.assert_array_equal(length_caps(SOURCES, 9, 0.0, 3), [3] * 5)
+    model = mixed_length_model(0, -5.0)  # rarely ends: outputs run to their cap
+    for ids, cap in zip(greedy_translate(model, SOURCES, max_len_a=1.0, max_len_b=1),
+                        length_caps(SOURCES, 14, 1.0, 1), strict=True):
+        assert len(ids) == cap  # no end token: exactly the cap
+    for found, cap in zip(beam_translate(model, SOURCES, beam_size=2, n_best=2, max_len_a=1.0,
+                                         max_len_b=1), length_caps(SOURCES, 14, 1.0, 1),
+                          strict=True):
+        assert all(len(h.ids) <= cap for h in found) and not found[0].finished
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (-1.0, 5, "max_len_a must be a finite number >= 0"),
+    (float("nan"), 5, "max_len_a must be a finite number >= 0"),
+    ("x", 5, "max_len_a must be a number"),
+    (1.0, -2, "max_len_b must be an integer >= 0"),
+    (1.0, 2.5, "max_len_b must be an integer >= 0"),
+    (0.0, 0, "allow no output token"),
+])
+def test_bad_length_caps_and_stopping_rules_are_clear_errors(a, b, message):
+    with pytest.raises(ValueError, match=message):
+        check_length_cap(a, b)
+    model = mixed_length_model(0, 0.0)
+    with pytest.raises(ValueError, match=message):
+        greedy_translate(model, SOURCES, max_len_a=a, max_len_b=b)
+    with pytest.raises(ValueError, match="stopping must be 'exact' or 'early'"):
+        beam_translate(model, SOURCES, stopping="greedy")
+
+
+def test_text_translation_checks_its_search_options_before_decoding():
+    from transformerkit.data.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.train(["abc def"])
+    model = mixed_length_model(0, 0.0)
+    with pytest.raises(ValueError, match="stopping must be"):
+        translate_texts(model, tok, tok, ["abc"], beam_size=2, stopping="soon")
+    with pytest.raises(ValueError, match="max_len_b must be"):
+        translate_texts(model, tok, tok, ["abc"], max_len_b=-1)
+
+
+def test_cli_search_options_parse_and_refuse_bad_values(capsys):
+    from transformerkit.cli import _parser
+    from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+
+    for command in ("translate", "evaluate"):
+        args = _parser().parse_args([command, "RUN"])
+        assert (args.stopping, args.max_len_a, args.max_len_b) == \
+            (DEFAULT_STOPPING, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B)
+        args = _parser().parse_args([command, "RUN", "--stopping", "exact", "--max-len-a",
+                                     "none", "--max-len-b", "none"])
+        assert (args.stopping, args.max_len_a, args.max_len_b) == ("exact", None, None)
+        for bad in (["--stopping", "soon"], ["--max-len-a", "x"], ["--max-len-b", "1.5"]):
+            with pytest.raises(SystemExit):
+                _parser().parse_args([command, "RUN", *bad])
+    assert "expected an integer or none, got '1.5'" in capsys.readouterr().err

@@ -1,0 +1,401 @@
+"""``transformerkit serve``: the HTTP API in-process (Starlette's TestClient over httpx) on
+two tiny runs trained here (a character de->en Transformer and a character GPT).
+
+Every answer is checked against the Python API (``Run.translate`` / ``generate`` /
+``attention``) on the same run; every kind of bad input gets its 4xx JSON error and the next
+request is served; requests that arrive together share one model call; the queue bound (429),
+the timeout (503) and the body limit (413) hold. The batcher is also tested on its own.
+"""
+
+import asyncio
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from tiny_run import GERMAN, tiny_config
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import transformerkit  # noqa: E402
+from transformerkit import cli  # noqa: E402
+from transformerkit.config import resolve  # noqa: E402
+from transformerkit.serving.app import create_app  # noqa: E402
+from transformerkit.serving.batching import Batcher, QueueFull  # noqa: E402
+from transformerkit.serving.limits import Limits  # noqa: E402
+from transformerkit.serving.server import load_runs, run_names  # noqa: E402
+
+SENTENCES = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun", "zehn ein",
+             "zwei zwei drei vier", "acht"]
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory):
+    from transformerkit.training.trainer import train
+
+    folder = tmp_path_factory.mktemp("serving")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSFORMERKIT_MALLOC", "system")
+        train(tiny_config(folder, epochs=3), folder / "numbers")
+        text = folder / "text.txt"
+        text.write_text((" ".join(GERMAN) + "\n") * 40)
+        train(resolve({
+            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
+                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
+            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
+                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 5},
+            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
+            folder / "poet")
+    return folder / "numbers", folder / "poet"
+
+
+@pytest.fixture(scope="module")
+def runs(run_dirs):
+    return load_runs(run_dirs)
+
+
+@pytest.fixture(scope="module")
+def client(runs):
+    with TestClient(create_app(runs, Limits(max_texts=8, max_chars=60, max_new_tokens=30,
+                                            max_body_bytes=4096))) as client:
+        yield client
+
+
+def served(client):
+    """The server still answers a good request correctly."""
+    response = client.post("/translate", json={"texts": ["ein zwei"], "beam_size": 1})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# -- answers equal the Python API -------------------------------------------------------------
+def test_translate_equals_run_translate(client, runs):
+    run = runs["numbers"]
+    greedy = client.post("/translate", json={"texts": SENTENCES, "beam_size": 1,
+                                             "max_new_tokens": 12}).json()
+    assert greedy["model"] == "numbers" and greedy.get("n_best") is None
+    assert greedy["translations"] == run.translate(SENTENCES, beam_size=1, max_new_tokens=12)
+    beam = client.post("/translate", json={"texts": SENTENCES[:3], "beam_size": 3,
+                                           "n_best": 2, "max_new_tokens": 12}).json()
+    expected = run.translate(SENTENCES[:3], beam_size=3, n_best=2, max_new_tokens=12)
+    assert beam["translations"] == [found[0][0] for found in expected]
+    for got, want in zip(beam["n_best"], expected, strict=True):
+        assert [h["text"] for h in got] == [t for t, _ in want]
+        np.testing.assert_allclose([h["score"] for h in got], [s for _, s in want], rtol=1e-5)
+
+
+def test_sampling_with_a_seed_is_reproducible_and_equals_the_api(client, runs):
+    body = {"texts": SENTENCES[:2], "temperature": 1.0, "top_k": 5, "seed": 7,
+            "max_new_tokens": 10}
+    first = client.post("/translate", json=body).json()["translations"]
+    assert first == client.post("/translate", json=body).json()["translations"]
+    assert first == runs["numbers"].translate(SENTENCES[:2], temperature=1.0, top_k=5, seed=7,
+                                              max_new_tokens=10, beam_size=4)
+
+
+def test_generate_equals_run_generate(client, runs):
+    body = {"prompt": "ein zwei", "model": "poet", "max_new_tokens": 12, "temperature": 0.8,
+            "top_k": 4, "seed": 3}
+    answer = client.post("/generate", json=body).json()
+    assert answer == {"model": "poet", "text": runs["poet"].generate(
+        "ein zwei", max_new_tokens=12, temperature=0.8, top_k=4, seed=3)}
+
+
+def test_attention_equals_run_attention(client, runs):
+    run = runs["numbers"]
+    answer = client.post("/attention", json={"source": "ein zwei drei", "target": "one two",
+                                             "kinds": ["cross", "encoder"]}).json()
+    expected = run.attention("ein zwei drei", "one two")
+    for key in ("source_tokens", "target_input_tokens", "target_output_tokens"):
+        assert answer[key] == expected[key]
+    for kind in ("cross", "encoder"):
+        np.testing.assert_allclose(answer["attention"][kind], expected[kind], atol=6e-5)
+    assert set(answer["attention"]) == {"cross", "encoder"}
+    assert (answer["layers"], answer["heads"]) == expected["cross"].shape[:2]
+    # no target: the model's greedy translation, which the answer names
+    default = client.post("/attention", json={"source": "vier fuenf"}).json()
+    assert default["target"] == run.translate("vier fuenf", beam_size=1,
+                                              max_new_tokens=run.model.max_length - 1)
+    assert list(default["attention"]) == ["cross"]
+    gpt = client.post("/attention", json={"source": "ein zwei", "model": "poet"}).json()
+    np.testing.assert_allclose(gpt["attention"]["self"],
+                               runs["poet"].attention("ein zwei")["self"], atol=6e-5)
+    assert gpt["tokens"] == runs["poet"].attention("ein zwei")["tokens"]
+
+
+def test_models_health_openapi_and_page(client, runs, run_dirs):
+    models = client.get("/models").json()
+    assert models["default"] == "numbers"
+    assert [m["name"] for m in models["models"]] == ["numbers", "poet"]
+    numbers, poet = models["models"]
+    assert (numbers["kind"], poet["kind"]) == ("transformer", "gpt")
+    assert numbers["parameters"] == runs["numbers"].model.count_params()
+    assert numbers["model"]["num_layers"] == 1 and numbers["data"]["tokenizer"] == "char"
+    saved = json.loads((run_dirs[0] / "metrics.json").read_text())
+    assert numbers["metrics"] == saved and "loss" in saved
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["models"] == ["numbers", "poet"]
+    schema = client.get("/openapi.json").json()
+    assert {"/translate", "/generate", "/attention", "/health", "/models"} <= set(schema["paths"])
+    request = schema["components"]["schemas"]["TranslateRequest"]
+    assert request["additionalProperties"] is False and "texts" in request["required"]
+    assert client.get("/docs").status_code == 404  # its viewer would load from a CDN
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    html = page.text
+    assert "<canvas" in html or "createElement(\"canvas\")" in html
+    assert "http://" not in html and "https://" not in html and " src=" not in html
+
+
+# -- bad input: a clear 4xx, and the next request is served -----------------------------------
+BAD_BODIES = [
+    (b'{"texts": ["ein"', 400, "not valid JSON"),
+    (b'{"texts": ["ein \xff zwei"]}', 400, "not valid UTF-8"),
+    (b'{"texts": "ein zwei"}', 422, "texts: Input should be a valid list"),
+    (b'{"texts": [3]}', 422, "texts.0: Input should be a valid string"),
+    (b'{"texts": ["ein"], "beam_size": "4"}', 422, "beam_size"),
+    (b'{"texts": ["ein"], "beam_size": 0}', 422, "beam_size"),
+    (b'{"texts": ["ein"], "beam": 4}', 422, "beam: Extra inputs are not permitted"),
+    (b'{"texts": []}', 422, "texts"),
+    (b'{"texts": [""]}', 422, "text 0 is empty"),
+    (b'{"texts": ["ein", "   "]}', 422, "text 1 is empty"),
+    (b'{"texts": ["\\ud800"]}', 422, "lone surrogate"),
+    (b'{"texts": ["' + b"x" * 61 + b'"]}', 422, "61 characters"),
+    (b'{"texts": [' + b", ".join([b'"ein"'] * 9) + b"]}", 422, "9 texts"),
+    (b'{"texts": ["ein"], "max_new_tokens": 31}', 422, "max_new_tokens=31"),
+    (b'{"texts": ["ein"], "n_best": 17}', 422, "beam_size / n_best 17"),
+    (b'{"texts": ["ein"], "model": "nobody"}', 404, "no model named 'nobody'"),
+    (b'{"texts": ["ein"], "model": "/etc/passwd"}', 404, "no model named"),
+    (b'{"texts": ["ein"], "model": "poet"}', 422, "use /generate"),
+    (b"[]", 422, "body"),
+    (b"null", 422, "body"),
+]
+
+
+@pytest.mark.parametrize("body, status, message", BAD_BODIES,
+                         ids=[f"{i}-{b[:24]!r}" for i, (b, _, _) in enumerate(BAD_BODIES)])
+def test_bad_translate_request_is_a_clear_error(client, body, status, message):
+    response = client.post("/translate", content=body,
+                           headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    answer = response.json()
+    assert answer["status"] == status and message in answer["error"], answer
+    served(client)
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/generate", {"prompt": ""}, 422, "prompt"),
+    ("/generate", {"prompt": "ein", "model": "poet", "temperature": -1}, 422, "temperature"),
+    ("/generate", {"prompt": "ein", "model": "poet", "top_p": 1.5}, 422, "top_p"),
+    ("/generate", {"prompt": "ein"}, 422, "use /translate"),
+    ("/generate", {"prompt": "x" * 61, "model": "poet"}, 422, "61 characters"),
+    ("/attention", {"source": "ein", "kinds": ["self"]}, 422, "attention kinds"),
+    ("/attention", {"source": "ein", "model": "poet", "target": "x"}, 422, "no target"),
+    ("/attention", {"source": "ein", "kinds": ["all"]}, 422, "kinds.0"),
+    ("/attention", {"source": "ein zwei " * 6}, 422, "the model takes at most 40"),
+])
+def test_bad_generate_and_attention_requests(client, path, body, status, message):
+    response = client.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+    served(client)
+
+
+def test_a_body_over_the_limit_is_413_declared_or_chunked(client):
+    big = json.dumps({"texts": ["ein"] * 2000}).encode()  # over max_body_bytes=4096
+    response = client.post("/translate", content=big, headers={"content-type":
+                                                                "application/json"})
+    assert response.status_code == 413 and "4096 bytes" in response.json()["error"]
+    served(client)
+
+    def chunks():  # no Content-Length: the middleware counts what arrives
+        for start in range(0, len(big), 1000):
+            yield big[start:start + 1000]
+
+    response = client.post("/translate", content=chunks(),
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "4096 bytes" in response.json()["error"]
+    served(client)
+
+
+@pytest.mark.parametrize("raised, status, message", [
+    (ValueError("the tokenizer refused it"), 422, "the tokenizer refused it"),
+    (RuntimeError("out of memory"), 500, "internal error: RuntimeError: out of memory")])
+def test_a_failing_model_call_is_an_error_and_the_server_goes_on(runs, monkeypatch, raised,
+                                                                 status, message):
+    run = runs["numbers"]
+    app = create_app({"numbers": run})
+    with TestClient(app, raise_server_exceptions=False) as client:
+        def broken(*args, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(run, "translate", broken)
+        response = client.post("/translate", json={"texts": ["ein"]})
+        assert response.status_code == status
+        assert response.json()["error"] == message
+        monkeypatch.undo()
+        served(client)
+
+
+# -- batching, queue bound, timeout --------------------------------------------------------------
+def post_together(client, bodies, path="/translate"):
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda body: client.post(path, json=body), bodies))
+
+
+def test_requests_that_arrive_together_share_one_call(runs):
+    run = runs["numbers"]
+    limits = Limits(batch_window_ms=400)  # everyone arrives within the window
+    with TestClient(create_app({"numbers": run}, limits)) as client:
+        before = client.get("/health").json()["batches"]
+        bodies = [{"texts": [s], "beam_size": 1, "max_new_tokens": 12} for s in SENTENCES]
+        answers = post_together(client, bodies)
+        assert [a.status_code for a in answers] == [200] * len(bodies)
+        assert [a.json()["translations"][0] for a in answers] == \
+            run.translate(SENTENCES, beam_size=1, max_new_tokens=12)
+        assert client.get("/health").json()["batches"] - before == 1
+        # other search options do not share a call
+        mixed = post_together(client, [{"texts": ["ein"], "beam_size": 1},
+                                       {"texts": ["ein"], "beam_size": 2}])
+        assert [a.status_code for a in mixed] == [200, 200]
+        assert client.get("/health").json()["batches"] - before == 3
+
+
+def test_a_full_queue_answers_429_and_a_slow_one_503(runs):
+    run = runs["numbers"]
+    # a long collection window keeps the first request waiting in the queue
+    with TestClient(create_app({"numbers": run}, Limits(queue_size=1, batch_window_ms=800,
+                                                         timeout=5))) as client:
+        answers = post_together(client, [{"texts": ["ein"], "beam_size": 1}] * 2)
+        assert sorted(a.status_code for a in answers) == [200, 429]
+        refused = next(a for a in answers if a.status_code == 429)
+        assert "--queue-size" in refused.json()["error"] and refused.headers["retry-after"]
+    with TestClient(create_app({"numbers": run}, Limits(batch_window_ms=2000,
+                                                         timeout=0.2))) as client:
+        response = client.post("/translate", json={"texts": ["ein"]})
+        assert response.status_code == 503 and "--timeout" in response.json()["error"]
+        assert client.get("/health").json()["waiting"] == 0  # dropped from the queue
+
+
+def test_batcher_groups_by_key_within_max_batch_on_a_worker_thread():
+    calls = []
+
+    def call(inputs):
+        calls.append((list(inputs), threading.current_thread().name))
+        if "bad" in inputs:
+            raise ValueError("bad input")
+        if "fault" in inputs:
+            raise RuntimeError("a fault of the server")
+        return [x.upper() for x in inputs]
+
+    async def scenario():
+        batcher = Batcher(window_s=0.05, max_batch=4, queue_size=10, timeout_s=5)
+        batcher.start()
+        jobs = [batcher.submit(["a", "b"], call, "k"), batcher.submit(["c"], call, "k"),
+                batcher.submit(["d"], call, "other"), batcher.submit(["e", "f"], call, "k"),
+                batcher.submit(["g"], call, None), batcher.submit(["bad"], call, "j"),
+                batcher.submit(["h"], call, "j"), batcher.submit(["fault"], call, "m"),
+                batcher.submit(["i"], call, "m")]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        await batcher.stop()
+        return results
+
+    results = asyncio.run(scenario())
+    assert results[:5] == [["A", "B"], ["C"], ["D"], ["E", "F"], ["G"]]
+    assert isinstance(results[5], ValueError) and results[6] == ["H"]
+    assert [type(r) for r in results[7:]] == [RuntimeError, RuntimeError]  # not input: shared
+    batches = [inputs for inputs, _ in calls]
+    # oldest first; "k" jobs fill max_batch=4 (a, b, c) + (e, f would make 5: next round)
+    assert batches[:4] == [["a", "b", "c"], ["d"], ["e", "f"], ["g"]]
+    # a shared call failing on its input: each job again alone; on anything else: not
+    assert batches[4:] == [["bad", "h"], ["bad"], ["h"], ["fault", "i"]]
+    assert all(name.startswith("transformerkit-model") for _, name in calls)
+
+
+def test_batcher_queue_full_and_timeout():
+    release = threading.Event()
+
+    async def scenario():
+        batcher = Batcher(window_s=0, max_batch=4, queue_size=1, timeout_s=0.3)
+        batcher.start()
+        slow = asyncio.ensure_future(batcher.submit([1], lambda x: release.wait(2) and x))
+        await asyncio.sleep(0.05)  # running now: the queue is empty again
+        waiting = asyncio.ensure_future(batcher.submit([2], lambda x: x))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):
+            await batcher.submit([3], lambda x: x)
+        with pytest.raises(TimeoutError):
+            await slow
+        with pytest.raises(TimeoutError):
+            await waiting
+        release.set()
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_batcher_drops_the_job_of_a_client_that_went_away():
+    calls = []
+
+    async def scenario():
+        batcher = Batcher(window_s=0.3, max_batch=4, queue_size=4, timeout_s=5)
+        batcher.start()
+        gone = asyncio.ensure_future(batcher.submit(["a"], calls.append, "k"))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # what Starlette does to a handler whose client disconnected
+        await asyncio.sleep(0.01)
+        assert batcher.waiting == []
+        assert await batcher.submit(["b"], lambda x: [y * 2 for y in x], "k") == ["bb"]
+        await batcher.stop()
+
+    asyncio.run(scenario())
+    assert calls == []
+
+
+# -- the engine, the command line ---------------------------------------------------------------
+def test_ctranslate2_engine_is_passed_through(runs):
+    pytest.importorskip("ctranslate2")
+    run = runs["numbers"]
+    with TestClient(create_app({"numbers": run}, engine="ctranslate2")) as client:
+        answer = client.post("/translate", json={"texts": SENTENCES, "beam_size": 1,
+                                                 "max_new_tokens": 12}).json()
+        assert answer["translations"] == run.translate(
+            SENTENCES, beam_size=1, max_new_tokens=12, engine="ctranslate2")
+        assert client.get("/models").json()["models"][0]["engine"] == "ctranslate2"
+
+
+def test_run_names_and_serve_options(capsys):
+    assert run_names(["runs/a", "other/a/", "b"]) == ["a", "a-2", "b"]
+    with pytest.raises(ValueError, match="max_texts must be positive"):
+        Limits(max_texts=0)
+    assert cli.main(["serve", "runs/none", "--max-texts", "0"]) == 2
+    assert "max_texts must be positive" in capsys.readouterr().err
+    assert cli.main(["serve", "no/such/run"]) == 2
+    assert "no/such/run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["serve"])  # at least one run
+    with pytest.raises(ValueError, match="engine must be"):
+        create_app({"x": transformerkit}, engine="onnx")
+
+
+def test_the_readmes_requests_are_served(runs):
+    """Each ``curl`` request of the README, sent to runs named as there (small, gpt)."""
+    import shlex
+
+    from test_readme import commands
+
+    requests = [shlex.split(line) for line in commands() if line.startswith("curl")]
+    assert len(requests) >= 4
+    with TestClient(create_app({"small": runs["numbers"], "gpt": runs["poet"]})) as client:
+        for words in requests:
+            url = next(w for w in words if w.startswith("localhost:8000/"))
+            path = url.removeprefix("localhost:8000")
+            if "-d" in words:
+                body = json.loads(words[words.index("-d") + 1])
+                response = client.post(path, json=body)
+            else:
+                response = client.get(path)
+            assert response.status_code == 200, (words, response.text)
