@@ -46,3 +46,27 @@ def test_a_split_the_run_has_no_data_for_is_a_clear_error(run_dir, capsys):
     assert "names no test data (data.test_source/test_target" in capsys.readouterr().err
     assert main(["evaluate", str(run_dir), "--split", "test2016"]) == 2
     assert "--split test2016 is Multi30k's" in capsys.readouterr().err
+
+
+def test_translate_scores_prints_each_translations_log_probability(run_dir, capsys):
+    """``translate --scores``: LOGPROB<TAB>TEXT, the log-probability being the float64 sum
+    of log p over the printed translation's tokens and its end token."""
+    import keras
+    import numpy as np
+
+    import transformerkit
+
+    texts = [" ".join(GERMAN[:3]), GERMAN[7]]
+    assert main(["translate", str(run_dir), "--scores", "--beam", "1", *texts]) == 0
+    lines = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
+    run = transformerkit.load(str(run_dir))
+    assert [text for _, text in lines] == run.translate(texts, beam_size=1)
+    for source, (printed, text) in zip(texts, lines, strict=True):
+        src = np.array([run.source_tokenizer.encode(source, add_eos=True)])
+        target = run.target_tokenizer.encode(text) + [2]  # and </s>
+        decoder_input = np.array([[1] + target[:-1]])
+        probs = keras.ops.convert_to_numpy(
+            run.model((src, decoder_input), return_logits=False)).astype("float64")
+        expected = np.log(probs[0, np.arange(len(target)), target]).sum()
+        assert float(printed) == pytest.approx(expected, abs=2e-4)
+    assert main(["translate", str(run_dir), "--scores", "--n-best", "2", texts[0]]) == 2

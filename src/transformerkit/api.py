@@ -177,6 +177,26 @@ class Run:
         return engine_for(self, engine)
 
     # -- attention --------------------------------------------------------------------------
+    def score(self, sources, targets):
+        """The model's log-probability ``log p(target | source)`` of each pair: the sum over
+        the target's tokens and its end token of the log-softmax (one teacher-forced pass,
+        ``decoding.scoring.sequence_log_probs``); a list of floats (a float for one pair).
+        ``translate --scores`` prints it for each translation."""
+        from transformerkit.data.pipeline import pad_batch
+        from transformerkit.decoding.scoring import sequence_log_probs
+        from transformerkit.decoding.translate import encode_sources
+
+        self._require("transformer", "score")
+        single = isinstance(sources, str)
+        sources, targets = ([sources], [targets]) if single else (list(sources), list(targets))
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        limit = self.model.max_length
+        source_ids = pad_batch(encode_sources(sources, self.source_tokenizer, limit))
+        outputs = [self.target_tokenizer.encode(t)[:limit - 1] for t in targets]
+        scores = [float(s) for s in sequence_log_probs(self.model, source_ids, outputs)]
+        return scores[0] if single else scores
+
     def attention(self, source, target=None):
         """Attention weights of every layer and head for one example, as NumPy.
 

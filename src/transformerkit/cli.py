@@ -179,6 +179,9 @@ def _add_use_commands(command):
     engine_options(translate)
     translate.add_argument("--n-best", type=int, default=1,
                            help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
+    translate.add_argument("--scores", action="store_true",
+                           help="print LOGPROB<TAB>TEXT: the model's log-probability of each "
+                                "translation (its tokens and the end token)")
 
     generate = run_parser("generate", "continue a prompt with a trained GPT")
     generate.add_argument("--prompt", required=True, help="text to continue")
@@ -448,16 +451,19 @@ def _translate(args):
     texts = [_valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     chunks = [texts] if texts else _stdin_chunks(stdin, args.batch_size)
+    if args.scores and args.n_best > 1:
+        raise ValueError("--scores prints one translation per line; --n-best already prints "
+                         "each hypothesis with its score")
     offset = 0
     for chunk in chunks:
-        _translate_chunk(run, chunk, offset, options)
+        _translate_chunk(run, chunk, offset, options, args.scores)
         offset += len(chunk)
     return 0
 
 
-def _translate_chunk(run, texts, offset, options):
+def _translate_chunk(run, texts, offset, options, scores=False):
     """Translate ``texts`` and print them in order as soon as each is ready; empty lines
-    stay empty lines."""
+    stay empty lines; ``scores``: each line is LOGPROB<TAB>TEXT (``Run.score``)."""
     real = [i for i, t in enumerate(texts) if t.strip()]
     ready, next_out = {}, 0
 
@@ -475,6 +481,9 @@ def _translate_chunk(run, texts, offset, options):
     flush()
     if real:
         for indices, results in run.translate_batches([texts[i] for i in real], **options):
+            if scores:
+                logp = run.score([texts[real[i]] for i in indices], results)
+                results = [f"{s:.4f}\t{r}" for s, r in zip(logp, results, strict=True)]
             for i, result in zip(indices, results, strict=True):
                 ready[real[i]] = result
             flush()
