@@ -27,7 +27,8 @@ demo: $(STAMP)
 # the numerics tests again with every PyTorch shortcut off (transformerkit/fastpath.py)
 NUMERICS := tests/test_layers.py tests/test_masks.py tests/test_models.py \
 	tests/test_decoding.py tests/test_decode_steps.py tests/test_training_math.py \
-	tests/test_optimizers.py tests/test_fast_paths.py tests/test_gpt_options.py
+	tests/test_optimizers.py tests/test_fast_paths.py tests/test_gpt_options.py \
+	tests/test_search_stopping.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 -q

@@ -243,7 +243,7 @@ def run_all(args):
     payload = {"machine": dict(common.machine(), threads=args.threads,
                                torch_version=torch.__version__),
                "batch": args.batch, "repeats": args.repeats, "results": results}
-    common.write_results("decode", payload, table(results))
+    common.write_results(args.name, payload, table(results))
 
 
 def _find(results, **match):
@@ -301,6 +301,8 @@ def main():
     parser.add_argument("--backends", default="torch,jax,tensorflow")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per process, the same for every system (1)")
+    parser.add_argument("--name", default="decode",
+                        help="results/NAME.{json,md} (default decode)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
