@@ -29,6 +29,8 @@ NOT_RUN_HERE = {
                             "drives its page, tests/test_serving.py tests its API in-process",
     "curl": "requests to a running `transformerkit serve`: tests/test_serving.py sends the "
             "README's requests to its API",
+    "torchrun": "several training processes: tests/test_multiprocess.py launches them (2 gloo "
+                "processes on loopback) and checks their weights",
 }
 
 TINY = {  # appended to every `train` command of the README
