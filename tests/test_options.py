@@ -86,7 +86,7 @@ def test_config_schema_model_keys_are_the_options():
     schema = run_config.schema()["model"]
     fields = {f.name: options.value_type(f) for cls in options.MODEL_OPTIONS.values()
               for f in options.config_fields(cls)}
-    assert set(schema) == {*fields, "type", "pretrained_embeddings", "embeddings"}
+    assert set(schema) == {*fields, "type", "pretrained_embeddings", "embeddings", "pretrained"}
     assert all(schema[name][1] is kind for name, kind in fields.items())
     assert run_config.SCHEMA is run_config.schema()
     assert set(run_config.MODEL_TYPES) == set(options.MODEL_OPTIONS)

@@ -217,7 +217,7 @@ def test_epoch_advances_only_after_a_full_pass_and_epoch_sync_sets_it():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(), "exactly one"),
     (dict(tokens_per_batch=100, batch_size=4), "exactly one"),
-    (dict(tokens_per_batch=20), "smaller than the longest pair"),
+    (dict(tokens_per_batch=20), "smaller than the longest example"),
     (dict(tokens_per_batch=0), "tokens_per_batch must be a positive int, got 0"),
     (dict(batch_size=-1), "batch_size must be a positive int, got -1"),
     (dict(tokens_per_batch=500, bucket=False), "needs bucket=True"),

@@ -50,24 +50,28 @@ def load(run_dir, checkpoint="model"):
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
-    return Run(model, config, source_tokenizer, target_tokenizer, run.path)
+    labels = run.read_labels() if config["model"]["type"] == "encoder" else None
+    return Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
 
 
 class Run:
     """A trained model with its tokenizers and config.
 
-    Attributes: ``model`` (a Keras ``Transformer`` or ``GPT``), ``config`` (the resolved
-    config dict), ``source_tokenizer``, ``target_tokenizer`` (the same object for a shared
-    vocabulary or a GPT), ``run_dir``, ``kind`` ("transformer" or "gpt").
+    Attributes: ``model`` (a Keras ``Transformer``, ``GPT`` or ``Encoder``), ``config`` (the
+    resolved config dict), ``source_tokenizer``, ``target_tokenizer`` (the same object for a
+    shared vocabulary, a GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
+    "encoder"), ``labels`` (an encoder classifier's class names by class id, else None).
     """
 
-    def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None):
+    def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None,
+                 labels=None):
         self.model = model
         self.config = config
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.run_dir = run_dir
         self.kind = config["model"]["type"]
+        self.labels = labels
 
     def __repr__(self):
         return (f"Run({self.run_dir!r}, {type(self.model).__name__}, "
@@ -75,7 +79,8 @@ class Run:
 
     def _require(self, kind, method):
         if self.kind != kind:
-            raise TypeError(f"{method}() needs a {kind} run; {self.run_dir} holds a {self.kind}")
+            raise TypeError(f"{method}() needs a {kind} run; {self.run_dir} holds model.type "
+                            f"{self.kind}")
 
     # -- translation ------------------------------------------------------------------------
     def translate(self, texts, beam_size=4, alpha=0.6, n_best=1, max_new_tokens=None,
@@ -175,6 +180,45 @@ class Run:
         from transformerkit.export.runtime import engine_for
 
         return engine_for(self, engine)
+
+    # -- encoders ---------------------------------------------------------------------------
+    def classify(self, texts, probabilities=False, batch_size=64):
+        """The class name of one text (a str) or of each text of a list, with an encoder
+        classifier run. ``probabilities=True`` returns instead ``{class name: probability}``
+        per text (the softmax of the class logits).
+
+        Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
+        are cut, with a warning.
+        """
+        from transformerkit.decoding.classify import class_probabilities
+
+        self._require("encoder", "classify")
+        single = isinstance(texts, str)
+        table = class_probabilities(self.model, self.source_tokenizer,
+                                    [texts] if single else list(texts), batch_size=batch_size)
+        if probabilities:
+            results = [{label: float(p) for label, p in zip(self.labels, row, strict=True)}
+                       for row in table]
+        else:
+            results = [self.labels[i] for i in table.argmax(axis=-1)]
+        return results[0] if single else results
+
+    def embed(self, texts, pooling="mean", normalize=False, batch_size=64):
+        """Sentence embeddings of an encoder run (or of a translation run's encoder): float32
+        NumPy ``(d_model,)`` for one text, ``(len(texts), d_model)`` for a list.
+        ``pooling``: "mean" over the real tokens or "cls" (the first token's state, an
+        encoder's ``[BOS]``/``[CLS]``); ``normalize``: unit L2 norm. See
+        :func:`transformerkit.decoding.classify.embed_texts`."""
+        from transformerkit.decoding.classify import embed_texts
+
+        if self.kind == "gpt":
+            raise TypeError(f"embed() needs an encoder or a translation run; {self.run_dir} "
+                            "holds a gpt")
+        single = isinstance(texts, str)
+        vectors = embed_texts(self.model, self.source_tokenizer,
+                              [texts] if single else list(texts), pooling=pooling,
+                              batch_size=batch_size, normalize=normalize)
+        return vectors[0] if single else vectors
 
     # -- attention --------------------------------------------------------------------------
     def score(self, sources, targets):

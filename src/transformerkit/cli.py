@@ -193,14 +193,36 @@ def _add_use_commands(command):
                           help="the same seed gives the same text")
     engine_options(generate)
 
-    evaluate = run_parser("evaluate", "BLEU and chrF (sacrebleu) on a split or on files; "
+    classify = run_parser("classify", "the class of each text with an encoder classifier run")
+    classify.add_argument("texts", nargs="*", default=[], metavar="TEXT",
+                          help="texts to classify; none: read stdin, one per line")
+    classify.add_argument("--probabilities", action="store_true",
+                          help="print LABEL<TAB>PROBABILITY<TAB>... for every class, most "
+                               "likely first")
+    classify.add_argument("--batch-size", type=int, default=64, help="texts per batch (64)")
+
+    embed = run_parser("embed", "sentence embeddings of stdin lines (an encoder run, or a "
+                                "translation run's encoder)")
+    embed.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                       help="mean over the real tokens (default) or cls: the first token's "
+                            "state ([BOS]/[CLS]; encoder runs)")
+    embed.add_argument("--normalize", action="store_true", help="scale each vector to unit "
+                                                                 "length")
+    embed.add_argument("--out", help="write a float32 .npy array (lines, d_model) instead of "
+                                     "printing one line of numbers per input line")
+    embed.add_argument("--batch-size", type=int, default=64, help="texts per batch (64)")
+
+    evaluate = run_parser("evaluate", "BLEU and chrF (sacrebleu) on a split or on files (an "
+                                      "encoder classifier: accuracy and confusion counts); "
                                       "stored in the run's metrics.json under evaluate.NAME")
     where = evaluate.add_mutually_exclusive_group()
     where.add_argument("--split", choices=("val", "test", "test2016"), default=None,
                        help="split of the run's dataset: val, test (data.test_*; TED's test; "
                             "Multi30k's test2016) (default: test2016 for Multi30k, else val)")
-    where.add_argument("--source", help="file of source sentences, one per line")
-    evaluate.add_argument("--reference", help="file of reference translations (with --source)")
+    where.add_argument("--source", help="file of source sentences (a classifier's texts), "
+                                        "one per line")
+    evaluate.add_argument("--reference", help="file of reference translations (a classifier's "
+                                              "labels), line by line with --source")
     evaluate.add_argument("--max-sentences", type=int, default=None)
     evaluate.add_argument("--data-dir", help="data directory (default: the run's config, "
                                              "else $TRANSFORMERKIT_DATA)")
@@ -280,7 +302,7 @@ def _add_serving_limits(parser):
 
 # commands that run a model over many batches: they keep freed memory for reuse
 # (transformerkit.allocator; a process-wide setting the library never makes on import)
-_HEAVY_COMMANDS = ("train", "translate", "generate", "evaluate")
+_HEAVY_COMMANDS = ("train", "translate", "generate", "evaluate", "classify", "embed")
 
 
 def main(argv=None):
@@ -294,6 +316,7 @@ def main(argv=None):
         commands = {"train": _train, "summary": _summary, "config": _config,
                     "translate": _translate,
                     "generate": _generate, "evaluate": _evaluate, "attention": _attention,
+                    "classify": _classify, "embed": _embed,
                     "export": _export,
                     "plot": _plot, "average": _average, "serve": _serve}
         if args.command in _HEAVY_COMMANDS:
@@ -333,7 +356,7 @@ def _train(args):
 def _print_results(run_dir, metrics):
     print(f"\nrun directory: {run_dir}")
     for key in ("stopped_by", "steps", "train_seconds", "loss", "val_loss",
-                "val_masked_accuracy", "val_bleu", "val_chrf"):
+                "val_masked_accuracy", "val_accuracy", "val_bleu", "val_chrf"):
         if key in metrics:
             print(f"  {key}: {metrics[key]}")
     samples = RunDirectory(run_dir).samples
@@ -538,8 +561,11 @@ def _evaluate(args):
     from transformerkit.files import atomic_write_text
 
     run = _load(args)
+    if run.kind == "encoder":
+        return _evaluate_classifier(args, run)
     if run.kind != "transformer":
-        raise ValueError(f"evaluate needs a translation run; {args.run_dir} holds a {run.kind}")
+        raise ValueError(f"evaluate needs a translation or an encoder classifier run; "
+                         f"{args.run_dir} holds a {run.kind}")
     name, sources, references = _evaluation_data(args, run)
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
@@ -568,6 +594,101 @@ def _evaluate(args):
         checkpoint=args.checkpoint, engine=args.engine)
     run_dir.write_metrics(metrics)
     _print(f"stored in {run_dir.metrics}")
+    return 0
+
+
+def _evaluate_classifier(args, run):
+    """``evaluate`` of an encoder run: accuracy, the confusion counts and per-class scores
+    of a split (``--split``, default val) or of ``--source TEXTS --reference LABELS``."""
+    from transformerkit.evaluation import classification_scores, format_confusion
+
+    name, texts, gold = _evaluation_data(args, run)
+    if args.max_sentences:
+        texts, gold = texts[: args.max_sentences], gold[: args.max_sentences]
+    gold = [label.strip() for label in gold]
+    unknown = sorted(set(gold) - set(run.labels))
+    if unknown:
+        raise ValueError(f"the labels {unknown[:5]} are not among the run's classes "
+                         f"{run.labels[:20]}")
+    predicted = run.classify(texts, batch_size=args.batch_size)
+    scores = classification_scores(predicted, gold, run.labels)
+    if args.output:
+        from transformerkit.files import atomic_write_text
+
+        atomic_write_text(args.output, "\n".join(predicted) + "\n")
+    _print(f"{name}: {scores['examples']} texts, {len(run.labels)} classes")
+    _print(f"accuracy = {scores['accuracy']:.4f}")
+    _print(format_confusion(scores))
+    for label, values in scores["per_class"].items():
+        _print(f"{label}: precision {values['precision']:.4f} recall {values['recall']:.4f} "
+               f"f1 {values['f1']:.4f} support {values['support']}")
+    run_dir = RunDirectory(args.run_dir)
+    metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
+    metrics.setdefault("evaluate", {})[name] = dict(scores, checkpoint=args.checkpoint)
+    run_dir.write_metrics(metrics)
+    _print(f"stored in {run_dir.metrics}")
+    return 0
+
+
+def _input_texts(args):
+    """The command line's TEXT arguments, else stdin's lines in chunks (as translate)."""
+    texts = [_valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)
+    return [texts] if texts else _stdin_chunks(stdin, args.batch_size)
+
+
+def _classify(args):
+    """``classify RUN [TEXT ...]``: one line per text, LABEL (``--probabilities``: every
+    class with its probability, most likely first); an empty input line gives an empty
+    output line."""
+    run = _load(args)
+    for chunk in _input_texts(args):
+        real = [i for i, t in enumerate(chunk) if t.strip()]
+        results = run.classify([chunk[i] for i in real], probabilities=args.probabilities,
+                               batch_size=args.batch_size) if real else []
+        lines = [""] * len(chunk)
+        for i, result in zip(real, results, strict=True):
+            if args.probabilities:
+                ranked = sorted(result.items(), key=lambda item: -item[1])
+                lines[i] = "\t".join(f"{label}\t{p:.4f}" for label, p in ranked)
+            else:
+                lines[i] = result
+        for line in lines:
+            _print(line)
+    return 0
+
+
+def _embed(args):
+    """``embed RUN``: the embedding of each stdin line, printed as one line of numbers or
+    written with ``--out`` as a ``(lines, d_model)`` float32 .npy array. An empty line is
+    an error naming it (it has no embedding)."""
+    import numpy as np
+
+    from transformerkit.files import atomic_path
+
+    run = _load(args)
+    args.texts = []
+    parts, offset = [], 0
+    for chunk in _input_texts(args):
+        empty = next((i for i, t in enumerate(chunk) if not t.strip()), None)
+        if empty is not None:
+            raise ValueError(f"stdin line {offset + empty + 1} is empty: nothing to embed")
+        offset += len(chunk)
+        vectors = run.embed(chunk, pooling=args.pooling, normalize=args.normalize,
+                            batch_size=args.batch_size)
+        if args.out:
+            parts.append(vectors)
+            continue
+        for row in vectors:
+            _print(" ".join(f"{x:.6g}" for x in row))
+    if args.out:
+        if not parts:
+            raise ValueError("stdin had no lines to embed")
+        array = np.concatenate(parts).astype("float32")
+        with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
+            np.save(f, array)
+        print(f"wrote {args.out}: {array.shape[0]} x {array.shape[1]} float32",
+              file=sys.stderr)
     return 0
 
 

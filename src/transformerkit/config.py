@@ -19,6 +19,7 @@ from typing import NamedTuple
 import yaml
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
+STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
@@ -176,9 +177,10 @@ _TRAIN = {
     "patience": Key(None, int, "early stopping: stop after N evaluations of "
                                "early_stopping_metric without improvement (null: never)"),
     "early_stopping_metric": Key("val_loss", str, "what patience and best.keras watch: "
-                                                  "val_loss (lower) or val_bleu (higher, "
-                                                  "needs bleu_every)",
-                                 ("val_loss", "val_bleu")),
+                                                  "val_loss (lower), val_bleu (higher, "
+                                                  "needs bleu_every) or val_accuracy "
+                                                  "(higher; an encoder classifier)",
+                                 STOPPING_METRICS),
     "accumulate_steps": Key(1, int, "batches per optimizer update: gradients of k batches "
                                     "weighted by their tokens, one update (steps count "
                                     "updates)"),
@@ -221,8 +223,8 @@ def schema():
 
     shared = {f.name: f for f in fields(options.ModelOptions)}
     model = {"type": Key("transformer", str, "which model: transformer (encoder-decoder), gpt "
-                                             "(decoder only) or encoder (BERT-like, not "
-                                             "trained by `train`)", MODEL_TYPES)}
+                                             "(decoder only) or encoder (BERT-like; `train` "
+                                             "trains it as a text classifier)", MODEL_TYPES)}
     takers = {}
     for kind, options_class in options.MODEL_OPTIONS.items():
         for f in options.config_fields(options_class):
@@ -242,6 +244,10 @@ def schema():
                                           "pieces, .gz): {source|target|shared: FILE or {file, "
                                           "tokens: auto|words|pieces, limit}}; the tokenizer "
                                           "is built from the file's tokens (see README)")
+    model["pretrained"] = Key(None, str, "encoder: a local Hugging Face BERT or DistilBERT "
+                                         "folder to start from (its architecture, dropout, "
+                                         "weights and tokenizer; of the other model keys only "
+                                         "pooling and num_classes are used)")
     return {"model": model, "data": _DATA, "train": _TRAIN}
 
 
@@ -390,6 +396,29 @@ def _check_values(config, source):
     if not 0.0 <= train["label_smoothing"] < 1.0:
         raise ConfigError(f"{source}: train.label_smoothing must be in [0, 1)")
     _check_long_run_keys(train, source)
+    _check_model_task(config, source)
+
+
+def _check_model_task(config, source):
+    """What only a translation model or only an encoder classifier has."""
+    model, train = config["model"], config["train"]
+    if model["type"] == "encoder":
+        for key in ("bleu_every", "sample_every"):
+            if train[key] is not None:
+                raise ConfigError(f"{source}: train.{key} translates or generates; an encoder "
+                                  "classifier has no text to show (its validation accuracy "
+                                  "is in history.csv as val_accuracy)")
+        if train["early_stopping_metric"] == "val_bleu":
+            raise ConfigError(f"{source}: train.early_stopping_metric val_bleu is a "
+                              "translation score; an encoder uses val_loss or val_accuracy")
+        return
+    if train["early_stopping_metric"] == "val_accuracy":
+        raise ConfigError(f"{source}: train.early_stopping_metric val_accuracy is an encoder "
+                          "classifier's; use val_loss (or val_bleu with train.bleu_every)")
+    if model["pretrained"] is not None:
+        raise ConfigError(f"{source}: model.pretrained (a Hugging Face BERT/DistilBERT "
+                          "folder) starts an encoder; this model.type is "
+                          f"{model['type']!r}")
 
 
 def _check_embeddings(model, source):
@@ -426,9 +455,9 @@ def _check_long_run_keys(train, source):
                 "checkpoints_to_keep"):
         if train[key] is not None and train[key] < 1:
             raise ConfigError(f"{source}: train.{key} must be positive, got {train[key]}")
-    if train["early_stopping_metric"] not in ("val_loss", "val_bleu"):
-        raise ConfigError(f"{source}: train.early_stopping_metric must be val_loss or val_bleu, "
-                          f"got {train['early_stopping_metric']!r}")
+    if train["early_stopping_metric"] not in STOPPING_METRICS:
+        raise ConfigError(f"{source}: train.early_stopping_metric must be one of "
+                          f"{STOPPING_METRICS}, got {train['early_stopping_metric']!r}")
     if train["early_stopping_metric"] == "val_bleu" and not train["bleu_every"]:
         raise ConfigError(f"{source}: train.early_stopping_metric val_bleu needs "
                           "train.bleu_every (validation BLEU is computed only then); set "

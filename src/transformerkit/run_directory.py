@@ -8,6 +8,7 @@ read::
       tokenizer.json               one shared vocabulary (and every GPT), or else
       source_tokenizer.json        the source and
       target_tokenizer.json        the target vocabulary
+      labels.json                  an Encoder classifier's class names, by class id
       model.keras                  the final model
       checkpoints/
         epoch-NNNN.keras           after epoch NNNN, and (``train.checkpoint_every``)
@@ -44,6 +45,7 @@ METRICS = "metrics.json"
 SAMPLES = "samples.txt"
 HISTORY_PLOT = "history.png"
 AVERAGED = "averaged.keras"
+LABELS = "labels.json"
 
 BEST_CHECKPOINT = "best.keras"
 CHECKPOINT_STATE = "latest.json"
@@ -184,6 +186,29 @@ class RunDirectory(_Folder):
     @property
     def averaged(self):
         return self._file(AVERAGED)
+
+    @property
+    def labels(self):
+        return self._file(LABELS)
+
+    def read_labels(self):
+        """A classifier run's class names, index = class id (``labels.json``, a JSON list
+        of strings); ``FileNotFoundError`` / ``ValueError`` for a missing or corrupt file."""
+        try:
+            with open(self.labels, encoding="utf-8") as f:
+                labels = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} has no {LABELS}: not a classifier run, or "
+                                    "its training stopped before the data was read") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"{self.labels} is corrupt: {err}") from err
+        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+            raise ValueError(f"{self.labels} must be a JSON list of class names")
+        return labels
+
+    def write_labels(self, labels):
+        """Write the class names (index = class id) atomically."""
+        atomic_write_text(self.labels, json.dumps(list(labels), ensure_ascii=False, indent=1))
 
     def model_file(self, checkpoint="model"):
         """The ``.keras`` file to load: ``"model"`` (the final model), ``"best"`` (the best

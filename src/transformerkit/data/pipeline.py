@@ -173,48 +173,23 @@ def sequence_lengths(sequences):
     return np.array([len(s) for s in sequences], dtype=np.int64)
 
 
-class TranslationBatches(_EpochDataset):
-    """Length-bucketed, token-budgeted batches of an :class:`EncodedPairs` (or of the
-    memory-mapped :class:`~transformerkit.data.token_cache.CachedPairs`: only the lengths
-    are read up front, a batch's ids when it is served).
+class _BucketedBatches(_EpochDataset):
+    """Batches of examples cut by length: the shared part of :class:`TranslationBatches`
+    and :class:`ClassificationBatches` (subclasses say how wide each example's arrays are,
+    in ``widths``, and build a batch in ``__getitem__``).
 
-    Each batch is ``((source_ids, decoder_input_ids), labels)``: int32, right-padded with
-    0, shapes ``(rows, source_len)``, ``(rows, target_len - 1)``, ``(rows, target_len - 1)``.
-
-    Batching (``bucket=True``): pairs are sorted by ``max(len(source), len(target))``, ties
-    in a random order drawn from ``(seed, epoch)`` (so pairs of equal length change batch
-    mates every epoch), then cut into consecutive batches: with ``tokens_per_batch``, a batch
-    takes pairs while ``rows * longest <= tokens_per_batch`` (the padded size of the larger
-    of its two arrays); with ``batch_size``, ``batch_size`` pairs. The order of the batches is
-    then shuffled from ``(seed, epoch)``. Cut points depend only on the sorted lengths, so
-    ``len(self)`` is the same every epoch. With ``bucket=False`` (``batch_size`` only) the
-    pairs are cut from a random permutation instead. ``shuffle=False`` keeps sorted (or
-    corpus) order, the same every epoch. Every pair is in exactly one batch per epoch.
-    In every case two batches whose shapes differ in each dimension that varies are moved
-    to the front, because Keras' TensorFlow backend fixes any dimension that is equal in
-    batches 0 and 1 (see :func:`_distinct_shapes_first`).
-
-    Epochs: ``on_epoch_end`` advances to the next epoch once all batches were served, and
-    ``set_epoch`` jumps to one (``set_epoch(initial_epoch)`` before ``fit`` for an exact
-    resume, or pass ``EpochSync(batches)`` in the callbacks).
-
-    Args:
-        encoded: :class:`EncodedPairs`.
-        tokens_per_batch: int token budget per batch, or None.
-        batch_size: int rows per batch, or None. Exactly one of the two is set.
-        shuffle: bool, see above. seed: int >= 0. bucket: bool, see above.
-        pad_to_multiple: int, pad source and decoder-input widths up to a multiple of it
-            (fewer distinct shapes, so fewer recompilations on JAX / TensorFlow); the padded
-            size is what the token budget counts. 1 = no extra padding.
-        **kwargs: ``keras.utils.PyDataset`` options (workers, use_multiprocessing, ...).
-
-    Example:
-    >>> batches = TranslationBatches(encode_pairs(src, tgt, tok, tok, 64), tokens_per_batch=4096)
-    >>> model.fit(batches, epochs=10, shuffle=False, callbacks=[EpochSync(batches)])
+    An example's length is the largest of its padded ``widths``. With ``bucket=True``
+    examples are sorted by length (ties in a random order drawn from ``(seed, epoch)``) and
+    cut into consecutive batches: with ``tokens_per_batch`` a batch takes examples while
+    ``rows * longest <= tokens_per_batch``; with ``batch_size``, ``batch_size`` examples.
+    The order of the batches is then shuffled from ``(seed, epoch)``. Cut points depend only
+    on the sorted lengths, so ``len(self)`` is the same every epoch. With ``bucket=False``
+    (``batch_size`` only) examples are cut from a random permutation instead.
+    ``shuffle=False`` keeps sorted (or corpus) order, the same every epoch.
     """
 
-    def __init__(self, encoded, tokens_per_batch=None, batch_size=None, shuffle=True, seed=0,
-                 bucket=True, pad_to_multiple=1, **kwargs):
+    def __init__(self, count, tokens_per_batch=None, batch_size=None, shuffle=True, seed=0,
+                 bucket=True, pad_to_multiple=1, what="examples", **kwargs):
         super().__init__(seed, **kwargs)
         if (tokens_per_batch is None) == (batch_size is None):
             raise ValueError("give exactly one of tokens_per_batch and batch_size, got "
@@ -222,21 +197,23 @@ class TranslationBatches(_EpochDataset):
         if tokens_per_batch is not None and not bucket:
             raise ValueError("tokens_per_batch needs bucket=True (unsorted token-budget "
                              "batches would change count every epoch); use batch_size")
-        if len(encoded) == 0:
-            raise ValueError("no pairs to batch (is the length filter too strict?)")
-        self.encoded, self.shuffle, self.bucket = encoded, bool(shuffle), bool(bucket)
+        if count == 0:
+            raise ValueError(f"no {what} to batch (is the length filter too strict?)")
+        self.shuffle, self.bucket = bool(shuffle), bool(bucket)
         self.tokens_per_batch = (None if tokens_per_batch is None
                                  else _positive("tokens_per_batch", tokens_per_batch))
         self.batch_size = None if batch_size is None else _positive("batch_size", batch_size)
         self.pad_to_multiple = _positive("pad_to_multiple", pad_to_multiple)
-        # Padded widths per pair: source, target (BOS..EOS) = decoder input + 1.
-        self.source_widths = self._round_up(sequence_lengths(encoded.source))
-        self.target_widths = self._round_up(sequence_lengths(encoded.target) - 1) + 1
-        self.lengths = np.maximum(self.source_widths, self.target_widths)
+
+    def _set_widths(self, *widths):
+        """``widths``: per array of an example, ``(n,)`` padded widths; sets the lengths
+        and cut points and draws epoch 0."""
+        self.widths = widths
+        self.lengths = np.maximum.reduce(widths)
         if self.tokens_per_batch and self.lengths.max() > self.tokens_per_batch:
             raise ValueError(f"tokens_per_batch={self.tokens_per_batch} is smaller than the "
-                             f"longest pair ({self.lengths.max()} tokens); raise it or lower "
-                             "max_length")
+                             f"longest example ({self.lengths.max()} tokens); raise it or "
+                             "lower max_length")
         self._cuts = self._cut_points()
         self.set_epoch(0)
 
@@ -267,9 +244,9 @@ class TranslationBatches(_EpochDataset):
         self.batches = _distinct_shapes_first(batches, self._shapes(batches))
 
     def _shapes(self, batches):
-        """``(num_batches, 3)``: rows, source width, target width of each batch."""
-        return np.array([(len(rows), self.source_widths[rows].max(),
-                          self.target_widths[rows].max()) for rows in batches])
+        """``(num_batches, 1 + arrays)``: rows and each array's width, per batch."""
+        return np.array([(len(rows), *(w[rows].max() for w in self.widths))
+                         for rows in batches])
 
     def _round_up(self, widths):
         return -(-widths // self.pad_to_multiple) * self.pad_to_multiple
@@ -277,17 +254,130 @@ class TranslationBatches(_EpochDataset):
     def __len__(self):
         return len(self._cuts) - 1
 
-    def __getitem__(self, i):
+    def _rows(self, i):
+        """The example indices of batch ``i`` (marking it served)."""
         if not 0 <= i < len(self):
             raise IndexError(f"batch {i} out of range for {len(self)} batches")
         self._mark_served(i)
-        rows = self.batches[i]
+        return self.batches[i]
+
+
+class TranslationBatches(_BucketedBatches):
+    """Length-bucketed, token-budgeted batches of an :class:`EncodedPairs` (or of the
+    memory-mapped :class:`~transformerkit.data.token_cache.CachedPairs`: only the lengths
+    are read up front, a batch's ids when it is served).
+
+    Each batch is ``((source_ids, decoder_input_ids), labels)``: int32, right-padded with
+    0, shapes ``(rows, source_len)``, ``(rows, target_len - 1)``, ``(rows, target_len - 1)``.
+
+    Batching as :class:`_BucketedBatches`, a pair's length being ``max(len(source),
+    len(target))`` (the padded size of the larger of its two arrays is what the token budget
+    counts). Every pair is in exactly one batch per epoch. In every case two batches whose
+    shapes differ in each dimension that varies are moved to the front, because Keras'
+    TensorFlow backend fixes any dimension that is equal in batches 0 and 1 (see
+    :func:`_distinct_shapes_first`).
+
+    Epochs: ``on_epoch_end`` advances to the next epoch once all batches were served, and
+    ``set_epoch`` jumps to one (``set_epoch(initial_epoch)`` before ``fit`` for an exact
+    resume, or pass ``EpochSync(batches)`` in the callbacks).
+
+    Args:
+        encoded: :class:`EncodedPairs`.
+        tokens_per_batch: int token budget per batch, or None.
+        batch_size: int rows per batch, or None. Exactly one of the two is set.
+        shuffle: bool, see above. seed: int >= 0. bucket: bool, see above.
+        pad_to_multiple: int, pad source and decoder-input widths up to a multiple of it
+            (fewer distinct shapes, so fewer recompilations on JAX / TensorFlow); the padded
+            size is what the token budget counts. 1 = no extra padding.
+        **kwargs: ``keras.utils.PyDataset`` options (workers, use_multiprocessing, ...).
+
+    Example:
+    >>> batches = TranslationBatches(encode_pairs(src, tgt, tok, tok, 64), tokens_per_batch=4096)
+    >>> model.fit(batches, epochs=10, shuffle=False, callbacks=[EpochSync(batches)])
+    """
+
+    def __init__(self, encoded, tokens_per_batch=None, batch_size=None, shuffle=True, seed=0,
+                 bucket=True, pad_to_multiple=1, **kwargs):
+        super().__init__(len(encoded), tokens_per_batch, batch_size, shuffle, seed, bucket,
+                         pad_to_multiple, what="pairs", **kwargs)
+        self.encoded = encoded
+        # Padded widths per pair: source, target (BOS..EOS) = decoder input + 1.
+        self.source_widths = self._round_up(sequence_lengths(encoded.source))
+        self.target_widths = self._round_up(sequence_lengths(encoded.target) - 1) + 1
+        self._set_widths(self.source_widths, self.target_widths)
+
+    def __getitem__(self, i):
+        rows = self._rows(i)
         source = pad_batch([self.encoded.source[j] for j in rows],
                            self.source_widths[rows].max())  # (b, s)
         target = pad_batch([self.encoded.target[j] for j in rows],
                            self.target_widths[rows].max())  # (b, t)
         decoder_input, labels = teacher_forcing(target)  # (b, t-1), (b, t-1)
         return (source, decoder_input), labels
+
+
+@dataclasses.dataclass
+class EncodedTexts:
+    """Encoded texts with one class id each (sequence classification).
+
+    Attributes:
+        ids: list of int32 arrays ``(len,)``: ``[BOS] + pieces + [EOS]`` (BERT's ``[CLS] ...
+            [SEP]``), at most ``max_length`` long.
+        labels: int32 ``(n,)`` class ids.
+        truncated: int, texts cut to ``max_length`` by :func:`encode_texts`.
+    """
+
+    ids: list
+    labels: np.ndarray
+    truncated: int = 0
+
+    def __post_init__(self):
+        self.labels = np.asarray(self.labels, dtype="int32")
+        if len(self.ids) != len(self.labels):
+            raise ValueError(f"{len(self.ids)} texts but {len(self.labels)} labels")
+
+    def __len__(self):
+        return len(self.ids)
+
+
+def encode_texts(texts, tokenizer, max_length, labels=None):
+    """Tokenize texts as an encoder reads them: ``[BOS] + pieces + [EOS]``, longer ones cut
+    to ``max_length`` tokens (keeping BOS and the final EOS, as BERT's truncation).
+
+    Returns :class:`EncodedTexts` (``labels``: int class ids, default all 0).
+    """
+    if int(max_length) < 3:
+        raise ValueError(f"max_length must be >= 3 (BOS, a token, EOS), got {max_length}")
+    encoded = tokenizer.encode_batch(list(texts), add_bos=True, add_eos=True)
+    ids, truncated = [], 0
+    for sequence in encoded:
+        if len(sequence) > max_length:
+            sequence = sequence[:max_length - 1] + sequence[-1:]
+            truncated += 1
+        ids.append(np.asarray(sequence, dtype="int32"))
+    labels = np.zeros(len(ids), "int32") if labels is None else labels
+    return EncodedTexts(ids, labels, truncated)
+
+
+class ClassificationBatches(_BucketedBatches):
+    """Length-bucketed batches of :class:`EncodedTexts` for sequence classification.
+
+    Each batch is ``(ids, labels)``: ids int32 ``(rows, len)`` right-padded with 0, labels
+    int32 ``(rows,)``. Batching, shuffling and epochs as :class:`TranslationBatches` (a
+    text's length is its padded width).
+    """
+
+    def __init__(self, encoded, tokens_per_batch=None, batch_size=None, shuffle=True, seed=0,
+                 bucket=True, pad_to_multiple=1, **kwargs):
+        super().__init__(len(encoded), tokens_per_batch, batch_size, shuffle, seed, bucket,
+                         pad_to_multiple, what="texts", **kwargs)
+        self.encoded = encoded
+        self._set_widths(self._round_up(sequence_lengths(encoded.ids)))
+
+    def __getitem__(self, i):
+        rows = self._rows(i)
+        ids = pad_batch([self.encoded.ids[j] for j in rows], self.widths[0][rows].max())
+        return ids, self.encoded.labels[rows]
 
 
 def _distinct_shapes_first(batches, shapes):

@@ -27,30 +27,35 @@ def check_text(text, what):
                          "errors='replace')") from None
 
 
-def encode_sources(texts, tokenizer, max_length):
-    """Source texts -> id lists ``pieces + [EOS]`` (how the model was trained).
+def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"):
+    """Source texts -> id lists ``pieces + [EOS]`` (how the model was trained; an encoder's
+    ``[BOS] + pieces + [EOS]`` with ``add_bos``).
 
     Raises ``ValueError`` for an empty (or whitespace-only) text or one with lone
     surrogates, naming its index; a text
-    longer than ``max_length`` tokens is cut to its first ``max_length - 1`` pieces + EOS,
-    with a warning.
+    longer than ``max_length`` tokens is cut to its first ``max_length - 1`` tokens + EOS,
+    with a warning (``task`` names what is done with it there).
     """
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings; wrap a single sentence in a list")
-    encoded = []
+    encoded, too_long = [], []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.60}")
         if not text.strip():
-            raise ValueError(f"text {i} is empty: nothing to translate")
+            raise ValueError(f"text {i} is empty: nothing to {task}")
         check_text(text, f"text {i}")
-        ids = tokenizer.encode(text, add_eos=True)
+        ids = tokenizer.encode(text, add_bos=add_bos, add_eos=True)
         if len(ids) > max_length:
-            warnings.warn(f"text {i} has {len(ids)} tokens, more than the model's max_length="
-                          f"{max_length}; translating its first {max_length - 1} tokens only",
-                          stacklevel=3)
+            too_long.append((i, len(ids)))
             ids = ids[: max_length - 1] + [tokenizer.eos_id]
         encoded.append(ids)
+    if too_long:  # one warning per call, not one per text
+        (first, length), more = too_long[0], len(too_long) - 1
+        warnings.warn(f"text {first} has {length} tokens, more than the model's max_length="
+                      f"{max_length}" + (f" (and {more} more texts)" if more else "") +
+                      f"; only the first {max_length - 1} tokens of each are used to {task}",
+                      stacklevel=3)
     return encoded
 
 

@@ -153,7 +153,8 @@ class TransformerBase(keras.Model):
         over the P ranks too: k is then k * P, ``N`` counts all ranks' tokens). The
         token-normalized loss of one large batch made of those micro-batches has the
         gradient ``sum_i n_i g_i / N`` (``n_i`` real target tokens of micro-batch i,
-        ``N = sum_i n_i``), so each micro-batch's loss ``L_i`` is
+        ``N = sum_i n_i``; for a classifier, whose labels are ``(rows,)``, ``n_i`` counts
+        rows), so each micro-batch's loss ``L_i`` is
         scaled to ``k * n_i / N * L_i``, whose mean over the k micro-batches is the large
         batch's loss. ``N`` travels with every micro-batch as its ``sample_weight``, a
         ``(rows,)`` array all equal to ``N``
@@ -164,7 +165,10 @@ class TransformerBase(keras.Model):
         if not steps or sample_weight is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         loss = super().compute_loss(x, y, y_pred, None, training=training)
-        tokens = keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y, PAD_ID), "float32"))
+        if len(y.shape) == 1:  # one class label per row (sequence classification): n_i rows
+            tokens = keras.ops.cast(keras.ops.shape(y)[0], "float32")
+        else:
+            tokens = keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y, PAD_ID), "float32"))
         update_tokens = keras.ops.max(keras.ops.cast(sample_weight, "float32"))
         return loss * (tokens * float(steps) / keras.ops.maximum(update_tokens, 1.0))
 

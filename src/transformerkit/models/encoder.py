@@ -94,15 +94,18 @@ class Encoder(TransformerBase):
 
     @classmethod
     def from_pretrained(cls, folder, pooling=None, num_classes=None, **overrides):
-        """An Encoder with the architecture and weights of a local Hugging Face BERT
-        checkpoint folder (``config.json`` + safetensors or ``pytorch_model.bin``).
+        """An Encoder with the architecture and weights of a local Hugging Face BERT or
+        DistilBERT checkpoint folder (``config.json`` + safetensors or ``pytorch_model.bin``).
 
         Args:
             folder: path to the checkpoint folder.
             pooling: None (hidden states), "mean" (sentence-transformers mean pooling) or
-                "cls" (BERT's tanh pooler, loaded from the checkpoint when present).
+                "cls" (BERT's tanh pooler, loaded from the checkpoint when present; new for
+                DistilBERT, which has none).
             num_classes: int or None; adds a classification head (loaded when the
-                checkpoint is a ``BertForSequenceClassification`` with as many labels).
+                checkpoint is a ``BertForSequenceClassification`` with as many labels;
+                refused for a ``DistilBertForSequenceClassification``, whose ReLU head
+                the Encoder cannot reproduce).
             **overrides: other constructor arguments, e.g. ``dropout=0.0``.
 
         The tokenizer of the folder loads with :func:`transformerkit.data.load_hf_tokenizer`.
@@ -141,9 +144,7 @@ class Encoder(TransformerBase):
         """``(batch, length, d_model)`` -> ``(batch, d_model)`` by the configured pooling."""
         if self.pooling == "cls":
             return self.pooler(hidden[:, 0, :])
-        weights = ops.cast(ops.expand_dims(mask, -1), hidden.dtype)  # (b, t, 1)
-        total = ops.sum(hidden * weights, axis=1)
-        return total / ops.maximum(ops.sum(weights, axis=1), ops.cast(1e-9, hidden.dtype))
+        return mean_pool(hidden, mask)
 
     def call(self, inputs, training=None, return_logits=True):
         """Hidden states ``(batch, len, d_model)``; with ``pooling`` ``(batch, d_model)``;
@@ -171,6 +172,14 @@ class Encoder(TransformerBase):
         return {"embeddings": embeddings,
                 "encoder": self.blocks + [n for n in [self.final_norm] if n],
                 "output_head": [x for x in (self.pooler, self.classifier) if x]}
+
+
+def mean_pool(hidden, mask):
+    """Mean of the hidden states of the real tokens (sentence-transformers' mean pooling):
+    ``(batch, length, d)`` and ``(batch, length)`` bool/0-1 mask -> ``(batch, d)``."""
+    weights = ops.cast(ops.expand_dims(mask, -1), hidden.dtype)  # (b, t, 1)
+    total = ops.sum(hidden * weights, axis=1)
+    return total / ops.maximum(ops.sum(weights, axis=1), ops.cast(1e-9, hidden.dtype))
 
 
 def _unpack_inputs(inputs):

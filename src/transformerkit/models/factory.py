@@ -27,7 +27,7 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None, embeddi
     taken = {f.name for f in config_fields(MODEL_OPTIONS[kind])}
     kwargs = {}
     for key, value in model_config.items():
-        if key in ("type", "pretrained_embeddings", "embeddings") or value is None:
+        if key in ("type", "pretrained_embeddings", "embeddings", "pretrained") or value is None:
             continue
         if key not in taken:
             takers = [t for t, options in MODEL_OPTIONS.items()
@@ -37,6 +37,8 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None, embeddi
             raise ValueError(f"model.{key} applies to model.type {' or '.join(takers)} only, "
                              f"not {kind!r}")
         kwargs[key] = value
+    if model_config.get("pretrained") is not None:
+        return _pretrained_encoder(model_config, kwargs, embeddings)
     matrices = dict(embeddings or {})
     npy = _load_embeddings(model_config.get("pretrained_embeddings"))
     if npy is not None:
@@ -57,6 +59,21 @@ def build_model(model_config, source_vocab_size, target_vocab_size=None, embeddi
                          "model.embeddings.shared")
     model = GPT if kind == "gpt" else Encoder
     return model(source_vocab_size, embeddings=matrices.get("source"), **kwargs)
+
+
+def _pretrained_encoder(model_config, kwargs, embeddings):
+    """``model.pretrained``: an Encoder with the architecture and weights of a Hugging Face
+    folder (its dropout rates included); of the config's model keys only the task's,
+    pooling and num_classes, apply (the others describe a model built from scratch)."""
+    if model_config["type"] != "encoder":
+        raise ValueError("model.pretrained (a Hugging Face folder) starts an encoder, not a "
+                         f"{model_config['type']}")
+    if embeddings or model_config.get("pretrained_embeddings") is not None:
+        raise ValueError("model.pretrained brings its own embeddings; remove model.embeddings "
+                         "/ model.pretrained_embeddings")
+    taken = ("pooling", "num_classes")
+    return Encoder.from_pretrained(model_config["pretrained"],
+                                   **{k: v for k, v in kwargs.items() if k in taken})
 
 
 def check_embedding_matrix(side, matrix, vocab_size, d_model):

@@ -1,34 +1,55 @@
-"""Import a local Hugging Face BERT-family checkpoint folder into a transformerkit ``Encoder``.
+"""Import a local Hugging Face BERT or DistilBERT checkpoint folder into an ``Encoder``.
 
-A checkpoint folder holds ``config.json`` (``model_type: bert``), the weights
-(``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``)
-and usually its tokenizer (``tokenizer.json``, ``vocab.txt``). BERT is the paper's encoder
-with post-LayerNorm blocks, exact (erf) GELU, learned absolute positions, token-type
-embeddings and a LayerNorm over the summed embeddings, without the sqrt(d_model)
-embedding scale: all options of :class:`~transformerkit.models.Encoder`, so the import is a
-renaming of tensors:
+A checkpoint folder holds ``config.json`` (``model_type`` ``bert`` or ``distilbert``), the
+weights (``model.safetensors``, a sharded ``model.safetensors.index.json``, or
+``pytorch_model.bin``) and usually its tokenizer (``tokenizer.json``, ``vocab.txt``). Both are
+the paper's encoder with post-LayerNorm blocks, exact (erf) GELU or ReLU, absolute positions
+and a LayerNorm over the summed embeddings, without the sqrt(d_model) embedding scale: all
+options of :class:`~transformerkit.models.Encoder`, so the import is a renaming of tensors,
+one :class:`HFArchitecture` per ``model_type`` (tensor names without ``.weight``/``.bias`` and
+without the task models' ``bert.``/``distilbert.`` prefix; ``L`` = ``encoder.layer.i``,
+``T`` = ``transformer.layer.i``):
 
-==========================================================  =====================================
-Hugging Face (``BertModel``; ``bert.`` prefix stripped)       transformerkit ``Encoder``
-==========================================================  =====================================
-``embeddings.word_embeddings.weight``                       ``token_embedding.embeddings``
-``embeddings.position_embeddings.weight``                   ``positions.position_embeddings``
-``embeddings.token_type_embeddings.weight``                 ``type_embedding.embeddings``
-``embeddings.LayerNorm``                                    ``embedding_norm``
-``encoder.layer.i.attention.self.{query,key,value}``        ``block_i.self_attention.{query,..}``
-``encoder.layer.i.attention.output.dense``                  ``block_i.self_attention.output``
-``encoder.layer.i.attention.output.LayerNorm``              ``block_i.self_attention_norm``
-``encoder.layer.i.intermediate.dense``                      ``block_i.feedforward.inner``
-``encoder.layer.i.output.dense``                            ``block_i.feedforward.outer``
-``encoder.layer.i.output.LayerNorm``                        ``block_i.feedforward_norm``
-``pooler.dense`` (``pooling="cls"``)                        ``pooler``
-``classifier`` (``BertForSequenceClassification``)          ``classifier``
-==========================================================  =====================================
+==================================  ==============================  ==============================
+Hugging Face ``BertModel``          ``DistilBertModel``             transformerkit ``Encoder``
+==================================  ==============================  ==============================
+embeddings.word_embeddings          embeddings.word_embeddings      token_embedding
+embeddings.position_embeddings      embeddings.position_embeddings  positions
+embeddings.token_type_embeddings    (none: type_vocab_size=0)       type_embedding
+embeddings.LayerNorm                embeddings.LayerNorm            embedding_norm
+L.attention.self.{query,key,value}  T.attention.{q,k,v}_lin         block_i.self_attention.{q,k,v}
+L.attention.output.dense            T.attention.out_lin             block_i.self_attention.output
+L.attention.output.LayerNorm        T.sa_layer_norm                 block_i.self_attention_norm
+L.intermediate.dense                T.ffn.lin1                      block_i.feedforward.inner
+L.output.dense                      T.ffn.lin2                      block_i.feedforward.outer
+L.output.LayerNorm                  T.output_layer_norm             block_i.feedforward_norm
+pooler.dense                        (none)                          pooler (pooling="cls")
+classifier (…ForSequence…)          (never imported, see below)     classifier (num_classes)
+==================================  ==============================  ==============================
 
 PyTorch ``Linear`` weights are ``(out, in)``; Keras ``Dense`` kernels are ``(in, out)``, so
-they are transposed. Everything a checkpoint could hold that this mapping cannot reproduce
-(another ``model_type``, a ``hidden_act`` other than ``gelu``/``relu``, relative position
-embeddings, a decoder, a padding id other than 0) is refused with an error naming it.
+they are transposed. DistilBERT's config names its sizes ``dim``, ``n_layers``, ``n_heads``,
+``hidden_dim``, its LayerNorm epsilon is fixed at 1e-12, and it has no token types. With
+``sinusoidal_pos_embds: true`` its positions are the paper's fixed sinusoid (section 3.5),
+still stored in ``position_embeddings.weight``: the Encoder gets ``positional="sinusoidal"``
+(a frozen table) and is filled with the stored values, so it computes what ``transformers``
+computes; a stored table that is not the sinusoid (trained further) is used as stored and
+logged as a warning.
+
+Heads. BERT's ``pooler.dense`` (tanh) and ``classifier`` fill the pooler of ``pooling="cls"``
+and the classifier of ``num_classes`` when the checkpoint has them with fitting shapes; else
+these start from random values (logged). DistilBERT has no tanh pooler, and the head of
+``DistilBertForSequenceClassification`` (``pre_classifier`` Dense, ReLU, ``classifier``) is not
+the Encoder's (tanh pooler, Dense), so it is never imported: such a folder loads as its
+encoder (``pooling`` None, "mean" or "cls" with a new pooler; the head is named in a log line),
+and ``num_classes`` on it is refused with :class:`CheckpointError` rather than silently
+replacing the trained head by a random one. To fine-tune a new head on that encoder anyway,
+build ``Encoder(**encoder_kwargs(config), pooling=..., num_classes=...)`` and pass
+:func:`load_hf_weights` the tensors of :func:`read_hf_weights` without the head's.
+
+Everything else a checkpoint could hold that this mapping cannot reproduce (another
+``model_type``, an activation other than ``gelu``/``relu``, relative position embeddings, a
+decoder, a padding id other than 0) is refused with a :class:`CheckpointError` naming it.
 
 The entry point is :meth:`Encoder.from_pretrained`, which builds the Encoder from
 :func:`encoder_kwargs` and fills it with :func:`load_hf_weights`; this module works on the
@@ -42,22 +63,130 @@ Example:
 (1, 384)
 """
 
+import dataclasses
 import json
 import logging
 import pathlib
+from collections.abc import Callable
 
 import numpy as np
 
+from transformerkit.layers.embeddings import sinusoidal_table
+
 log = logging.getLogger("transformerkit")
 
-SUPPORTED_MODEL_TYPES = ("bert",)
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}  # HF "gelu" is the exact erf form
-_PREFIXES = ("bert.",)  # task models (BertForSequenceClassification, ...) nest the encoder
-_IGNORED = ("embeddings.position_ids", "cls.", "pooler.")  # buffers, heads not asked for
 
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be imported; the message says what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HFArchitecture:
+    """How the checkpoints of one Hugging Face ``model_type`` map onto ``Encoder``.
+
+    Args:
+        name: str, the model family in messages ("BERT").
+        sizes: dict, ``Encoder`` argument -> the required integer ``config.json`` key.
+        checks: tuple of ``(config key, default, allowed values)``; other values are refused.
+        options: callable, ``config`` dict -> the other ``Encoder`` arguments it determines.
+        tensors: dict, Encoder part -> tensor name (``{i}``: the layer index; ``.weight`` and
+            ``.bias`` appended), or None where the architecture has no such part.
+        prefix: str, under which task models (``BertForSequenceClassification``, ...) nest
+            the encoder; stripped.
+        ignored: tuple of tensor-name prefixes not reported as unused (buffers, pre-training
+            heads).
+        foreign_heads: tuple of tensor-name prefixes of task heads with no Encoder
+            equivalent: never imported, and ``num_classes`` on a checkpoint holding one is
+            refused.
+    """
+
+    name: str
+    sizes: dict
+    checks: tuple
+    options: Callable[[dict], dict]
+    tensors: dict
+    prefix: str
+    ignored: tuple = ()
+    foreign_heads: tuple = ()
+
+
+BERT = HFArchitecture(
+    name="BERT",
+    sizes=dict(vocab_size="vocab_size", num_layers="num_hidden_layers", d_model="hidden_size",
+               num_heads="num_attention_heads", d_ff="intermediate_size",
+               max_length="max_position_embeddings"),
+    checks=(("hidden_act", "gelu", tuple(_ACTIVATIONS)),
+            ("position_embedding_type", "absolute", ("absolute",)),
+            ("is_decoder", False, (False,)),
+            ("add_cross_attention", False, (False,)),
+            ("pad_token_id", 0, (0, None))),
+    options=lambda config: dict(
+        dropout=float(config.get("hidden_dropout_prob", 0.1)),
+        attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
+        activation=_ACTIVATIONS[config.get("hidden_act", "gelu")], positional="learned",
+        layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
+        type_vocab_size=int(config.get("type_vocab_size", 2))),
+    tensors=dict(
+        token_embedding="embeddings.word_embeddings",
+        positions="embeddings.position_embeddings",
+        type_embedding="embeddings.token_type_embeddings",
+        embedding_norm="embeddings.LayerNorm",
+        query="encoder.layer.{i}.attention.self.query",
+        key="encoder.layer.{i}.attention.self.key",
+        value="encoder.layer.{i}.attention.self.value",
+        attention_output="encoder.layer.{i}.attention.output.dense",
+        attention_norm="encoder.layer.{i}.attention.output.LayerNorm",
+        inner="encoder.layer.{i}.intermediate.dense",
+        outer="encoder.layer.{i}.output.dense",
+        feedforward_norm="encoder.layer.{i}.output.LayerNorm",
+        pooler="pooler.dense", classifier="classifier"),
+    prefix="bert.",
+    ignored=("embeddings.position_ids", "cls.", "pooler."))
+
+DISTILBERT = HFArchitecture(
+    name="DistilBERT",
+    sizes=dict(vocab_size="vocab_size", num_layers="n_layers", d_model="dim",
+               num_heads="n_heads", d_ff="hidden_dim", max_length="max_position_embeddings"),
+    checks=(("activation", "gelu", tuple(_ACTIVATIONS)),
+            ("sinusoidal_pos_embds", False, (False, True)),
+            ("pad_token_id", 0, (0, None))),
+    options=lambda config: dict(
+        dropout=float(config.get("dropout", 0.1)),
+        attention_dropout=float(config.get("attention_dropout", 0.1)),
+        activation=_ACTIVATIONS[config.get("activation", "gelu")],
+        positional="sinusoidal" if config.get("sinusoidal_pos_embds") else "learned",
+        layer_norm_epsilon=1e-12, type_vocab_size=0),  # eps is fixed in DistilBERT's code
+    tensors=dict(
+        token_embedding="embeddings.word_embeddings",
+        positions="embeddings.position_embeddings",
+        type_embedding=None,
+        embedding_norm="embeddings.LayerNorm",
+        query="transformer.layer.{i}.attention.q_lin",
+        key="transformer.layer.{i}.attention.k_lin",
+        value="transformer.layer.{i}.attention.v_lin",
+        attention_output="transformer.layer.{i}.attention.out_lin",
+        attention_norm="transformer.layer.{i}.sa_layer_norm",
+        inner="transformer.layer.{i}.ffn.lin1",
+        outer="transformer.layer.{i}.ffn.lin2",
+        feedforward_norm="transformer.layer.{i}.output_layer_norm",
+        pooler=None, classifier=None),
+    prefix="distilbert.",
+    ignored=("embeddings.position_ids", "vocab_transform.", "vocab_layer_norm.",
+             "vocab_projector."),  # the masked-LM head
+    foreign_heads=("pre_classifier.", "classifier."))
+
+ARCHITECTURES = {"bert": BERT, "distilbert": DISTILBERT}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+
+
+def architecture(model_type, where="config.json"):
+    """The :class:`HFArchitecture` of a ``model_type``; :class:`CheckpointError` if none."""
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(f"{where}: model_type {model_type!r} cannot be mapped onto "
+                              f"Encoder; supported: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[model_type]
 
 
 def load_hf_config(folder):
@@ -85,45 +214,27 @@ def load_hf_config(folder):
 
 
 def _check_architecture(config, path):
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(f"{path}: model_type {model_type!r} cannot be mapped onto "
-                              f"Encoder; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings")
-    missing = [key for key in required if not isinstance(config.get(key), int)]
+    arch = architecture(config.get("model_type"), path)
+    missing = [key for key in arch.sizes.values() if not isinstance(config.get(key), int)]
     if missing:
         raise CheckpointError(f"{path}: missing or non-integer {', '.join(missing)}")
-    checks = [
-        ("hidden_act", config.get("hidden_act", "gelu"), tuple(_ACTIVATIONS)),
-        ("position_embedding_type", config.get("position_embedding_type", "absolute"),
-         ("absolute",)),
-        ("is_decoder", config.get("is_decoder", False), (False,)),
-        ("add_cross_attention", config.get("add_cross_attention", False), (False,)),
-        ("pad_token_id", config.get("pad_token_id", 0), (0, None)),
-    ]
-    for key, value, allowed in checks:
+    for key, default, allowed in arch.checks:
+        value = config.get(key, default)
         if value not in allowed:
             raise CheckpointError(f"{path}: {key}={value!r} cannot be mapped onto Encoder "
                                   f"(supported: {', '.join(map(repr, allowed))})")
-    if config["hidden_size"] % config["num_attention_heads"]:
-        raise CheckpointError(f"{path}: hidden_size {config['hidden_size']} is not divisible "
-                              f"by num_attention_heads {config['num_attention_heads']}")
+    width, heads = arch.sizes["d_model"], arch.sizes["num_heads"]
+    if config[width] % config[heads]:
+        raise CheckpointError(f"{path}: {width} {config[width]} is not divisible by {heads} "
+                              f"{config[heads]}")
 
 
 def encoder_kwargs(config):
-    """``Encoder`` constructor arguments equivalent to a BERT ``config.json`` dict."""
-    return dict(
-        vocab_size=config["vocab_size"], num_layers=config["num_hidden_layers"],
-        d_model=config["hidden_size"], num_heads=config["num_attention_heads"],
-        d_ff=config["intermediate_size"], max_length=config["max_position_embeddings"],
-        dropout=float(config.get("hidden_dropout_prob", 0.1)),
-        attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
-        norm_position="post", activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
-        positional="learned", layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
-        type_vocab_size=int(config.get("type_vocab_size", 2)), embedding_norm=True,
-        scale_embeddings=False)
-
+    """``Encoder`` constructor arguments equivalent to a checked ``config.json`` dict."""
+    arch = architecture(config.get("model_type"))
+    kwargs = {argument: config[key] for argument, key in arch.sizes.items()}
+    return dict(kwargs, norm_position="post", embedding_norm=True, scale_embeddings=False,
+                **arch.options(config))
 
 def read_hf_weights(folder):
     """All tensors of a checkpoint folder as ``{name: float32 NumPy array}``.
@@ -183,80 +294,129 @@ def _read_torch_bin(path):
             if hasattr(value, "is_floating_point") and value.is_floating_point()}
 
 
-def _strip_prefix(weights):
-    """Task models store the encoder under ``bert.``; old checkpoints say gamma/beta."""
+def _strip_prefix(weights, prefix):
+    """Task models nest the encoder under ``prefix``; old checkpoints say gamma/beta."""
     renamed = {}
     for name, value in weights.items():
-        for prefix in _PREFIXES:
-            if name.startswith(prefix):
-                name = name[len(prefix):]
+        if name.startswith(prefix):
+            name = name[len(prefix):]
         name = name.replace("LayerNorm.gamma", "LayerNorm.weight")
         name = name.replace("LayerNorm.beta", "LayerNorm.bias")
         renamed[name] = value
     return renamed
 
 
-def _weight_map(encoder):
-    """``[(keras variable, HF tensor name, transpose?)]`` for every weight of ``encoder``."""
-    def dense(layer, name):
+def _weight_map(encoder, arch):
+    """``[(keras variable, HF tensor name, transpose?)]`` for every encoder weight."""
+    names = arch.tensors
+
+    def dense(layer, part, i):
+        name = names[part].format(i=i)
         return [(layer.kernel, f"{name}.weight", True), (layer.bias, f"{name}.bias", False)]
 
-    def norm(layer, name):
+    def norm(layer, part, i=None):
+        name = names[part].format(i=i)
         return [(layer.gamma, f"{name}.weight", False), (layer.beta, f"{name}.bias", False)]
 
-    pairs = [(encoder.token_embedding.embeddings, "embeddings.word_embeddings.weight", False),
-             (encoder.positions.table, "embeddings.position_embeddings.weight", False),
-             (encoder.type_embedding.embeddings, "embeddings.token_type_embeddings.weight",
-              False)]
-    pairs += norm(encoder.embedding_layer_norm, "embeddings.LayerNorm")
+    pairs = [(encoder.token_embedding.embeddings, f"{names['token_embedding']}.weight", False),
+             (encoder.positions.table, f"{names['positions']}.weight", False)]
+    if encoder.type_embedding is not None:
+        if names["type_embedding"] is None:
+            raise CheckpointError(f"{arch.name} has no token-type embeddings, but the Encoder "
+                                  f"was built with type_vocab_size={encoder.type_vocab_size}")
+        pairs.append((encoder.type_embedding.embeddings, f"{names['type_embedding']}.weight",
+                      False))
+    pairs += norm(encoder.embedding_layer_norm, "embedding_norm")
     for i, block in enumerate(encoder.blocks):
-        hf = f"encoder.layer.{i}"
-        attention = block.self_attention
-        pairs += dense(attention.query_dense, f"{hf}.attention.self.query")
-        pairs += dense(attention.key_dense, f"{hf}.attention.self.key")
-        pairs += dense(attention.value_dense, f"{hf}.attention.self.value")
-        pairs += dense(attention.output_dense, f"{hf}.attention.output.dense")
-        pairs += norm(block.self_attention_norm, f"{hf}.attention.output.LayerNorm")
-        pairs += dense(block.feedforward.inner, f"{hf}.intermediate.dense")
-        pairs += dense(block.feedforward.outer, f"{hf}.output.dense")
-        pairs += norm(block.feedforward_norm, f"{hf}.output.LayerNorm")
+        attention, feedforward = block.self_attention, block.feedforward
+        for part, layer in [("query", attention.query_dense), ("key", attention.key_dense),
+                            ("value", attention.value_dense),
+                            ("attention_output", attention.output_dense),
+                            ("inner", feedforward.inner), ("outer", feedforward.outer)]:
+            pairs += dense(layer, part, i)
+        pairs += norm(block.self_attention_norm, "attention_norm", i)
+        pairs += norm(block.feedforward_norm, "feedforward_norm", i)
     return pairs
 
 
-def _optional_heads(encoder, weights, folder):
-    """Pooler and classifier: loaded when the checkpoint has them, else left initialised."""
+def _optional_heads(encoder, weights, folder, arch):
+    """Pooler and classifier: loaded when the checkpoint has them, else left initialised.
+
+    Raises :class:`CheckpointError` when ``num_classes`` is asked of a checkpoint whose
+    classification head has no Encoder equivalent (it would be silently replaced).
+    """
+    foreign = sorted({name.rsplit(".", 1)[0] for name in weights
+                      if name.startswith(arch.foreign_heads)})
+    if foreign and encoder.classifier is not None:
+        raise CheckpointError(
+            f"{folder}: num_classes={encoder.num_classes} asks for a classifier, but this "
+            f"{arch.name} checkpoint's head ({', '.join(foreign)}) differs from Encoder's "
+            "(tanh pooler + Dense) and is not imported; leave num_classes out to load the "
+            "encoder (see transformerkit.models.pretrained to fine-tune a new head)")
+    if foreign:
+        log.info("%s: %s head %s has no Encoder equivalent and is not imported; only the "
+                 "encoder is loaded", folder, arch.name, ", ".join(foreign))
     pairs = []
-    heads = [(encoder.pooler, "pooler.dense", "the pooler (pooling='cls')"),
+    heads = [(encoder.pooler, "pooler", "the pooler (pooling='cls')"),
              (encoder.classifier, "classifier", "the classifier")]
-    for layer, name, what in heads:
+    for layer, part, what in heads:
         if layer is None:
             continue
-        shapes_fit = (weights.get(f"{name}.weight") is not None and
+        name = arch.tensors[part]
+        shapes_fit = (name is not None and weights.get(f"{name}.weight") is not None and
                       weights[f"{name}.weight"].shape[::-1] == tuple(layer.kernel.shape))
         if shapes_fit and f"{name}.bias" in weights:
             pairs += [(layer.kernel, f"{name}.weight", True), (layer.bias, f"{name}.bias", False)]
         else:
             log.info("%s: no matching %s weights; %s starts from random values (fine-tune it)",
-                     folder, name, what)
+                     folder, name or f"{arch.name} {part}", what)
     return pairs
 
 
-def load_hf_weights(encoder, folder, weights=None):
-    """Copy the tensors of a BERT checkpoint ``folder`` into a built ``encoder``.
+def _check_fixed_positions(encoder, folder):
+    """A fixed (sinusoidal) table is loaded as stored; say so if it is not the formula's."""
+    if encoder.positional == "learned":
+        return
+    stored = encoder.positions.table.numpy()
+    expected = sinusoidal_table(encoder.max_length, encoder.d_model, encoder.positional,
+                                encoder.min_timescale, encoder.max_timescale)
+    deviation = float(np.max(np.abs(stored - expected)))
+    if deviation > 1e-5:
+        log.warning("%s: the stored position table differs from the %s formula (max |diff| "
+                    "%.3g); it is used as stored, and stays frozen", folder, encoder.positional,
+                    deviation)
 
-    Raises :class:`CheckpointError` naming the missing tensors or the first tensor whose
-    shape differs. Tensors the mapping does not use (pre-training heads, unknown extras)
-    are reported in one log line.
+
+def load_hf_weights(encoder, folder, weights=None, model_type=None):
+    """Copy the tensors of a checkpoint ``folder`` into a built ``encoder``.
+
+    Args:
+        encoder: an ``Encoder`` built from :func:`encoder_kwargs` of the folder's config.
+        folder: the checkpoint folder (its weights are read unless ``weights`` is given).
+        weights: ``{name: array}`` as from :func:`read_hf_weights`, or None.
+        model_type: "bert" or "distilbert"; None reads it from ``folder/config.json``.
+
+    Raises :class:`CheckpointError` naming the missing tensors, the first tensor whose shape
+    differs, or a classification head that ``num_classes`` cannot take (see the module
+    docstring). Tensors the mapping does not use (unknown extras) are reported in one log
+    line.
     """
-    weights = _strip_prefix(read_hf_weights(folder) if weights is None else weights)
+    arch = (architecture(model_type, folder) if model_type is not None
+            else architecture(load_hf_config(folder)["model_type"]))
+    weights = read_hf_weights(folder) if weights is None else weights
+    weights = _strip_prefix(weights, arch.prefix)
     encoder._ensure_built()
-    pairs = _weight_map(encoder) + _optional_heads(encoder, weights, folder)
+    try:
+        pairs = _weight_map(encoder, arch)
+    except CheckpointError as err:
+        raise CheckpointError(f"{folder}: {err}") from None
+    pairs += _optional_heads(encoder, weights, folder, arch)
     missing = [name for _, name, _ in pairs if name not in weights]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
-        raise CheckpointError(f"{folder}: the weights lack {len(missing)} tensor(s) a BERT "
-                              f"encoder needs: {shown}")
+        raise CheckpointError(f"{folder}: the weights lack {len(missing)} tensor(s) a "
+                              f"{arch.name} encoder needs: {shown}")
     for variable, name, transpose in pairs:
         value = weights[name].T if transpose else weights[name]
         if tuple(value.shape) != tuple(variable.shape):
@@ -264,13 +424,16 @@ def load_hf_weights(encoder, folder, weights=None):
             raise CheckpointError(f"{folder}: tensor {name} has shape {weights[name].shape}, "
                                   f"but config.json implies {expected}")
         variable.assign(value.astype(variable.dtype))
+    _check_fixed_positions(encoder, folder)
     used = {name for _, name, _ in pairs}
-    unused = sorted(n for n in weights if n not in used and not n.startswith(_IGNORED))
+    skipped = arch.ignored + arch.foreign_heads
+    unused = sorted(n for n in weights if n not in used and not n.startswith(skipped))
     if unused:
         log.info("%s: %d tensor(s) not used by Encoder: %s", folder, len(unused),
                  ", ".join(unused[:5]))
     return encoder
 
 
-__all__ = ["CheckpointError", "encoder_kwargs", "load_hf_config", "load_hf_weights",
+__all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "CheckpointError", "HFArchitecture",
+           "architecture", "encoder_kwargs", "load_hf_config", "load_hf_weights",
            "read_hf_weights"]

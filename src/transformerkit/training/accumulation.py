@@ -2,16 +2,16 @@
 an epoch.
 
 :class:`UpdateBatches` wraps an epoch dataset of :mod:`transformerkit.data.pipeline`
-(``TranslationBatches``, ``LanguageModelBatches``: anything with ``len``, ``[i]`` and
-``set_epoch``) and
+(``TranslationBatches``, ``ClassificationBatches``, ``LanguageModelBatches``: anything
+with ``len``, ``[i]`` and ``set_epoch``) and
 
 - with ``accumulate_steps = k > 1`` serves the batches in groups of k consecutive batches,
   one optimizer update each (``train.accumulate_steps``), each batch with the number of
-  real target tokens of its whole group as ``sample_weight`` (``(rows,)`` float32, all
-  equal), which ``TransformerBase.compute_loss`` needs to weight the batch's gradient by
-  its tokens. An epoch serves ``len // k * k`` batches: the last ``len % k`` batches of an
-  epoch's order, which is reshuffled every epoch, are left out so that every update has
-  exactly k batches;
+  real target tokens (a classifier's: rows) of its whole group as ``sample_weight``
+  (``(rows,)`` float32, all equal), which ``TransformerBase.compute_loss`` needs to weight
+  the batch's gradient by its tokens. An epoch serves ``len // k * k`` batches: the last
+  ``len % k`` batches of an epoch's order, which is reshuffled every epoch, are left out so
+  that every update has exactly k batches;
 - with ``start = s`` serves the epoch from its batch ``s`` on (``len - s`` batches): the rest
   of an epoch a mid-epoch checkpoint stopped in (``train.checkpoint_every``, ``--resume``);
 - with ``replicas = P > 1`` (P processes training data-parallel, ``replica`` = this rank r)
@@ -82,8 +82,7 @@ class UpdateBatches(keras.utils.PyDataset):
         if self._group_key != key:  # build the group's batches once, count its tokens
             size = self.accumulate_steps * self.replicas
             batches = [self.dataset[j] for j in range(group * size, (group + 1) * size)]
-            tokens = sum(int(np.count_nonzero(np.asarray(labels) != PAD_ID))
-                         for _, labels in batches)
+            tokens = sum(loss_units(labels) for _, labels in batches)
             self._group_key, self._group = key, (batches[self.replica::self.replicas], tokens)
         batches, tokens = self._group
         x, labels = batches[offset]
@@ -94,3 +93,10 @@ class UpdateBatches(keras.utils.PyDataset):
 
     def on_epoch_end(self):
         self.dataset.on_epoch_end()
+
+
+def loss_units(labels):
+    """The terms a batch's loss averages over: its real (non-padding) target tokens, or its
+    rows for ``(rows,)`` class labels (``TransformerBase.compute_loss`` counts the same)."""
+    labels = np.asarray(labels)
+    return len(labels) if labels.ndim == 1 else int(np.count_nonzero(labels != PAD_ID))

@@ -26,11 +26,11 @@ class RunCheckpoint(keras.callbacks.Callback):
     Layout in ``directory`` (see :class:`~transformerkit.run_directory.CheckpointDirectory`):
     ``epoch-0003.keras`` after epoch 3, ``epoch-0003-batch-0000150.keras`` after 150 batches
     of epoch 4 (the last ``keep`` of both kinds together), ``best.keras`` (the best
-    ``monitor`` value: lowest ``val_loss``/``loss``, highest ``val_bleu``) and ``latest.json``
-    = ``{"epoch": 3, "batch": 150, "step": 690, "checkpoint": "...", "sha256": "...",
-    "best": 2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``. Each file is
-    written to a temporary name and renamed; ``latest.json`` is written last, so it always
-    names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
+    ``monitor`` value: lowest ``val_loss``/``loss``, highest ``val_bleu``/``val_accuracy``)
+    and ``latest.json`` = ``{"epoch": 3, "batch": 150, "step": 690, "checkpoint": "...",
+    "sha256": "...", "best": 2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``.
+    Each file is written to a temporary name and renamed; ``latest.json`` is written last,
+    so it always names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
     crash during a save leaves the previous state. A checkpoint whose running loss is NaN
     or inf is not saved, so the last checkpoint stays the last good one.
 
@@ -62,7 +62,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.directory = CheckpointDirectory(directory)
         self.keep = max(1, int(keep))
         self.monitor = monitor
-        self.higher_is_better = monitor == "val_bleu"
+        self.higher_is_better = monitor in ("val_bleu", "val_accuracy")
         self.best = best
         self.every, self.patience, self.wait = every, patience, int(wait or 0)
         self.epoch_batches = epoch_batches

@@ -22,9 +22,11 @@ import numpy as np
 
 from transformerkit.data import corpora, sources, token_cache, vectors
 from transformerkit.data.pipeline import (
+    ClassificationBatches,
     LanguageModelBatches,
     TranslationBatches,
     encode_pairs,
+    encode_texts,
     split_train_val,
 )
 from transformerkit.data.sources import CorpusSpec
@@ -51,9 +53,10 @@ class PreparedData:
     source_tokenizer: object
     target_tokenizer: object
     val_sources: list = field(default_factory=list)  # raw text, for BLEU and samples
-    val_targets: list = field(default_factory=list)
+    val_targets: list = field(default_factory=list)  # (a classifier's: label names)
     info: dict = field(default_factory=dict)
     embeddings: dict = field(default_factory=dict)  # {"source"|"target": (vocab, d_model)}
+    labels: list = field(default_factory=list)  # a classifier's class names, by class id
 
 
 def prepare_data(config, run_dir, reuse_tokenizers=False):
@@ -61,6 +64,8 @@ def prepare_data(config, run_dir, reuse_tokenizers=False):
     run = RunDirectory(run_dir)
     if config["model"]["type"] == "gpt":
         return _prepare_language_model(config, run, reuse_tokenizers)
+    if config["model"]["type"] == "encoder":
+        return _prepare_classification(config, run, reuse_tokenizers)
     return _prepare_translation(config, run, reuse_tokenizers)
 
 
@@ -241,7 +246,7 @@ def _make_tokenizer(data, texts):
         return load_hf_tokenizer(kind)
     if len(reused) != 1:
         raise ValueError(f"data.tokenizer: {kind} has separate source and target tokenizers; "
-                         "a language model needs one (name one of its files)")
+                         "a GPT or an encoder needs one (name one of its files)")
     return load_tokenizer(reused[0])
 
 
@@ -441,26 +446,9 @@ def _prepare_language_model(config, run, reuse):
         raise ValueError("model.type=gpt trains on data.dataset=text with data.text=PATH")
     text = corpora.load_text(_text_path(data))
     train_text, val_text = split_train_val(text, data["val_fraction"])
-    path, _ = run.tokenizer_paths(shared=True)
-    files = vectors.embedding_files(config["model"]["embeddings"])
-    if set(files) - {"shared"}:
-        raise ValueError("model.type gpt has one vocabulary: name its vectors file as "
-                         "model.embeddings.shared")
-    matrices = {}
-    if reuse:
-        tokenizer = load_tokenizer(path)
-    elif files:
-        if reused_tokenizer_files(data["tokenizer"]):
-            raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
-                             f"data.tokenizer {data['tokenizer']!r} names another one: use one")
-        read = _vectors_tokenizer(files["shared"], data["lowercase"], path)
-        tokenizer = load_tokenizer(path)
-        matrices = {"source": vectors.aligned_matrix(read, tokenizer)}
-        _check_widths(config, matrices)
-    else:
-        tokenizer = _make_tokenizer(data, train_text.splitlines() if data["tokenizer"] !=
-                                    "char" else [train_text])
-        tokenizer.save(path)
+    tokenizer, matrices = _one_tokenizer(
+        config, run, reuse,
+        lambda: train_text.splitlines() if data["tokenizer"] != "char" else [train_text])
     block = data["block_size"]
     if block > config["model"]["max_length"]:
         raise ValueError(f"data.block_size={block} exceeds model.max_length="
@@ -475,3 +463,101 @@ def _prepare_language_model(config, run, reuse):
     info = {"train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids))}
     return PreparedData(train, val, tokenizer, tokenizer, [val_text[:200]], [], info, matrices)
 
+
+
+def _one_tokenizer(config, run, reuse, texts):
+    """The one vocabulary of a GPT or an Encoder, saved as ``run``'s ``tokenizer.json``:
+    reloaded (``reuse``), built from ``model.embeddings.shared``'s vectors, copied from
+    ``data.tokenizer`` (a file, a run, a Hugging Face folder) or trained on ``texts()``.
+    -> ``(tokenizer, {"source": matrix} or {})``."""
+    data, kind = config["data"], config["model"]["type"]
+    path, _ = run.tokenizer_paths(shared=True)
+    files = vectors.embedding_files(config["model"]["embeddings"])
+    if set(files) - {"shared"}:
+        raise ValueError(f"model.type {kind} has one vocabulary: name its vectors file as "
+                         "model.embeddings.shared")
+    if reuse:
+        return load_tokenizer(path), {}
+    if files:
+        if reused_tokenizer_files(data["tokenizer"]):
+            raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
+                             f"data.tokenizer {data['tokenizer']!r} names another one: use one")
+        read = _vectors_tokenizer(files["shared"], data["lowercase"], path)
+        tokenizer = load_tokenizer(path)
+        matrices = {"source": vectors.aligned_matrix(read, tokenizer)}
+        _check_widths(config, matrices)
+        return tokenizer, matrices
+    tokenizer = _make_tokenizer(data, texts() if data["tokenizer"] in (*SUBWORD_KINDS, "char")
+                                else [])
+    tokenizer.save(path)
+    return load_tokenizer(path), {}
+
+
+_CLASSIFICATION_DATASETS = ("tsv", "files", "parallel")
+
+
+def _prepare_classification(config, run, reuse):
+    """Texts and class labels for an Encoder classifier: ``data.dataset`` tsv or files
+    (``data.source_column`` the text, ``data.target_column`` the label) or parallel (a file
+    of texts and a file of labels, line by line). The class ids are the sorted label names
+    of the training data, written to ``RUN/labels.json`` (``--resume`` reads them back).
+    The tokenizer is the pretrained folder's with ``model.pretrained``, else as a GPT's
+    (:func:`_one_tokenizer`). Texts are read into memory (a classifier's corpora are small
+    next to a translation corpus) and cut to the length limit, as BERT does, never dropped.
+    """
+    data, model, seed = config["data"], config["model"], config["train"]["seed"]
+    if data["dataset"] not in _CLASSIFICATION_DATASETS:
+        raise ValueError("an encoder classifier reads data.dataset "
+                         f"{', '.join(_CLASSIFICATION_DATASETS)} (a text and its label per "
+                         f"line), not {data['dataset']!r}")
+    texts, names = _limit(load_pairs(data, "train"), data["train_limit"])
+    names = [name.strip() for name in names]
+    if reuse:
+        labels = run.read_labels()
+    else:
+        labels = sorted(set(names))
+        if len(labels) < 2:
+            raise ValueError(f"the training data has {len(labels)} distinct label(s) "
+                             f"({labels}); a classifier needs at least 2 (is "
+                             "data.target_column the label column?)")
+        run.write_labels(labels)
+    max_length = _max_length(config)
+    if model["pretrained"] is not None:
+        from transformerkit.models.pretrained import load_hf_config
+
+        tokenizer_path, _ = run.tokenizer_paths(shared=True)
+        if not reuse:
+            load_hf_tokenizer(model["pretrained"]).save(tokenizer_path)
+        tokenizer, matrices = load_tokenizer(tokenizer_path), {}
+        positions = load_hf_config(model["pretrained"]).get("max_position_embeddings")
+        max_length = min(max_length, positions or max_length)
+    else:
+        tokenizer, matrices = _one_tokenizer(
+            config, run, reuse,
+            lambda: sources.reservoir_sample(texts, data["tokenizer_sample"], seed))
+    train_encoded = encode_texts(texts, tokenizer, max_length,
+                                 _label_ids(names, labels, "training"))
+    train = ClassificationBatches(train_encoded, shuffle=True, **_batching(data, seed))
+    info = {"train_texts": len(train_encoded), "classes": len(labels),
+            "truncated_train_texts": train_encoded.truncated}
+    val_pairs = load_pairs(data, "val")
+    val_texts, val_names, val = [], [], None
+    if val_pairs:
+        val_texts, val_names = _limit(val_pairs, data["val_limit"])
+        val_names = [name.strip() for name in val_names]
+        val_encoded = encode_texts(val_texts, tokenizer, max_length,
+                                   _label_ids(val_names, labels, "validation"))
+        val = ClassificationBatches(val_encoded, shuffle=False, **_batching(data, seed))
+        info.update(val_texts=len(val_encoded))
+    return PreparedData(train, val, tokenizer, tokenizer, list(val_texts), val_names, info,
+                        matrices, labels)
+
+
+def _label_ids(names, labels, split):
+    """Class ids of label ``names``; a label the training data lacks is a ValueError."""
+    index = {label: i for i, label in enumerate(labels)}
+    unknown = sorted(set(names) - set(index))
+    if unknown:
+        raise ValueError(f"the {split} data has label(s) {unknown[:5]} that the training data "
+                         f"does not (its classes: {labels[:20]})")
+    return np.array([index[name] for name in names], dtype="int32")

@@ -33,17 +33,45 @@ def masked_cross_entropy(labels, logits, label_smoothing=0.0):
     if fastpath.applies(logits):  # the shortcut, beside the plain formula below
         return _torch_masked_cross_entropy(labels, logits, label_smoothing)
     labels = ops.cast(labels, "int32")
+    nll = smoothed_cross_entropy(labels, logits, label_smoothing)  # (b, t)
+    mask = ops.cast(padding_mask(labels), "float32")
+    return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+
+def smoothed_cross_entropy(labels, logits, label_smoothing=0.0):
+    """Cross-entropy of each position against its label-smoothed one-hot target (section
+    5.4): ``(1 - eps) * -log p(label) + eps * mean_v(-log p(v))``.
+
+    Args:
+        labels: ``(...)`` int class ids. logits: ``(..., classes)`` (computed in float32).
+
+    Returns float32 ``(...)``, unreduced (callers mask and average).
+    """
     logits = ops.cast(logits, "float32")
     # One fused log-softmax pass (forward and backward) instead of logsumexp, gather and
     # mean as separate passes over the (b, t, V) logits: the loss is the largest
     # element-wise cost of a training step at vocabulary sizes of 8k-37k.
-    log_probs = ops.log_softmax(logits, axis=-1)  # (b, t, V)
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, labels[..., None], axis=-1), -1)  # (b, t)
+    log_probs = ops.log_softmax(logits, axis=-1)  # (..., V)
+    labels = ops.cast(labels, "int32")
+    nll = -ops.squeeze(ops.take_along_axis(log_probs, labels[..., None], axis=-1), -1)
     if label_smoothing:
-        uniform = -ops.mean(log_probs, axis=-1)  # CE against the uniform target, (b, t)
+        uniform = -ops.mean(log_probs, axis=-1)  # CE against the uniform target
         nll = (1.0 - label_smoothing) * nll + label_smoothing * uniform
-    mask = ops.cast(padding_mask(labels), "float32")
-    return ops.sum(nll * mask) / ops.maximum(ops.sum(mask), 1.0)
+    return nll
+
+
+def classification_cross_entropy(labels, logits, label_smoothing=0.0):
+    """Mean cross-entropy of a batch of sequence classifications (every row counts; class
+    0 is a class, not padding).
+
+    Args:
+        labels: ``(batch,)`` int class ids. logits: ``(batch, classes)``.
+        label_smoothing: float in [0, 1), as in :func:`masked_cross_entropy`.
+
+    Returns a float32 scalar.
+    """
+    _check_label_smoothing(label_smoothing)
+    return ops.mean(smoothed_cross_entropy(labels, logits, label_smoothing))
 
 
 def _torch_masked_cross_entropy(labels, logits, label_smoothing):
@@ -116,3 +144,21 @@ class MaskedAccuracy(keras.metrics.Metric):
     def reset_state(self):
         self.correct.assign(0.0)
         self.total.assign(0.0)
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+class ClassificationCrossEntropy(keras.losses.Loss):
+    """Keras loss wrapper of :func:`classification_cross_entropy` (an Encoder's class logits
+    ``(batch, classes)`` against ``(batch,)`` labels)."""
+
+    def __init__(self, label_smoothing=0.0, name="classification_cross_entropy", **kwargs):
+        _check_label_smoothing(label_smoothing)
+        kwargs.pop("reduction", None)
+        super().__init__(name=name, reduction="sum", **kwargs)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        return classification_cross_entropy(y_true, y_pred, self.label_smoothing)
+
+    def get_config(self):
+        return {"name": self.name, "label_smoothing": self.label_smoothing}

@@ -186,7 +186,7 @@ def build_monitors(config, data, run_dir=None):
             monitors.append(SampleMonitor(data.source_tokenizer,
                                           prompt=settings.pop("prompts"), seed=train["seed"],
                                           **settings, **common))
-        elif data.val_sources:
+        elif config["model"]["type"] == "transformer" and data.val_sources:
             count = max(1, min(train["samples"], 3))
             monitors.append(SampleMonitor(data.source_tokenizer, data.target_tokenizer,
                                           sources=data.val_sources[:count],

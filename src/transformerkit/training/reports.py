@@ -1,12 +1,16 @@
 """What ``train`` writes at the end: ``metrics.json`` and ``samples.txt``."""
 
+import logging
 import os
 
+from transformerkit.decoding.classify import class_probabilities
 from transformerkit.decoding.translate import translate_texts
-from transformerkit.evaluation import corpus_scores
+from transformerkit.evaluation import classification_scores, corpus_scores, format_confusion
 from transformerkit.files import atomic_write_text
 from transformerkit.run_directory import RunDirectory
 from transformerkit.training.monitors import append_text, gpt_samples, sample_settings
+
+log = logging.getLogger("transformerkit")
 
 
 def write_final_reports(model, data, config, run_dir, summary, write=True):
@@ -29,6 +33,10 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
         shown = list(zip(sources, references, hypotheses, strict=True))[: train_cfg["samples"]]
         for src, ref, hyp in shown:
             lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
+    elif config["model"]["type"] == "encoder" and data.val_sources:
+        scores, shown = _classifier_report(model, data, train_cfg["samples"])
+        metrics.update(scores)
+        lines += shown
     elif config["model"]["type"] == "gpt":
         settings = sample_settings(config, data)
         lines += gpt_samples(model, data.source_tokenizer, settings.pop("prompts"),
@@ -41,3 +49,22 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
             atomic_write_text(run.samples, "\n".join(lines))
         run.write_metrics(metrics)
     return metrics
+
+
+def _classifier_report(model, data, samples):
+    """An encoder classifier on the validation texts: ``val_accuracy``, ``val_confusion``
+    and per-class scores for ``metrics.json``, the first ``samples`` texts with their gold
+    and predicted class for ``samples.txt``."""
+    probabilities = class_probabilities(model, data.source_tokenizer, data.val_sources)
+    predicted = [data.labels[i] for i in probabilities.argmax(axis=-1)]
+    scores = classification_scores(predicted, data.val_targets, data.labels)
+    log.info("validation accuracy %.4f on %d texts\n%s", scores["accuracy"],
+             scores["examples"], format_confusion(scores))
+    metrics = {"val_accuracy": scores["accuracy"], "val_texts_scored": scores["examples"],
+               "val_confusion": {"labels": scores["labels"], "counts": scores["confusion"]},
+               "val_per_class": scores["per_class"]}
+    lines = []
+    for i in range(min(samples, len(predicted))):
+        lines += [f"TEXT:      {data.val_sources[i]}", f"LABEL:     {data.val_targets[i]}",
+                  f"PREDICTED: {predicted[i]} ({probabilities[i].max():.3f})", ""]
+    return metrics, lines

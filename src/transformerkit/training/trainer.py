@@ -47,7 +47,11 @@ from transformerkit.training.distribution import (
     divisible,
 )
 from transformerkit.training.gpt_recipe import gpt_optimizer
-from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
+from transformerkit.training.losses import (
+    ClassificationCrossEntropy,
+    MaskedAccuracy,
+    MaskedCrossEntropy,
+)
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
 from transformerkit.training.precision import precision_of, precision_policy
@@ -73,9 +77,6 @@ def train(config, run_dir, resume=False):
     calls this; rank 0 alone writes the run directory and returns the metrics, the other
     ranks return None. ``ProcessGroupError`` (a ``ConnectionError``) when a process is lost.
     """
-    if config["model"]["type"] == "encoder":
-        raise ValueError("`train` supports model.type transformer and gpt; train an Encoder "
-                         "with model.fit from Python (see README, 'Encoder')")
     run = RunDirectory(run_dir)
     checkpoints = run.checkpoints
     train_cfg = config["train"]
@@ -128,7 +129,7 @@ def _train(config, run, checkpoints, resume, dist, group):
     monitor = _monitor(train_cfg, data)
 
     if not resume:
-        model = build_model(config["model"], data.source_tokenizer.vocab_size,
+        model = build_model(_model_section(config, data), data.source_tokenizer.vocab_size,
                             data.target_tokenizer.vocab_size, embeddings=data.embeddings)
         compile_model(model, config, _total_steps(train_cfg, batches.updates_per_epoch))
         state = None
@@ -222,6 +223,22 @@ def _train(config, run, checkpoints, resume, dist, group):
     return metrics
 
 
+def _model_section(config, data):
+    """``config["model"]``; an encoder's as a classifier of the data's classes: pooling
+    ``mean`` unless set, ``num_classes`` from the labels (a different one set is an error)."""
+    model = dict(config["model"])
+    if model["type"] != "encoder":
+        return model
+    classes = len(data.labels)
+    if model["num_classes"] not in (None, classes):
+        raise ValueError(f"model.num_classes={model['num_classes']} but the training data has "
+                         f"{classes} labels ({data.labels[:10]}); leave model.num_classes "
+                         "unset to take it from the data")
+    model["num_classes"] = classes
+    model["pooling"] = model["pooling"] or "mean"
+    return model
+
+
 def _check_world_size(state, group):
     """A PyTorch run resumes with as many processes as it was checkpointed with: each
     rank's position in the epoch is counted in its own shard's batches."""
@@ -293,7 +310,8 @@ def _evaluate_average(model, data, config, run, metrics):
 
 
 def compile_model(model, config, total_steps=None):
-    """Masked token cross-entropy, masked accuracy and the optimizer of ``train.optimizer``:
+    """Masked token cross-entropy and masked accuracy (an encoder classifier: the
+    cross-entropy of its class logits and accuracy), and the optimizer of ``train.optimizer``:
     ``paper``: Adam(0.9, 0.98, 1e-9) on the paper's warmup schedule (or a constant
     ``train.learning_rate``); ``adamw_cosine``: nanoGPT's AdamW with warmup and cosine decay
     ending at ``total_steps`` (the run's last optimizer step). With
@@ -302,9 +320,14 @@ def compile_model(model, config, total_steps=None):
     schedule, ``max_steps`` and ``checkpoint_every`` count updates."""
     optimizer = with_accumulation(build_optimizer(model, config["train"], total_steps),
                                   config["train"]["accumulate_steps"])
-    model.compile(optimizer=optimizer,
-                  loss=MaskedCrossEntropy(config["train"]["label_smoothing"]),
-                  metrics=[MaskedAccuracy()], jit_compile=config["train"]["jit_compile"])
+    smoothing = config["train"]["label_smoothing"]
+    if config["model"]["type"] == "encoder":  # one class per text, every row counts
+        loss = ClassificationCrossEntropy(smoothing)
+        metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    else:
+        loss, metrics = MaskedCrossEntropy(smoothing), [MaskedAccuracy()]
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
+                  jit_compile=config["train"]["jit_compile"])
 
 
 def build_optimizer(model, train_cfg, total_steps=None):
