@@ -45,9 +45,20 @@ TINY = {  # appended to every `train` command of the README
         "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64",
         "data.steps_per_epoch=2", "train.max_steps=2", "train.epochs=1", "train.samples=1",
         "train.verbose=0", "train.time_budget=2m"],
+    "configs/text_classifier.yaml": [
+        "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64",
+        "data.vocab_size=200", "data.batch_size=4", "train.epochs=2", "train.verbose=0",
+        "train.time_budget=2m"],
 }
+REVIEWS = ["What a great little film.\tpositive", "Dull and far too long.\tnegative",
+           "I loved every minute of it.\tpositive", "A waste of two hours.\tnegative",
+           "The cast is wonderful.\tpositive", "Nothing happens, slowly.\tnegative"]
 SENTENCES = {"sentences.de": "Ein Hund läuft.\nZwei Männer spielen Fußball.\n",
-             "sentences.en": "A dog runs.\nTwo men play soccer.\n"}
+             "sentences.en": "A dog runs.\nTwo men play soccer.\n",
+             # the text classifier's files (configs/text_classifier.yaml reads data/*.tsv)
+             "data/train.tsv": "\n".join(["text\tlabel", *REVIEWS * 4]) + "\n",
+             "data/val.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n",
+             "data/test.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n"}
 
 
 def blocks(language):
@@ -76,6 +87,7 @@ def scratch(tmp_path_factory):
     folder = tmp_path_factory.mktemp("readme")
     (folder / "configs").symlink_to(ROOT / "configs")
     for name, text in SENTENCES.items():
+        (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
     env = os.environ.copy()
     data = env.get("TRANSFORMERKIT_DATA") or str(ROOT.parent / "shared" / "data")
