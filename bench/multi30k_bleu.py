@@ -15,6 +15,12 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
     python bench/multi30k_bleu.py                       # 60 minutes -> results/multi30k_bleu.*
     python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
+    python bench/multi30k_bleu.py --average 5 --set train.epochs=31 --minutes 150 \
+        --name multi30k_bleu_averaged   # 31 epochs; the final model and the last 5 averaged
+
+With ``--average N`` the run keeps its last N epoch checkpoints and averages them at the end
+(``train.average_last``, the paper's section 6.1 recipe); both the final model and the
+average are scored, in one table.
 """
 
 import argparse
@@ -53,13 +59,13 @@ def read_history(run_dir):
                 for row in csv.DictReader(f)]
 
 
-def score(run_dir, beams, max_sentences=None):
+def score(run_dir, beams, max_sentences=None, checkpoint="model"):
     """Translate test2016 with each beam size; return one result dict per beam size."""
     import transformerkit
     from transformerkit.data.corpora import load_multi30k
     from transformerkit.evaluation import corpus_scores, tutorial_bleu
 
-    run = transformerkit.load(run_dir)
+    run = transformerkit.load(run_dir, checkpoint=checkpoint)
     data = run.config["data"]
     sources, references = load_multi30k("test2016", data["source_lang"], data["target_lang"],
                                         data_dir=common.data_dir())
@@ -71,6 +77,7 @@ def score(run_dir, beams, max_sentences=None):
         seconds = time.perf_counter() - start
         scores = corpus_scores(hypotheses, references)
         results.append({"search": "greedy" if beam == 1 else f"beam {beam}", "beam_size": beam,
+                        "weights": checkpoint,
                         "sentences": len(sources), "decode_seconds": round(seconds, 1),
                         "sacrebleu": scores["bleu"], "chrf": scores["chrf"],
                         "tutorial_bleu": tutorial_bleu(hypotheses, references),
@@ -91,7 +98,12 @@ def main():
     parser.add_argument("--skip-train", action="store_true", help="score an existing --run")
     parser.add_argument("--max-sentences", type=int, default=None)
     parser.add_argument("--name", default="multi30k_bleu", help="results/NAME.{json,md}")
+    parser.add_argument("--average", type=int, default=None, metavar="N",
+                        help="also average the last N epoch checkpoints and score the average")
     args = parser.parse_args()
+    if args.average:
+        args.set = [f"train.average_last={args.average}",
+                    f"train.checkpoints_to_keep={args.average}", *args.set]
 
     minutes = f"{args.minutes:g}"
     train_seconds = None
@@ -99,7 +111,10 @@ def main():
         train_seconds = train(args.config, args.run, minutes, args.set)
     history = read_history(args.run)
     epoch_seconds = [row["epoch_seconds"] for row in history if "epoch_seconds" in row]
-    results = score(args.run, [int(b) for b in args.beams.split(",")], args.max_sentences)
+    beams = [int(b) for b in args.beams.split(",")]
+    results = score(args.run, beams, args.max_sentences)
+    if args.average:
+        results += score(args.run, beams, args.max_sentences, checkpoint="averaged")
 
     payload = {"machine": common.machine(), "config": os.path.relpath(args.config, ROOT),
                "overrides": args.set, "minutes": args.minutes,
@@ -108,18 +123,24 @@ def main():
                "seconds_per_epoch": epoch_seconds,
                "final_val_loss": history[-1].get("val_loss") if history else None,
                "results": results}
+    from transformerkit.run_directory import RunDirectory
+
+    stopped_by = RunDirectory(args.run).read_metrics().get("stopped_by", "n/a")
+    payload["stopped_by"] = stopped_by
     # the median: the last epoch is usually cut short by the budget
     median_epoch = f"{statistics.median(epoch_seconds):.0f} s" if epoch_seconds else "n/a"
-    lines = ["| search | test2016 sacrebleu BLEU | chrF | tutorial BLEU (lower-cased words) |"
-             " decode time |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| weights | search | test2016 sacrebleu BLEU | chrF | tutorial BLEU (lower-cased "
+             "words) | decode time |",
+             "|---|---|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['search']} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
+        weights = ("final model" if r["weights"] == "model"
+                   else f"average of the last {args.average} epochs")
+        lines.append(f"| {weights} | {r['search']} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
                      f"{r['tutorial_bleu']:.1f} | {r['decode_seconds']:.0f} s |")
     lines.append(
         f"\n{minutes} minutes of training ({payload['config']}"
         f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
-        f"cores: {len(history)} epochs logged (the last one cut by the budget), {median_epoch} per "
+        f"cores: {len(history)} epochs logged (stopped by: {stopped_by}), {median_epoch} per "
         f"epoch (median; training + validation). "
         f"Reference bar: {REFERENCE_BAR} tutorial BLEU (3+3 layers, 256 wide, greedy, GPU). "
         f"sacrebleu signature: {results[0]['bleu_signature']}.")
