@@ -99,6 +99,9 @@ def _parser():
     _add_overrides(summary)
     summary.add_argument("--vocab-size", type=int, default=None,
                          help="vocabulary size for a config (default: data.vocab_size)")
+    summary.add_argument("--plot", metavar="FILE",
+                         help="also draw the model: .dot (needs pydot), .png/.svg/.pdf (and "
+                              "Graphviz's dot)")
 
     config = command("config", "print a resolved config as YAML, every key with its type, "
                                "default and meaning")
@@ -380,6 +383,11 @@ def _summary(args):
         model = build_model(config["model"], vocab, vocab)
     print(f"{type(model).__name__}")
     print(format_summary(parameter_summary(model)))
+    if args.plot:
+        from transformerkit.training.diagram import write_diagram
+
+        write_diagram(model, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -30,9 +30,9 @@ class RunCheckpoint(keras.callbacks.Callback):
     and ``latest.json`` = ``{"epoch": 3, "batch": 150, "step": 690, "checkpoint": "...",
     "sha256": "...", "best": 2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``.
     Each file is written to a temporary name and renamed; ``latest.json`` is written last,
-    so it always names a complete file whose checksum it holds (:func:`load_checkpoint` verifies it). A
-    crash during a save leaves the previous state. A checkpoint whose running loss is NaN
-    or inf is not saved, so the last checkpoint stays the last good one.
+    so it always names a complete file whose checksum it holds (:func:`load_checkpoint`
+    verifies it). A crash during a save leaves the previous state. A checkpoint whose
+    running loss is NaN or inf is not saved, so the last checkpoint stays the last good one.
 
     Early stopping (``patience``): every epoch end where ``monitor`` is in the logs is an
     evaluation; after ``patience`` evaluations in a row without a better value, training

@@ -14,7 +14,7 @@ def parameter_summary(model):
     for name, layers in model.components().items():
         count = 0
         for layer in layers:
-            for variable in layer.trainable_weights + _frozen_parameters(layer):
+            for variable in layer_parameters(layer):
                 key = id(variable)
                 if key not in seen:
                     seen.add(key)
@@ -22,6 +22,17 @@ def parameter_summary(model):
         counts[name] = count
     counts["total"] = sum(counts.values())
     return counts
+
+
+def layer_parameters(layer):
+    """The variables of ``layer`` that are parameters: its trainable weights and its frozen
+    learned matrices, not fixed tables (sinusoidal positions)."""
+    return layer.trainable_weights + _frozen_parameters(layer)
+
+
+def count_parameters(layer):
+    """The number of parameters of ``layer`` (:func:`layer_parameters`)."""
+    return sum(int(_size(v.shape)) for v in layer_parameters(layer))
 
 
 def _frozen_parameters(layer):
