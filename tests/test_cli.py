@@ -102,28 +102,28 @@ ORDERS = {  # command -> argument lists that must parse to the same namespace
 
 
 def test_every_command_is_tested_here():
-    usage = cli._parser().format_usage()  # "usage: transformerkit [...] {train,...} ..."
+    usage = cli.build_parser().format_usage()  # "usage: transformerkit [...] {train,...} ..."
     assert set(ORDERS) == set(re.search(r"\{(train,[^}]*)\}", usage).group(1).split(","))
 
 
 @pytest.mark.parametrize("command", ORDERS)
 def test_options_and_positionals_in_any_order(command):
-    parser = cli._parser()
+    parser = cli.build_parser()
     first, *others = [vars(parser.parse_args(argv)) for argv in ORDERS[command]]
     assert first["command"] == command
     assert all(other == first for other in others)
 
 
 def test_translate_texts_may_follow_options():
-    args = cli._parser().parse_args(["translate", "R", "--n-best", "3",
+    args = cli.build_parser().parse_args(["translate", "R", "--n-best", "3",
                                      "Zwei Männer spielen Fußball."])
     assert (args.run_dir, args.texts, args.n_best, args.beam) == (
         "R", ["Zwei Männer spielen Fußball."], 3, 4)
-    assert cli._parser().parse_args(["translate", "--beam", "1", "R"]).texts == []  # stdin
+    assert cli.build_parser().parse_args(["translate", "--beam", "1", "R"]).texts == []  # stdin
 
 
 def test_backend_before_or_after_the_command():
-    parser = cli._parser()
+    parser = cli.build_parser()
     assert parser.parse_args(["translate", "R"]).backend is None
     assert parser.parse_args(["--backend", "jax", "translate", "R", "x"]).backend == "jax"
     assert parser.parse_args(["translate", "R", "x", "--backend", "jax"]).backend == "jax"

@@ -246,17 +246,17 @@ def test_text_translation_checks_its_search_options_before_decoding():
 
 
 def test_cli_search_options_parse_and_refuse_bad_values(capsys):
-    from transformerkit.cli import _parser
+    from transformerkit.cli import build_parser
     from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
 
     for command in ("translate", "evaluate"):
-        args = _parser().parse_args([command, "RUN"])
+        args = build_parser().parse_args([command, "RUN"])
         assert (args.stopping, args.max_len_a, args.max_len_b) == \
             (DEFAULT_STOPPING, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B)
-        args = _parser().parse_args([command, "RUN", "--stopping", "exact", "--max-len-a",
+        args = build_parser().parse_args([command, "RUN", "--stopping", "exact", "--max-len-a",
                                      "none", "--max-len-b", "none"])
         assert (args.stopping, args.max_len_a, args.max_len_b) == ("exact", None, None)
         for bad in (["--stopping", "soon"], ["--max-len-a", "x"], ["--max-len-b", "1.5"]):
             with pytest.raises(SystemExit):
-                _parser().parse_args([command, "RUN", *bad])
+                build_parser().parse_args([command, "RUN", *bad])
     assert "expected an integer or none, got '1.5'" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+"""Command line: ``transformerkit train | summary | config | translate | generate | evaluate |
+classify | embed | attention | export | plot | average | serve`` and ``transformerkit
+--version``.
+
+``parser.py`` defines the commands and options; each command is a function of
+``training.py`` (train, summary, config, plot, average), ``translation.py`` (translate,
+generate, evaluate, attention, export, serve) or ``encoders.py`` (classify, embed, a
+classifier's evaluate), sharing ``common.py``. Keras is imported only after ``--backend``
+is read, because the backend is fixed at import.
+"""
+
+import logging
+import os
+import sys
+
+from transformerkit.cli.encoders import classify_command, embed_command
+from transformerkit.cli.parser import BACKENDS, build_parser, package_version
+from transformerkit.cli.training import (
+    average_command,
+    config_command,
+    plot_command,
+    summary_command,
+    train_command,
+)
+from transformerkit.cli.translation import (
+    attention_command,
+    evaluate_command,
+    export_command,
+    generate_command,
+    serve_command,
+    translate_command,
+)
+
+__all__ = ["BACKENDS", "build_parser", "main", "package_version"]
+
+COMMANDS = {"train": train_command, "summary": summary_command, "config": config_command,
+            "translate": translate_command, "generate": generate_command,
+            "evaluate": evaluate_command, "classify": classify_command, "embed": embed_command,
+            "attention": attention_command, "export": export_command, "plot": plot_command,
+            "average": average_command, "serve": serve_command}
+
+# commands that run a model over many batches: they keep freed memory for reuse
+# (transformerkit.allocator; a process-wide setting the library never makes on import)
+_HEAVY_COMMANDS = ("train", "translate", "generate", "evaluate", "classify", "embed")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.backend:
+        os.environ["KERAS_BACKEND"] = args.backend
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from transformerkit.config import ConfigError
+
+    try:
+        if args.command in _HEAVY_COMMANDS:
+            from transformerkit.allocator import keep_freed_memory
+
+            keep_freed_memory()
+        return COMMANDS[args.command](args)
+    except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
+            FloatingPointError) as err:
+        print(f"transformerkit {args.command}: error: {err}", file=sys.stderr)
+        return 2

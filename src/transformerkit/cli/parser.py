@@ -1,0 +1,293 @@
+"""The ``transformerkit`` argument parser: every command, its options and their help.
+
+Each command takes its options and positional arguments in any order
+(``translate RUN --beam 4 TEXT`` and ``translate RUN TEXT --beam 4``: :class:`_Command`).
+Nothing here imports Keras: the backend is chosen from ``--backend`` after parsing.
+"""
+
+import argparse
+
+BACKENDS = ("torch", "jax", "tensorflow")
+
+
+_BACKEND_HELP = "Keras backend (default: $KERAS_BACKEND, else torch)"
+
+
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser: options may come before, between or after its positional
+    arguments (``parse_intermixed_args``: the options first, then the positionals from what
+    is left); ``--`` ends the options as usual. Unknown arguments are this command's error."""
+
+    _parsing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._parsing:  # the two passes of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+class _Version(argparse.Action):
+    """``--version``: the version looked up only when asked (:func:`package_version`)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the version and exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
+def package_version():
+    """The version of the installed distribution that provides the ``transformerkit``
+    package, whatever the distribution's name; else ``transformerkit.__version__`` (a
+    source checkout on ``sys.path``)."""
+    from importlib import metadata
+
+    import transformerkit
+
+    for name in dict.fromkeys(metadata.packages_distributions().get("transformerkit", ())):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return transformerkit.__version__
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="transformerkit",
+        description="Train and use Transformers (Attention Is All You Need) on Keras 3.",
+        epilog="Options and positional arguments of a command go in any order. Every config "
+               "key with its type, default and meaning: transformerkit config.")
+    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--backend", choices=BACKENDS, help=_BACKEND_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
+    # `--backend` may also follow the command (it then wins over one before the command)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", choices=BACKENDS, default=argparse.SUPPRESS,
+                        help=_BACKEND_HELP)
+
+    def command(name, help_text, **kwargs):
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
+                              **kwargs)
+
+    train = command("train", "train a model from a YAML config",
+                    epilog="Every config key with its type, default and meaning: "
+                           "`transformerkit config`; the resolved config of a file with "
+                           "overrides: `transformerkit config CONFIG --set SECTION.KEY=VALUE`.")
+    train.add_argument("config", help="YAML file with model/data/train sections")
+    _add_overrides(train)
+    train.add_argument("--out", help="run directory (default: runs/<config name>)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its latest checkpoint")
+    train.add_argument("--data-dir", help="data directory (default: $TRANSFORMERKIT_DATA)")
+
+    summary = command("summary", "parameter counts per component")
+    summary.add_argument("target", help="a config YAML or a run directory")
+    _add_overrides(summary)
+    summary.add_argument("--vocab-size", type=int, default=None,
+                         help="vocabulary size for a config (default: data.vocab_size)")
+    summary.add_argument("--plot", metavar="FILE",
+                         help="also draw the model: .dot (needs pydot), .png/.svg/.pdf (and "
+                              "Graphviz's dot)")
+
+    config = command("config", "print a resolved config as YAML, every key with its type, "
+                               "default and meaning")
+    config.add_argument("config", nargs="?", default=None,
+                        help="a config YAML or a run directory (default: the defaults)")
+    _add_overrides(config)
+    _add_use_commands(command)
+    return parser
+
+
+def _add_overrides(parser):
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="override a config key (repeatable; keys: transformerkit config)")
+
+
+def _number_or_none(kind):
+    """argparse type: a ``kind`` number, or ``none`` for None."""
+    def parse(text):
+        if text.strip().lower() in ("none", "null"):
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what} or none, got {text!r}") from None
+    return parse
+
+
+def _add_use_commands(command):
+    """The subcommands that use a trained run directory (``command(name, help)`` adds one)."""
+    def run_parser(name, help_text):
+        p = command(name, help_text)
+        p.add_argument("run_dir", help="run directory written by `transformerkit train`")
+        p.add_argument("--checkpoint", default="model",
+                       help="model (final, default), best (best validation score), averaged "
+                            "(transformerkit average), a file in RUN/checkpoints or a .keras "
+                            "path")
+        return p
+
+    def engine_options(p):
+        p.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
+                       help="keras (default) or ctranslate2: the run's CTranslate2 export "
+                            "(RUN/ctranslate2, written on first use)")
+        p.add_argument("--threads", type=int, default=0,
+                       help="CTranslate2 threads (intra_threads; 0: its default)")
+
+    def search_options(p, beam):
+        p.add_argument("--beam", type=int, default=beam, help=f"beam size; 1 = greedy ({beam})")
+        p.add_argument("--alpha", type=float, default=0.6,
+                       help="length penalty of beam search, GNMT ((5+len)/6)^alpha (0.6)")
+        p.add_argument("--max-new-tokens", type=int, default=None,
+                       help="longest output in tokens (default: the model's max_length)")
+        p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
+        from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+
+        p.add_argument("--stopping", choices=("early", "exact"), default=DEFAULT_STOPPING,
+                       help="when a sentence's beam search ends: early = once BEAM hypotheses "
+                            "have ended (CTranslate2's rule), exact = when no live beam can "
+                            f"win, keras engine only ({DEFAULT_STOPPING})")
+        p.add_argument("--max-len-a", type=_number_or_none(float), default=DEFAULT_MAX_LEN_A,
+                       help="each output has at most A * source tokens + B tokens "
+                            f"({DEFAULT_MAX_LEN_A}; none: no cap)")
+        p.add_argument("--max-len-b", type=_number_or_none(int), default=DEFAULT_MAX_LEN_B,
+                       help=f"B of --max-len-a ({DEFAULT_MAX_LEN_B}; none: no cap)")
+
+    translate = run_parser("translate", "translate sentences with a trained model")
+    translate.add_argument("texts", nargs="*", default=[], metavar="TEXT",
+                           help="sentences to translate; none: read stdin, one per line, "
+                                "printing each translation as soon as it is ready")
+    search_options(translate, 4)
+    engine_options(translate)
+    translate.add_argument("--n-best", type=int, default=1,
+                           help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
+    translate.add_argument("--scores", action="store_true",
+                           help="print LOGPROB<TAB>TEXT: the model's log-probability of each "
+                                "translation (its tokens and the end token)")
+
+    generate = run_parser("generate", "continue a prompt with a trained GPT")
+    generate.add_argument("--prompt", required=True, help="text to continue")
+    generate.add_argument("--max-new-tokens", type=int, default=200)
+    generate.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (1.0)")
+    generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--top-p", type=float, default=None)
+    generate.add_argument("--seed", type=int, default=None,
+                          help="the same seed gives the same text")
+    engine_options(generate)
+
+    classify = run_parser("classify", "the class of each text with an encoder classifier run")
+    classify.add_argument("texts", nargs="*", default=[], metavar="TEXT",
+                          help="texts to classify; none: read stdin, one per line")
+    classify.add_argument("--probabilities", action="store_true",
+                          help="print LABEL<TAB>PROBABILITY<TAB>... for every class, most "
+                               "likely first")
+    classify.add_argument("--batch-size", type=int, default=64, help="texts per batch (64)")
+
+    embed = run_parser("embed", "sentence embeddings of stdin lines (an encoder run, or a "
+                                "translation run's encoder)")
+    embed.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                       help="mean over the real tokens (default) or cls: the first token's "
+                            "state ([BOS]/[CLS]; encoder runs)")
+    embed.add_argument("--normalize", action="store_true", help="scale each vector to unit "
+                                                                 "length")
+    embed.add_argument("--out", help="write a float32 .npy array (lines, d_model) instead of "
+                                     "printing one line of numbers per input line")
+    embed.add_argument("--batch-size", type=int, default=64, help="texts per batch (64)")
+
+    evaluate = run_parser("evaluate", "BLEU and chrF (sacrebleu) on a split or on files (an "
+                                      "encoder classifier: accuracy and confusion counts); "
+                                      "stored in the run's metrics.json under evaluate.NAME")
+    where = evaluate.add_mutually_exclusive_group()
+    where.add_argument("--split", choices=("val", "test", "test2016"), default=None,
+                       help="split of the run's dataset: val, test (data.test_*; TED's test; "
+                            "Multi30k's test2016) (default: test2016 for Multi30k, else val)")
+    where.add_argument("--source", help="file of source sentences (a classifier's texts), "
+                                        "one per line")
+    evaluate.add_argument("--reference", help="file of reference translations (a classifier's "
+                                              "labels), line by line with --source")
+    evaluate.add_argument("--max-sentences", type=int, default=None)
+    evaluate.add_argument("--data-dir", help="data directory (default: the run's config, "
+                                             "else $TRANSFORMERKIT_DATA)")
+    evaluate.add_argument("--output", help="also write the translations to this file")
+    search_options(evaluate, 4)
+    engine_options(evaluate)
+
+    attention = run_parser("attention", "attention heatmaps, one per head of a layer")
+    attention.add_argument("source", help="the source sentence (GPT: the text)")
+    attention.add_argument("--target", help="the target sentence (default: the model's "
+                                            "greedy translation)")
+    attention.add_argument("--out", required=True, help="PNG file to write")
+    attention.add_argument("--kind", choices=("cross", "decoder_self", "encoder"),
+                           default="cross", help="which attention (Transformer; default cross)")
+    attention.add_argument("--layer", type=int, default=-1,
+                           help="layer index, negative from the end (default -1: the last)")
+
+    export = run_parser("export", "write the run's model in another format (CTranslate2)")
+    export.add_argument("--format", choices=("ctranslate2",), default="ctranslate2",
+                        help="the format (ctranslate2)")
+    export.add_argument("--quantization", default=None,
+                        choices=("int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                                 "int16", "float16", "bfloat16", "float32"),
+                        help="weight type of the export (default: float32 as trained)")
+    export.add_argument("--out", help="output folder (default RUN_DIR/ctranslate2 or "
+                                      "RUN_DIR/ctranslate2-QUANTIZATION)")
+    export.add_argument("--force", action="store_true", help="replace an existing folder")
+
+    plot = command("plot", "training curves from a run's history.csv, or with --lr the "
+                           "learning-rate schedule of a config or run")
+    plot.add_argument("target", metavar="RUN_DIR|CONFIG",
+                      help="run directory written by `transformerkit train` (with --lr: also a "
+                           "config YAML)")
+    plot.add_argument("--lr", action="store_true",
+                      help="plot the learning rate of every optimizer step instead")
+    plot.add_argument("--steps", type=int, default=None,
+                      help="--lr: the run's length in optimizer steps (default: the steps a "
+                           "run took, else train.max_steps)")
+    _add_overrides(plot)
+    plot.add_argument("--out", help="PNG file (default RUN_DIR/history.png; --lr: "
+                                    "RUN_DIR/learning_rate.png, or CONFIG_NAME-lr.png)")
+
+    average = command("average", "average the weights of a run's last checkpoints (the "
+                                 "paper: the last 5 for base models, 20 for big ones)")
+    average.add_argument("run_dir", help="run directory written by `transformerkit train`")
+    average.add_argument("--last", type=int, required=True, metavar="N",
+                         help="how many of the newest checkpoints to average")
+    average.add_argument("--out", help=".keras file (default RUN_DIR/averaged.keras; load it "
+                                       "with --checkpoint averaged)")
+
+    serve = command("serve", "serve runs over HTTP: a JSON API (/translate, /generate, "
+                             "/attention, /models, /health, /openapi.json) and a page at /")
+    serve.add_argument("run_dirs", nargs="+", metavar="RUN",
+                       help="run directories; a request names its model by the folder name "
+                            "(default: the first)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (8000)")
+    serve.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
+                       help="keras (default) or ctranslate2 (the runs' CTranslate2 exports)")
+    serve.add_argument("--checkpoint", default="model", help="which weights of each run, as "
+                                                             "for translate (model)")
+    _add_serving_limits(serve)
+
+
+def _add_serving_limits(parser):
+    """``--max-texts``, ``--timeout`` ...: one option per field of ``serving.limits.Limits``."""
+    import dataclasses
+
+    from transformerkit.serving.limits import Limits
+
+    for item in dataclasses.fields(Limits):
+        parser.add_argument("--" + item.name.replace("_", "-"), type=type(item.default),
+                            default=item.default,
+                            help=f"{item.metadata['help']} ({item.default})")

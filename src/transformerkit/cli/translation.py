@@ -1,0 +1,175 @@
+"""The commands that use a translation or GPT run: ``translate``, ``generate``,
+``evaluate``, ``attention``, ``export``, ``serve``."""
+
+import os
+import sys
+
+from transformerkit.cli.common import (
+    echo,
+    engine_of,
+    evaluation_data,
+    load_run,
+    search_settings,
+    stderr_console,
+    stdin_chunks,
+    valid_text,
+)
+from transformerkit.cli.encoders import evaluate_classifier
+from transformerkit.run_directory import RunDirectory
+
+
+def translate_command(args):
+    run = load_run(args)
+    if args.n_best > max(1, args.beam):
+        args.beam = args.n_best
+    options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
+                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                   engine=engine_of(args, run), **search_settings(args))
+    texts = [valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)
+    chunks = [texts] if texts else stdin_chunks(stdin, args.batch_size)
+    if args.scores and args.n_best > 1:
+        raise ValueError("--scores prints one translation per line; --n-best already prints "
+                         "each hypothesis with its score")
+    offset = 0
+    for chunk in chunks:
+        _translate_chunk(run, chunk, offset, options, args.scores)
+        offset += len(chunk)
+    return 0
+
+
+def _translate_chunk(run, texts, offset, options, scores=False):
+    """Translate ``texts`` and print them in order as soon as each is ready; empty lines
+    stay empty lines; ``scores``: each line is LOGPROB<TAB>TEXT (``Run.score``)."""
+    real = [i for i, t in enumerate(texts) if t.strip()]
+    ready, next_out = {}, 0
+
+    def flush():
+        nonlocal next_out
+        while next_out < len(texts) and (next_out in ready or not texts[next_out].strip()):
+            result = ready.pop(next_out, "")
+            if options["n_best"] > 1:
+                for text, score in result:
+                    echo(f"{offset + next_out}\t{score:.4f}\t{text}")
+            else:
+                echo(result)
+            next_out += 1
+
+    flush()
+    if real:
+        for indices, results in run.translate_batches([texts[i] for i in real], **options):
+            if scores:
+                logp = run.score([texts[real[i]] for i in indices], results)
+                results = [f"{s:.4f}\t{r}" for s, r in zip(logp, results, strict=True)]
+            for i, result in zip(indices, results, strict=True):
+                ready[real[i]] = result
+            flush()
+    flush()
+
+
+def generate_command(args):
+    run = load_run(args)
+    echo(run.generate(valid_text(args.prompt, "--prompt"), max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, engine=engine_of(args, run)))
+    return 0
+
+
+def evaluate_command(args):
+    from rich.progress import Progress
+
+    from transformerkit.evaluation import corpus_scores
+    from transformerkit.files import atomic_write_text
+
+    run = load_run(args)
+    if run.kind == "encoder":
+        return evaluate_classifier(args, run)
+    if run.kind != "transformer":
+        raise ValueError(f"evaluate needs a translation or an encoder classifier run; "
+                         f"{args.run_dir} holds a {run.kind}")
+    name, sources, references = evaluation_data(args, run)
+    if args.max_sentences:
+        sources, references = sources[: args.max_sentences], references[: args.max_sentences]
+    hypotheses = [None] * len(sources)
+    engine = engine_of(args, run)
+    with Progress(transient=True, console=stderr_console()) as progress:
+        task = progress.add_task(f"translating {name}", total=len(sources))
+        for indices, results in run.translate_batches(
+                sources, beam_size=args.beam, alpha=args.alpha,
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                engine=engine, **search_settings(args)):
+            for i, text in zip(indices, results, strict=True):
+                hypotheses[i] = text
+            progress.advance(task, len(indices))
+    scores = corpus_scores(hypotheses, references)
+    if args.output:
+        atomic_write_text(args.output, "\n".join(hypotheses) + "\n")
+    echo(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}, "
+           f"engine {args.engine}")
+    echo(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
+    echo(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
+    run_dir = RunDirectory(args.run_dir)
+    metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
+    metrics.setdefault("evaluate", {})[name] = dict(
+        scores, sentences=len(sources), beam_size=args.beam, alpha=args.alpha,
+        checkpoint=args.checkpoint, engine=args.engine)
+    run_dir.write_metrics(metrics)
+    echo(f"stored in {run_dir.metrics}")
+    return 0
+
+
+def attention_command(args):
+    from transformerkit.plotting import plot_attention
+
+    run = load_run(args)
+    target = args.target
+    if run.kind == "transformer" and target is None:
+        target = run.translate(args.source, beam_size=1,
+                               max_new_tokens=run.model.max_length - 1)
+        echo(f"target (greedy translation): {target}")
+    weights = run.attention(args.source, target)
+    if run.kind == "gpt":
+        kind, queries, keys = "self", weights["tokens"], weights["tokens"]
+    else:
+        kind = args.kind
+        queries = {"cross": weights["target_output_tokens"],
+                   "decoder_self": weights["target_output_tokens"],
+                   "encoder": weights["source_tokens"]}[kind]
+        keys = {"cross": weights["source_tokens"], "decoder_self": weights["target_input_tokens"],
+                "encoder": weights["source_tokens"]}[kind]
+    layers = weights[kind].shape[0]
+    if not -layers <= args.layer < layers:
+        raise ValueError(f"--layer {args.layer} does not exist: the model has {layers} layers")
+    layer = args.layer % layers
+    out = plot_attention(weights[kind][layer], queries, keys, args.out,
+                         title=f"{kind} attention, layer {layer}")
+    echo(f"wrote {out}")
+    return 0
+
+
+def export_command(args):
+    """``export RUN --format ctranslate2``: :func:`transformerkit.export.ctranslate2.export_run`."""
+    from transformerkit.export.ctranslate2 import export_run
+
+    out = export_run(load_run(args), args.out, quantization=args.quantization, force=args.force)
+    echo(f"wrote {out}")
+    return 0
+
+
+def serve_command(args):
+    import dataclasses
+
+    from transformerkit.serving.limits import Limits
+    from transformerkit.serving.server import serve
+
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        print(f"transformerkit serve: error: {err}: install the server's packages with "
+              "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
+        return 2
+    serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
+          checkpoint=args.checkpoint, limits=limits)
+    return 0
