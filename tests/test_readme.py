@@ -29,6 +29,8 @@ NOT_RUN_HERE = {
                             "drives its page, tests/test_serving.py tests its API in-process",
     "curl": "requests to a running `transformerkit serve`: tests/test_serving.py sends the "
             "README's requests to its API",
+    "env": "several JAX processes (each started with KERAS_DISTRIBUTION_* variables): "
+           "tests/test_jax_processes.py launches 2 on loopback and checks their weights",
     "torchrun": "several training processes: tests/test_multiprocess.py launches them (2 gloo "
                 "processes on loopback) and checks their weights",
 }

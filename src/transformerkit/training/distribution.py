@@ -10,24 +10,28 @@
   feed-forward kernel by output columns, the attention output and outer feed-forward
   kernel by input rows), batches along ``batch`` (``keras.distribution.ModelParallel``).
 
-Multi-host: every host runs the same ``train`` with ``KERAS_DISTRIBUTION_JOB_ADDRESSES``,
-``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID`` set, which makes
-:func:`build_distribution` call ``keras.distribution.initialize()`` (or call it yourself
-first); ``list_devices`` then sees every host's devices, every host builds the same global
-batch and feeds its own contiguous share of its rows.
+Several processes (``data_parallel`` only; one per host, or several on one machine): every
+process runs the same ``train`` with ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` (process 0's
+``host:port``), ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and its own
+``KERAS_DISTRIBUTION_PROCESS_ID``, which join ``jax.distributed``
+(:func:`~transformerkit.training.processes.join_jax_processes`; or call
+``jax.distributed.initialize`` yourself first). ``list_devices`` then sees every process's
+devices, every process builds the same global batch and feeds its own contiguous share of
+its rows (:class:`DivisibleBatches`); the gradients of the global batch are combined by
+XLA's collectives (gloo between CPU processes).
 
 A batch whose row count is not a multiple of the data-parallel width is padded with rows
 of padding ids (0): the masked loss and accuracy ignore them, so the numbers are unchanged.
 """
 
 import math
-import os
 
 import keras
 import numpy as np
 
+from transformerkit.training.processes import DEFAULT_TIMEOUT, jax_launch, join_jax_processes
+
 KINDS = ("none", "data_parallel", "model_parallel")
-_initialized = []  # keras.distribution.initialize() may run once per process
 
 # Variable paths (``model.weights[i].path``) -> how they are split over the ``model`` axis.
 # Kernels are (in, out): Q/K/V and the inner feed-forward kernel split their output columns
@@ -45,45 +49,48 @@ MODEL_PARALLEL_LAYOUT = {
 }
 
 
-def build_distribution(kind, num_devices=None, model_parallel_size=None):
+def build_distribution(kind, num_devices=None, model_parallel_size=None,
+                       timeout=DEFAULT_TIMEOUT):
     """A ``keras.distribution.Distribution`` for ``kind`` (see the module docstring), or None.
 
     Args:
         kind: ``"none"``, ``"data_parallel"`` or ``"model_parallel"``.
-        num_devices: how many of ``keras.distribution.list_devices()`` to use (default all).
+        num_devices: how many of ``keras.distribution.list_devices()`` to use (default all;
+            with several processes all of them).
         model_parallel_size: size of the ``model`` mesh axis for ``model_parallel`` (default:
             all devices); the ``batch`` axis gets ``num_devices // model_parallel_size``.
+        timeout: seconds to wait for the other processes of a ``KERAS_DISTRIBUTION_*``
+            launch, if they were not joined yet (``processes.setup`` joins them first).
 
-    Raises ``ValueError`` for an unknown kind, a backend other than JAX, or device counts
-    that do not fit.
+    Raises ``ValueError`` for an unknown kind, a backend other than JAX, device counts that
+    do not fit, or several processes with another kind than ``data_parallel``.
     """
     if kind not in KINDS:
         raise ValueError(f"train.distribution must be one of {KINDS}, got {kind!r}")
+    backend = keras.backend.backend()
+    several = backend == "jax" and _several_jax_processes()
+    if several and kind != "data_parallel":
+        raise ValueError(f"several JAX processes (KERAS_DISTRIBUTION_* are set) train with "
+                         f"train.distribution: data_parallel, got {kind!r}")
     if kind == "none":
         return None
-    backend = keras.backend.backend()
     if backend != "jax":
         raise ValueError(f"train.distribution={kind} needs the JAX backend (keras.distribution "
                          f"is implemented for JAX only); this process uses {backend!r}: run "
                          "with --backend jax or KERAS_BACKEND=jax")
     from keras import distribution
 
-    if os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES") and not _initialized:
-        import jax
-
-        # CPU processes exchange gradients through gloo (XLA's CPU collectives); GPUs and
-        # TPUs use their own (NCCL, ICI) whatever this says
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        distribution.initialize()  # multi-host: coordinator, process count and id from env
-        _initialized.append(True)
+    join_jax_processes(timeout)
     devices = distribution.list_devices()
     count = len(devices) if num_devices is None else int(num_devices)
-    if not 1 <= count <= len(devices):
+    if not 1 <= count <= len(devices) or (several and count != len(devices)):
         raise ValueError(f"train.devices={num_devices}, but {len(devices)} device(s) are "
-                         f"available: {devices}")
+                         f"available{' (all of them with several processes)' * several}: "
+                         f"{devices}")
     devices = devices[:count]
+    # auto_shard_dataset=False: each process already feeds its own rows (DivisibleBatches)
     if kind == "data_parallel":
-        return distribution.DataParallel(devices=devices)
+        return distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     model_size = count if model_parallel_size is None else int(model_parallel_size)
     if model_size < 1 or count % model_size:
         raise ValueError(f"train.model_parallel_size={model_parallel_size} must divide the "
@@ -93,7 +100,15 @@ def build_distribution(kind, num_devices=None, model_parallel_size=None):
     layout_map = distribution.LayoutMap(mesh)
     for pattern, axes in MODEL_PARALLEL_LAYOUT.items():
         layout_map[pattern] = axes
-    return distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    return distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch",
+                                      auto_shard_dataset=False)
+
+
+def _several_jax_processes():
+    import jax
+
+    return jax_launch() is not None or (jax.distributed.is_initialized()
+                                        and jax.process_count() > 1)
 
 
 def batch_multiple(dist):

@@ -16,18 +16,28 @@ the optimizer step (what ``DistributedDataParallel`` does, here called from
 A collective that fails (a rank died, the network broke, a peer did not answer within
 ``train.process_timeout``) raises :class:`ProcessGroupError` (a ``ConnectionError``) that
 says which rank noticed and how to continue (``--resume``).
+
+JAX processes are joined by :func:`join_jax_processes` from Keras' own variables
+``KERAS_DISTRIBUTION_JOB_ADDRESSES`` (the coordinator's ``host:port``, that of process 0),
+``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID``, the arguments
+of ``jax.distributed.initialize``; CPU processes exchange data through gloo.
 """
 
 import dataclasses
 import datetime
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 
 log = logging.getLogger("transformerkit")
 
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+DEFAULT_TIMEOUT = 1800.0  # seconds; train.process_timeout's default (30m)
+JAX_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID")
 
 
 class ProcessGroupError(ConnectionError):
@@ -51,7 +61,7 @@ class ProcessGroup:
     rank: int = 0
     size: int = 1
     kind: str | None = None
-    timeout: float = 1800.0
+    timeout: float = DEFAULT_TIMEOUT
 
     @property
     def is_main(self):
@@ -153,14 +163,122 @@ def _jax_gather_objects(value):
     return [json.loads(bytes(row[row > 0].astype(np.uint8)).decode("utf-8")) for row in rows]
 
 
-def setup(timeout_seconds=1800.0):
+def jax_launch():
+    """``(coordinator "host:port", process count, process id)`` from the
+    ``KERAS_DISTRIBUTION_*`` variables, or None when ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` is
+    unset (one process). Raises ``ValueError`` naming a missing or malformed variable."""
+    addresses = os.environ.get(JAX_VARIABLES[0], "").strip()
+    if not addresses:
+        return None
+    values = []
+    for name in JAX_VARIABLES[1:]:
+        value = os.environ.get(name, "")
+        try:
+            values.append(int(value))
+        except ValueError:
+            raise ValueError(f"{JAX_VARIABLES[0]}={addresses!r} starts one of several JAX "
+                             f"processes, which needs {name} as an integer; got "
+                             f"{name}={value!r}") from None
+    count, index = values
+    if not 0 <= index < count:
+        raise ValueError(f"{JAX_VARIABLES[2]}={index} must be in 0 .. {count - 1} "
+                         f"({JAX_VARIABLES[1]}={count})")
+    coordinator = addresses.split(",")[0].strip()  # Keras: the first address is process 0's
+    if ":" not in coordinator:
+        raise ValueError(f"{JAX_VARIABLES[0]}={addresses!r}: the coordinator needs a port, "
+                         "as host:port (e.g. 10.0.0.1:1234)")
+    return coordinator, count, index
+
+
+# After argv[2] seconds, unless killed first, say argv[3] on stderr and stop the process
+# argv[1] (SIGTERM; only while it is still this watchdog's parent, never a reused pid).
+_WATCHDOG = """import os, signal, sys, time
+parent = int(sys.argv[1])
+time.sleep(float(sys.argv[2]))
+if os.getppid() == parent:
+    sys.stderr.write(sys.argv[3])
+    sys.stderr.flush()
+    os.kill(parent, signal.SIGTERM)
+"""
+
+
+def join_jax_processes(timeout_seconds=DEFAULT_TIMEOUT):
+    """Initialize ``jax.distributed`` from the ``KERAS_DISTRIBUTION_*`` variables (see
+    :func:`jax_launch`), once per process and before JAX touches a device; nothing when
+    they are unset or ``jax.distributed`` is already initialized.
+
+    Every process waits for all the others to connect; one that has not seen them all
+    within ``timeout_seconds`` is stopped (SIGTERM) by a watchdog process that prints why on
+    stderr (JAX itself would abort the process only after its own timeout, with a C++
+    stack trace). The same
+    timeout bounds JAX's heartbeat and its shutdown barrier, so that a job whose process
+    died ends instead of waiting. Raises ``ValueError`` for malformed variables or when JAX
+    already runs on its devices.
+    """
+    import jax
+
+    launch = jax_launch()
+    if launch is None or jax.distributed.is_initialized():
+        return
+    coordinator, count, index = launch
+    timeout = float(timeout_seconds)
+    # CPU processes exchange data through gloo; GPUs and TPUs use their own (NCCL, ICI)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+    message = (f"error: JAX process {index} of {count} could not reach the other processes "
+               f"through the coordinator at {coordinator} within train.process_timeout="
+               f"{timeout:g} s; start all {count} processes with the same "
+               f"{JAX_VARIABLES[0]} (process 0's host:port, reachable from every host) and "
+               f"{JAX_VARIABLES[1]}, and each with its own {JAX_VARIABLES[2]}\n")
+    # jax.distributed.initialize waits in C++ holding the GIL (and aborts with a C++ stack
+    # trace after its own timeout), so the watchdog is a process of its own
+    watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()),
+                                 str(timeout), message])
+    try:
+        jax.distributed.initialize(
+            coordinator, count, index, initialization_timeout=int(timeout) + 60,
+            heartbeat_timeout_seconds=int(max(10, min(timeout, 100))),
+            shutdown_timeout_seconds=int(max(10, timeout)))
+    except RuntimeError as err:
+        raise ValueError(f"could not join the JAX processes ({err}); JAX was already in use "
+                         "before transformerkit read the KERAS_DISTRIBUTION_* variables") \
+            from err
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+    log.info("JAX process %d of %d (coordinator %s)", index, count, coordinator)
+    _build_saving_references()
+
+
+def _build_saving_references():
+    """Build the reference objects of Keras' saving code now, outside any distribution.
+
+    ``model.save`` compares every object with a fresh ``Optimizer(1.0)`` (and Layer, Metric,
+    Loss) to skip their attributes; under a ``keras.distribution`` of several processes
+    that optimizer's variables go through ``jax.device_put`` to every process's devices, a
+    collective that waits for the other processes, which are not saving (rank 0 writes
+    alone). Keras caches these sets, but reads the cache under another key than it writes
+    (``saving_attr_skiplist_`` / ``saving_attr_skipset_``, Keras 3.15): both are filled here.
+    """
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+
+    for kind in ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer",
+                 "Loss"):
+        skipset = saving_lib.get_attr_skipset(kind)
+        global_state.set_global_attribute(f"saving_attr_skiplist_{kind}", skipset)
+
+
+def setup(timeout_seconds=DEFAULT_TIMEOUT):
     """The :class:`ProcessGroup` of this process, joining the others first if launched as
     one of several: on PyTorch by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment:
     ``init_process_group`` with NCCL when CUDA is present, else gloo, and the given timeout
-    on every collective); on JAX after ``jax.distributed`` was initialized (see
-    :mod:`transformerkit.training.distribution`). One process: ``ProcessGroup()``.
+    on every collective); on JAX by the ``KERAS_DISTRIBUTION_*`` variables
+    (:func:`join_jax_processes`) or a ``jax.distributed.initialize`` of the caller's.
+    One process: ``ProcessGroup()``.
 
-    Raises ``ProcessGroupError`` when the other ranks cannot be reached within the timeout,
+    Raises ``ProcessGroupError`` when the other ranks cannot be reached within the timeout
+    (a JAX process is stopped by a watchdog instead, see :func:`join_jax_processes`),
     ``ValueError`` for a torchrun launch on another backend than PyTorch.
     """
     import keras
@@ -171,14 +289,18 @@ def setup(timeout_seconds=1800.0):
     if backend == "jax":
         import jax
 
+        join_jax_processes(timeout)
         if world > 1 and jax.process_count() == 1:
             raise ValueError(
                 f"WORLD_SIZE={world} (a torchrun launch) but the backend is JAX: torchrun "
                 "starts PyTorch processes. Use --backend torch, or launch JAX processes with "
                 "KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID and "
-                "train.distribution: data_parallel (README, 'Many devices and processes')")
+                "train.distribution: data_parallel (README, 'Many processes')")
         if jax.process_count() > 1:
-            return ProcessGroup(jax.process_index(), jax.process_count(), "jax", timeout)
+            group = ProcessGroup(jax.process_index(), jax.process_count(), "jax", timeout)
+            log.info("process %d of %d (JAX, %s)", group.rank, group.size,
+                     jax.devices()[0].platform)
+            return group
         return ProcessGroup(timeout=timeout)
     if world <= 1:
         return ProcessGroup(timeout=timeout)

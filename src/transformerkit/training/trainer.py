@@ -80,10 +80,10 @@ def train(config, run_dir, resume=False):
     run = RunDirectory(run_dir)
     checkpoints = run.checkpoints
     train_cfg = config["train"]
+    timeout = parse_duration(train_cfg["process_timeout"], "train.process_timeout")
+    group = setup_processes(timeout)  # first: JAX processes join before JAX uses a device
     dist = build_distribution(train_cfg["distribution"], train_cfg["devices"],
-                              train_cfg["model_parallel_size"])
-    group = setup_processes(parse_duration(train_cfg["process_timeout"],
-                                               "train.process_timeout"))
+                              train_cfg["model_parallel_size"], timeout)
     if group.kind == "torch" and train_cfg["jit_compile"] is True:
         raise ValueError("train.jit_compile: true is not supported with several PyTorch "
                          "processes (torchrun); set train.jit_compile: auto or false")
