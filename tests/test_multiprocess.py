@@ -110,6 +110,35 @@ def test_two_processes_equal_one_process_on_both_shards(folder):
     assert len((folder / "two" / "history.csv").read_text().splitlines()) == 3  # header + 2
 
 
+def test_with_accumulation_the_ranks_exchange_once_per_update(folder):
+    """2 processes x accumulate_steps 2 = 1 process x accumulate_steps 4, with one
+    all-reduce per update (the first micro-batch of each update accumulates locally)."""
+    config = _config(folder, "accumulated", accumulate_steps=2, epochs=1)
+    _ok(_torchrun(config, folder / "two-acc"))
+    _ok(_train_one(config, folder / "one-acc", "--set", "train.accumulate_steps=4"))
+    two, one = _named_weights(folder / "two-acc"), _named_weights(folder / "one-acc")
+    assert two.keys() == one.keys() and len(two) > 20
+    for path, value in two.items():
+        np.testing.assert_allclose(value, one[path], rtol=1e-5, atol=1e-6, err_msg=path)
+    metrics = json.loads((folder / "two-acc" / "metrics.json").read_text())
+    assert metrics["steps"] == 2  # 10 batches: 2 updates of 2 x 2, the last 2 left over
+    assert metrics["gradient_all_reduces"] == metrics["steps"]
+    assert metrics["gradient_bytes_per_all_reduce"] > 0
+
+
+def _named_weights(run):
+    """``{path: array}`` without the attention key biases: their gradient is zero in exact
+    arithmetic (the softmax ignores a shift shared by all keys), so Adam turns rounding
+    noise, which depends on the order of the sums, into full-size steps."""
+    from keras import ops
+
+    from transformerkit.saving import load_model
+
+    model = load_model(str(run / "model.keras"), compile=False)
+    return {w.path: ops.convert_to_numpy(w.value) for w in model.weights
+            if not w.path.endswith("key/bias")}
+
+
 def _weights_of_checkpoint(run, name):
     from transformerkit.saving import load_model
 

@@ -23,6 +23,10 @@ optimizer hooks            ``training/optimizers.py``, ``training/gpt_recipe.py`
                            moments ``_momentums`` / ``_velocities``
 model train-step parts     ``models/base.py``: ``_clear_losses``, ``_compute_loss``,
                            ``_loss_tracker`` (the pieces of Keras' own ``train_step``)
+optimizer accumulators     ``training/processes.py``: ``_accumulated_gradients`` and
+                           ``_iterations`` (the micro-batch count; built per optimizer,
+                           looked up on the instance; without them each micro-batch's
+                           gradient is all-reduced), ``_trainable_variables``
 =========================  ===========================================================
 """
 

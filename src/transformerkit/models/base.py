@@ -132,7 +132,8 @@ class TransformerBase(keras.Model):
         self.optimizer.scale_loss(loss).backward()
         with torch.no_grad():
             grads = [v.value.grad for v in weights]
-            self.optimizer.apply(grads if sync is None else sync(grads), weights)
+            self.optimizer.apply(grads if sync is None else sync(grads, weights, self.optimizer),
+                                 weights)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _accumulation_steps(self):

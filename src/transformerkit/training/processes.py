@@ -73,6 +73,8 @@ class ProcessGroup:
         return self.size > 1
 
     def _fail(self, what, err):
+        if self.kind == "jax":
+            _skip_jax_shutdown()
         return ProcessGroupError(
             f"rank {self.rank} of {self.size} lost contact with the other processes during "
             f"{what} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
@@ -147,6 +149,51 @@ class ProcessGroup:
     def barrier(self, what="a barrier"):
         """Wait until every rank gets here."""
         self.sum([0.0], what)
+
+
+_jax_exit = {"status": None}  # set when this JAX process lost its peers or failed
+
+
+def _skip_jax_shutdown(status=2):
+    """End this JAX process at exit with ``status`` instead of ``jax.distributed``'s
+    shutdown, whose barrier would wait for the lost or stuck processes until the heartbeat
+    or shutdown timeout and then abort with a stack trace (status 134) after our error."""
+    _jax_exit["status"] = status
+
+
+def _install_jax_exit_handlers():
+    """After joining several JAX processes: an ``atexit`` handler, registered after JAX's
+    own and so run before it, that leaves at once (flushing the output) when
+    :func:`_skip_jax_shutdown` was called; and an ``excepthook`` that calls it for an
+    uncaught exception (status 1; 2 with a clear message when a collective failed, e.g. a
+    gradient all-reduce whose peer died), so that the other processes see the connection
+    close at once instead of waiting for this one."""
+    import atexit
+
+    def exit_now():
+        if _jax_exit["status"] is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(_jax_exit["status"])
+
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        previous(kind, value, traceback)
+        text = str(value)
+        lost = "Gloo" in text or "Connection reset" in text or "heartbeat" in text
+        if lost:
+            import jax
+
+            sys.stderr.write(
+                f"error: JAX process {jax.process_index()} of {jax.process_count()} lost "
+                "contact with the other processes (a collective failed: another process "
+                "died or was killed). Training stopped; start the same launch again with "
+                "--resume to continue from the last checkpoint\n")
+        _skip_jax_shutdown(2 if lost else 1)
+
+    atexit.register(exit_now)
+    sys.excepthook = excepthook
 
 
 def _jax_gather_objects(value):
@@ -247,6 +294,7 @@ def join_jax_processes(timeout_seconds=DEFAULT_TIMEOUT):
         watchdog.kill()
         watchdog.wait()
     log.info("JAX process %d of %d (coordinator %s)", index, count, coordinator)
+    _install_jax_exit_handlers()
     _build_saving_references()
 
 
@@ -336,13 +384,24 @@ def setup(timeout_seconds=DEFAULT_TIMEOUT):
 
 
 class GradientAllReduce:
-    """Averages gradients over the ranks of ``group``: ``__call__(grads) -> grads``, a list
-    of torch tensors (or None, kept as None: every rank has the same unused weights).
+    """Averages gradients over the ranks of ``group``: ``__call__(grads, variables,
+    optimizer) -> grads``, lists of torch tensors (None kept as None: every rank has the
+    same unused weights).
 
     The gradients are concatenated into flat buckets of at most ``bucket_bytes`` (one
     tensor larger than that is a bucket of its own), each summed with one ``all_reduce``
     and divided by the number of ranks. ``replicas`` is that number (the models' token
-    weighting reads it); ``bytes_per_call`` the bytes of the last call's buckets.
+    weighting reads it); ``bytes_per_call`` the bytes of the last exchange's buckets,
+    ``calls`` the number of exchanges.
+
+    With gradient accumulation (``optimizer.gradient_accumulation_steps = k``) the ranks
+    exchange once per update, as DDP's ``no_sync`` does, not once per micro-batch: the
+    first k - 1 micro-batches accumulate locally, and on the k-th the sum of the local
+    accumulator and the gradient is averaged over the ranks and handed to the optimizer
+    minus the local accumulator, so that the optimizer's ``(accumulator + g) / k`` is the
+    average over ranks of each rank's sum. That reads the optimizer's accumulators
+    (``_accumulated_gradients``, see :mod:`transformerkit.internals`); without them every
+    micro-batch is exchanged, with the same result.
     """
 
     def __init__(self, group, bucket_bytes=BUCKET_BYTES):
@@ -350,10 +409,23 @@ class GradientAllReduce:
         self.replicas = group.size
         self.bucket_bytes = int(bucket_bytes)
         self.bytes_per_call = 0
+        self.calls = 0
 
-    def __call__(self, grads):
+    def __call__(self, grads, variables=None, optimizer=None):
+        accumulated = _local_accumulators(optimizer, variables)
+        if accumulated is False:  # a micro-batch before the update: accumulate locally
+            return list(grads)
+        if accumulated is None:
+            return self._all_reduce(grads)
+        totals = self._all_reduce([None if g is None else g + a
+                                   for g, a in zip(grads, accumulated, strict=True)])
+        return [None if t is None else t - a for t, a in zip(totals, accumulated, strict=True)]
+
+    def _all_reduce(self, grads):
         import torch
         import torch.distributed as dist
+
+        self.calls += 1
 
         present = [i for i, g in enumerate(grads) if g is not None]
         out = list(grads)
@@ -393,7 +465,9 @@ class GradientAllReduce:
             original = optimizer.apply
 
             def apply(grads, trainable_variables=None):
-                return original(self(list(grads)), trainable_variables)
+                variables = (optimizer._trainable_variables if trainable_variables is None
+                             else trainable_variables)
+                return original(self(list(grads), variables, optimizer), trainable_variables)
 
             optimizer.apply = apply
             try:
@@ -402,3 +476,18 @@ class GradientAllReduce:
                 del optimizer.apply  # the class's method again
 
         return wrapped()
+
+
+def _local_accumulators(optimizer, variables):
+    """This rank's gradient accumulators of ``variables`` (torch tensors) when ``optimizer``
+    accumulates and its next ``apply`` is an update, False when it is a micro-batch before
+    one, None without accumulation (or without the private accumulators: then every
+    micro-batch is exchanged)."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    accumulators = getattr(optimizer, "_accumulated_gradients", None)
+    calls = getattr(optimizer, "_iterations", None)  # micro-batches so far (iterations: updates)
+    if not steps or steps < 2 or variables is None or not accumulators or calls is None:
+        return None
+    if (int(calls.value) + 1) % steps:
+        return False
+    return [accumulators[optimizer._get_variable_index(v)].value for v in variables]

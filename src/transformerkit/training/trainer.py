@@ -212,6 +212,9 @@ def _train(config, run, checkpoints, resume, dist, group):
                        else stop.stopped_by or "epochs"),
         "accumulate_steps": train_cfg["accumulate_steps"],
         **({"processes": group.size} if group.distributed else {}),
+        **({"gradient_all_reduces": model.gradient_sync.calls,  # one per update
+            "gradient_bytes_per_all_reduce": model.gradient_sync.bytes_per_call}
+           if model.gradient_sync is not None else {}),
         **data.info,
     }
     if train_cfg["patience"] is not None:
