@@ -243,10 +243,11 @@ def _model_section(config, data):
 
 
 def _check_world_size(state, group):
-    """A PyTorch run resumes with as many processes as it was checkpointed with: each
-    rank's position in the epoch is counted in its own shard's batches."""
+    """A run resumes with as many processes as it was checkpointed with: a PyTorch rank's
+    position in the epoch is counted in its own shard's batches, a JAX process feeds its
+    share of each batch's rows."""
     saved = int(state.get("world_size") or 1)
-    current = group.size if group.kind == "torch" else 1
+    current = group.size
     if saved != current:
         raise ValueError(f"--resume: the checkpoint {state['checkpoint']} was written by a run "
                          f"of {saved} process(es), this launch has {current}; resume with "
