@@ -46,6 +46,10 @@ def summary_command(args):
     from transformerkit.models.factory import build_model
     from transformerkit.training.summary import format_summary, parameter_summary
 
+    if args.plot:  # a wrong suffix fails before any work
+        from transformerkit.training.diagram import check_format
+
+        check_format(args.plot)
     if os.path.isdir(args.target):
         from transformerkit.saving import load_model
 

@@ -116,14 +116,20 @@ def _output_label(model):
     return f"logits (batch, len, {vocab})"
 
 
+def check_format(path):
+    """The lower-case suffix of ``path`` if it is one of :data:`FORMATS`, else ValueError."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"--plot writes {', '.join(FORMATS)} files; got {os.fspath(path)!r}")
+    return suffix
+
+
 def write_diagram(model, path):
     """Write ``model``'s graph to ``path``: ``.dot`` (Graphviz source; pydot only) or
     ``.png``/``.svg``/``.pdf`` (rendered by Graphviz's ``dot``). Atomic. Raises
     ``ValueError`` for another suffix, :class:`DiagramUnavailable` (an ``OSError``) when
     pydot or the ``dot`` program is missing."""
-    suffix = os.path.splitext(os.fspath(path))[1].lower()
-    if suffix not in FORMATS:
-        raise ValueError(f"--plot writes {', '.join(FORMATS)} files; got {os.fspath(path)!r}")
+    suffix = check_format(path)
     if suffix in RENDERED and shutil.which("dot") is None:
         _pydot()  # the first thing to install, if both are missing
         raise DiagramUnavailable(
