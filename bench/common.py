@@ -85,11 +85,43 @@ def matmul_peak(seconds=5.0, n=2048):
     return 2 * n ** 3 * count / (time.perf_counter() - start) / 1e9
 
 
+def cpu_model():
+    """The CPU's model name and its vector extensions (``/proc/cpuinfo`` on Linux)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    vector = [flag for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+              if flag in flags]
+    return name, vector
+
+
 def machine():
+    """What a result was measured on and when: CPU model and vector flags, cores, threads,
+    the date and the command line (every figure the README quotes names them)."""
     import torch
 
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+    name, vector = cpu_model()
+    return {"cpu": name, "cpu_flags": vector, "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)),
+                                  *sys.argv[1:]])}
+
+
+def describe(machine_info):
+    """One line for a results table: ``CPU (flags), N cores, date, `command```."""
+    flags = "/".join(machine_info.get("cpu_flags", [])) or "no AVX2"
+    return (f"Measured on {machine_info['cpu']} ({flags}), {machine_info['cores']} cores, "
+            f"{machine_info.get('date', '')}: `{machine_info.get('command', '')}`.")
 
 
 def run_worker(script, args, env_extra=None, timeout=1800):
@@ -107,6 +139,8 @@ def write_results(name, payload, table):
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
         json.dump(payload, f, indent=2)
+    if "machine" in payload:
+        table = table + "\n\n" + describe(payload["machine"])
     with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
         f.write(table + "\n")
     print(table)

@@ -162,8 +162,7 @@ def main():
                "tokenizer_sample": args.sample, "prepare": prepare, "second_run": second,
                "multi30k": multi30k, "cache_bytes": cache_bytes,
                "encode_pairs_per_s": round(prepare["train_pairs"]
-                                           / max(prepare["token_cache_seconds"], 1e-9)),
-               "command": " ".join(["python", "bench/data_scale.py", *sys.argv[1:]])}
+                                           / max(prepare["token_cache_seconds"], 1e-9))}
     rss_gap = second["peak_rss_mb"] - multi30k["peak_rss_mb"]
     rows = [
         ("corpus", f"{args.pairs:,} pairs, {corpus['bytes'] / 2**20:,.0f} MiB of text"),
@@ -180,9 +179,7 @@ def main():
         (f"peak RSS, same model on Multi30k, {args.steps} steps",
          f"{multi30k['peak_rss_mb']:,.0f} MiB (gap {rss_gap:,.0f} MiB, target <= 2048)"),
     ]
-    table = "\n".join(["| measure | value |", "|---|---|",
-                       *[f"| {a} | {b} |" for a, b in rows],
-                       "", f"`{payload['command']}` on {payload['machine']['cores']} cores"])
+    table = "\n".join(["| measure | value |", "|---|---|", *[f"| {a} | {b} |" for a, b in rows]])
     common.write_results(args.name, payload, table)
 
 

@@ -18,9 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-from common import RESULTS, data_dir
+import common
+from common import data_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "multi30k_de_en.yaml")
@@ -80,22 +80,15 @@ def main():
         grad = gradient_bytes(rows[-1]["run"])
     for row in rows:
         row.pop("run")
-    result = {"config": "configs/multi30k_de_en.yaml", "steps": args.steps, "rows": rows,
-              "gradient_bytes_all_reduced_per_step": grad, "cpu_count": os.cpu_count(),
-              "date": time.strftime("%Y-%m-%d")}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "scaling.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    result = {"machine": common.machine(), "config": "configs/multi30k_de_en.yaml",
+              "steps": args.steps, "rows": rows, "gradient_bytes_all_reduced_per_step": grad}
     lines = ["| processes x threads | steps | train s | tokens/s | load before |",
              "|---|---|---|---|---|"]
     lines += [f"| {r['processes']} x {r['threads']} | {r['steps']} | {r['train_seconds']} | "
               f"{r['tokens_per_second']:,.0f} | {r['load_before']} |" for r in rows]
     lines += ["", f"Gradient all-reduced per step (2 processes): {grad / 2**20:.1f} MiB "
-              f"(float32). Shared {os.cpu_count()}-core machine: other jobs ran beside it."]
-    with open(os.path.join(RESULTS, "scaling.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+              "(float32). `load before`: the 1-minute load average when the run started."]
+    common.write_results("scaling", result, "\n".join(lines))
 
 if __name__ == "__main__":
     main()
