@@ -5,8 +5,9 @@ trained here, drives headless Chromium (Debian's ``/usr/bin/chromium``; Playwrig
 downloads a browser here) through the page: a sentence is translated (the n-best list equals
 what the API answers), the cross-attention heatmaps are drawn (one canvas per head, painted,
 with the weight shown on hover), an empty input shows the server's error, and a GPT run
-generates text. The screenshot of the translated sentence is the README's
-``docs/images/serve_page.png``.
+generates text. The screenshot of the translated sentence is taken every time (into the
+test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT=1`` it replaces the
+README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
 """
 
 import json
@@ -106,7 +107,7 @@ def page(server):
         assert not errors, errors  # no script error on the page
 
 
-def test_translation_and_heatmaps(page, server):
+def test_translation_and_heatmaps(page, server, tmp_path):
     page.fill("#source", "drei vier fuenf")
     page.fill("#beam", "4")
     page.fill("#nbest", "3")
@@ -139,11 +140,13 @@ def test_translation_and_heatmaps(page, server):
     weight = attention["attention"]["cross"][-1][0][-1][-1]
     assert tip.inner_text() == (f"{attention['target_input_tokens'][-1]} → "
                                 f"{attention['source_tokens'][-1]}: {weight:.4f}")
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     from transformerkit.files import atomic_path
 
-    with atomic_path(SCREENSHOT) as temporary:
+    update = os.environ.get("TRANSFORMERKIT_UPDATE_SCREENSHOT") == "1"
+    target = SCREENSHOT if update else tmp_path / SCREENSHOT.name
+    with atomic_path(target) as temporary:
         page.screenshot(path=str(temporary), type="png", full_page=True)
+    assert target.read_bytes().startswith(b"\x89PNG")
     page.mouse.move(0, 0)
 
 
