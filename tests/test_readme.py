@@ -1,11 +1,16 @@
-"""Every command block of the README runs: the README cannot drift from the code.
+"""Every command block of the manual runs: the README and the docs pages cannot drift from
+the code.
 
-The ``bash`` blocks run first, in order, in a scratch folder (``configs/`` linked in, two
-small text files beside it); each ``transformerkit train`` gets tiny model and data
-settings appended (later ``--set`` options win), so the README's runs (``runs/small``,
-``runs/gpt``, ...) exist in seconds. Then every ``python`` block runs in a fresh process in
-the same folder. Only the lines in :data:`NOT_RUN_HERE` are left out, each with its reason;
-any other command the README shows must be a ``transformerkit`` command that exits 0.
+The manual is README.md and the docs pages listed in :data:`MANUAL_PAGES`. Their blocks run
+document by document, README.md first and then each page in that list's order (the pages use
+the README's runs), all in one scratch folder (``configs/`` linked in, a few small text files
+beside it). In each document the ``bash`` blocks run first, in order; each ``transformerkit
+train`` gets tiny model and data settings appended (later ``--set`` options win), so the runs
+(``runs/small``, ``runs/gpt``, ...) exist in seconds. Then every ``python`` block of the
+document runs in a fresh process in the same folder. Only the lines in :data:`NOT_RUN_HERE`
+are left out, each with its reason; any other command the manual shows must be a
+``transformerkit`` command that exits 0. ``docs/benchmarks.md`` is not run here (see
+:data:`NOT_MANUAL_PAGES`): its commands are the long benchmarks themselves.
 """
 
 import os
@@ -19,8 +24,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The docs pages that are user manuals, in the order their blocks run (after the README's,
+# whose runs they use).
+MANUAL_PAGES = ["cli.md", "decoding.md", "serving.md", "models.md", "training.md",
+                "encoders.md", "data.md"]
+# The docs pages whose blocks this test does not run, and why.
+NOT_MANUAL_PAGES = {
+    "benchmarks.md": "benchmark methods and history: its commands are the `bench/` scripts, "
+                     "long measurements (minutes to hours each) against peers, run by hand",
+}
+DOCUMENTS = [README, *(DOCS / name for name in MANUAL_PAGES)]
 
-# Commands shown in the README that this test does not run, and why.
+# Commands shown in the manual that this test does not run, and why.
 NOT_RUN_HERE = {
     "make": "the Makefile's targets: `make test` is this suite itself (CI runs it), `make demo` "
             "trains for 10 minutes",
@@ -28,14 +44,14 @@ NOT_RUN_HERE = {
     "transformerkit serve": "a server runs until stopped: tests/test_page.py starts it and "
                             "drives its page, tests/test_serving.py tests its API in-process",
     "curl": "requests to a running `transformerkit serve`: tests/test_serving.py sends the "
-            "README's requests to its API",
+            "manual's requests to its API",
     "env": "several JAX processes (each started with KERAS_DISTRIBUTION_* variables): "
            "tests/test_jax_processes.py launches 2 on loopback and checks their weights",
     "torchrun": "several training processes: tests/test_multiprocess.py launches them (2 gloo "
                 "processes on loopback) and checks their weights",
 }
 
-TINY = {  # appended to every `train` command of the README
+TINY = {  # appended to every `train` command of the manual
     "configs/multi30k_de_en.yaml": [
         "data.train_limit=300", "data.val_limit=20", "data.vocab_size=300",
         "data.tokens_per_batch=1024", "model.num_layers=1", "model.d_model=32",
@@ -63,16 +79,21 @@ SENTENCES = {"sentences.de": "Ein Hund läuft.\nZwei Männer spielen Fußball.\n
              "data/test.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n"}
 
 
-def blocks(language):
-    """The README's fenced code blocks in ``language``, in order."""
-    text = README.read_text(encoding="utf-8")
-    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
-
-
-def commands():
-    """The commands of the ``bash`` blocks: continuation lines joined, comments dropped."""
+def blocks(language, document=None):
+    """The fenced code blocks in ``language`` of ``document`` (default: every document of the
+    manual, README.md first), in order."""
     found = []
-    for block in blocks("bash"):
+    for path in [document] if document else DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        found += re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
+    return found
+
+
+def commands(document=None):
+    """The commands of the ``bash`` blocks of ``document`` (default: every document):
+    continuation lines joined, comments dropped."""
+    found = []
+    for block in blocks("bash", document):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words:
@@ -81,7 +102,14 @@ def commands():
 
 
 def test_the_readme_shows_commands_and_code():
-    assert len(commands()) >= 15 and len(blocks("python")) >= 4
+    assert len(commands(README)) >= 15 and len(blocks("python", README)) >= 4
+
+
+def test_every_docs_page_is_run_or_says_why_not():
+    """A new docs page is a manual whose blocks run, or is named with its reason."""
+    pages = {path.name for path in DOCS.glob("*.md")}
+    assert pages == set(MANUAL_PAGES) | set(NOT_MANUAL_PAGES)
+    assert not set(MANUAL_PAGES) & set(NOT_MANUAL_PAGES)
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +126,12 @@ def scratch(tmp_path_factory):
 
 
 def run_command(line, folder, env):
-    """Run one README command line in ``folder``: ``transformerkit`` as this interpreter's
-    CLI module, tiny settings appended to ``train``; shell redirections kept."""
+    """Run one command line of the manual in ``folder``: ``transformerkit`` as this
+    interpreter's CLI module, tiny settings appended to ``train``; shell redirections kept."""
     words = shlex.split(line)
     if words[0] in NOT_RUN_HERE or " ".join(words[:2]) in NOT_RUN_HERE:
         return None
-    assert words[0] == "transformerkit", f"a README command this test cannot run: {line}"
+    assert words[0] == "transformerkit", f"a command of the manual this test cannot run: {line}"
     command = line.replace("transformerkit", f"{shlex.quote(sys.executable)} -m transformerkit.cli",
                            1)
     if "train" in words:
@@ -113,19 +141,24 @@ def run_command(line, folder, env):
                           text=True, timeout=600)
 
 
-def test_every_readme_command_and_python_block_runs(scratch):
+def test_every_command_and_python_block_of_the_manual_runs(scratch):
     folder, env = scratch
-    ran = 0
-    for line in commands():
-        result = run_command(line, folder, env)
-        if result is None:
-            continue
-        assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
-        ran += 1
-    assert ran >= 15
-    for number, code in enumerate(blocks("python"), 1):
-        result = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"python block {number}:\n{code}\n{result.stderr[-3000:]}"
+    ran = {}
+    for document in DOCUMENTS:
+        name = document.relative_to(ROOT)
+        ran[name] = 0
+        for line in commands(document):
+            result = run_command(line, folder, env)
+            if result is None:
+                continue
+            assert result.returncode == 0, f"{name}: {line}\n{result.stderr[-3000:]}"
+            ran[name] += 1
+        for number, code in enumerate(blocks("python", document), 1):
+            result = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env,
+                                    capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, (f"{name}, python block {number}:\n{code}\n"
+                                            f"{result.stderr[-3000:]}")
+    assert ran[Path("README.md")] >= 15
+    assert sum(ran.values()) - ran[Path("README.md")] >= 10  # the docs pages' commands
     assert (folder / "runs" / "small" / "history.png").exists()  # `plot` wrote its figure
     assert (folder / "my.hyp").read_text(encoding="utf-8").count("\n") == 2  # `evaluate --output`
