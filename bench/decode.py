@@ -11,15 +11,17 @@ model (3+3 layers, d_model 256, 8 heads, d_ff 512, the run's vocabulary size, ti
 embeddings, like ``configs/multi30k_de_en.yaml``) has random weights. Also measured: the
 trained model decoding normally (stop at EOS, at most 64 tokens), with its BLEU.
 
-One subprocess per backend measures its configurations (on torch: transformerkit's and
-Hugging Face's side by side) with the same number of CPU threads (``--threads``, default
-1); untimed warm-up batches come first (one per distinct batch shape, so JAX/TensorFlow
-compile times are excluded and reported separately), then ``--repeats`` rounds in which
-every configuration runs once, round-robin, keeping each one's best pass: the machine is
-shared, and other people's load comes and goes, so only measurements taken side by side
-are compared. "recompute" reruns the decoder over the
-whole prefix every step (the encoder once), as decoders without a cache (and keras-hub's
-samplers) do.
+Every system runs in processes of its own: transformerkit (per backend), Hugging Face and
+CTranslate2 (float32 and int8) never share one. (CTranslate2 brings its own OpenMP runtime;
+in the process of a PyTorch decoder its thread pool and PyTorch's compete for the same
+cores: PyTorch's greedy decoding of 512 sentences took 2.7 s alone and 3.9 s once
+CTranslate2 had run in the same process.) The measurement goes in ``--repeats``
+rounds: each round starts one process per system, one after the other, which measures each
+of that system's configurations once (after untimed warm-up batches, one per distinct batch
+shape, so JAX/TensorFlow compile times are excluded and reported separately); each
+configuration keeps its best round. All use the same number of CPU threads
+(``--threads``, default 1). "recompute" reruns the decoder over the whole prefix every step
+(the encoder once), as decoders without a cache (and keras-hub's samplers) do.
 
     python bench/decode.py --run runs/multi30k_de_en   # -> bench/results/decode.{json,md}
 """
@@ -156,14 +158,14 @@ def hf_decoder(vocab, search, tokens, cache, forced):
 
 
 def worker(spec):
-    """Measure every configuration of ``spec`` round-robin, ``repeats`` rounds, keeping each
-    one's best pass: all systems see the same changes of this shared machine's load."""
+    """Measure every configuration of ``spec`` once, after its warm-up (the rounds are
+    separate processes, see the module docstring)."""
     import transformerkit  # the backend is chosen before keras is imported
 
-    # the CLI's malloc setting, for every system this process measures alike
+    # the CLI's malloc setting, for every system alike
     transformerkit.keep_freed_memory()
     backend, run_dir, batch = spec["backend"], spec["run"], spec["batch"]
-    jobs = []
+    results = []
     for system, search, tokens, cache, forced, share in spec["configs"]:
         count = 1000 if not forced else max(batch, int(spec["sentences"] * share))
         batches, references, target_tok, vocab = load_inputs(run_dir, count, batch)
@@ -175,7 +177,7 @@ def worker(spec):
         else:
             decode = transformerkit_decoder(run_dir, search, tokens, cache, forced)
         job = dict(system=system, backend=backend, search=search, tokens=tokens, cache=cache,
-                   forced=forced, sentences=count, timings=[])
+                   forced=forced, sentences=count)
         started, seen = time.perf_counter(), set()
         for _, ids in batches:  # warm-up: one batch per distinct shape (compiles on JAX/TF)
             shape = _bucket_shape(ids, backend)
@@ -183,28 +185,20 @@ def worker(spec):
                 seen.add(shape)
                 decode(ids)
         job["warmup_seconds"] = round(time.perf_counter() - started, 1)
-        jobs.append((job, decode, batches, references, target_tok))
-        print(f"    ready: {system} {search} {tokens} cache={cache}", file=sys.stderr,
-              flush=True)
-    for _ in range(spec["repeats"]):
-        for job, decode, batches, references, target_tok in jobs:
-            if not job["forced"] and job["timings"]:
-                continue  # the BLEU runs are long: one pass
-            outputs = [None] * job["sentences"]
-            started = time.perf_counter()
-            for chunk, ids in batches:
-                for i, out in zip(chunk, decode(ids), strict=True):
-                    outputs[i] = out
-            job["timings"].append(round(time.perf_counter() - started, 2))
-            job["mean_output_tokens"] = round(sum(map(len, outputs)) / len(outputs), 1)
-            if not job["forced"]:
-                from transformerkit.evaluation import corpus_scores
+        outputs = [None] * count
+        started = time.perf_counter()
+        for chunk, ids in batches:
+            for i, out in zip(chunk, decode(ids), strict=True):
+                outputs[i] = out
+        job["seconds"] = round(time.perf_counter() - started, 2)
+        job["mean_output_tokens"] = round(sum(map(len, outputs)) / len(outputs), 1)
+        if not forced:
+            from transformerkit.evaluation import corpus_scores
 
-                hypotheses = [target_tok.decode(o) for o in outputs]
-                job["bleu"] = corpus_scores(hypotheses, references)["bleu"]
-    results = []
-    for job, *_ in jobs:
-        job["sentences_per_second"] = round(job["sentences"] / min(job["timings"]), 1)
+            hypotheses = [target_tok.decode(o) for o in outputs]
+            job["bleu"] = corpus_scores(hypotheses, references)["bleu"]
+        print(f"    {system} {search} {tokens} cache={cache}: {job['seconds']} s",
+              file=sys.stderr, flush=True)
         results.append(job)
     return results
 
@@ -216,30 +210,65 @@ def _bucket_shape(ids, backend):
 
 
 # -- orchestration ----------------------------------------------------------------------------
+def groups(backend):
+    """The configurations of ``backend`` by system: each system measures in its own
+    processes (on torch: transformerkit, Hugging Face, CTranslate2 float32 and int8)."""
+    plan = configs(backend) + (NATURAL if backend == "torch" else [])
+    systems = {}
+    for config in plan:
+        systems.setdefault(config[0], []).append(list(config))
+    return systems
+
+
+def _plan_position(result):
+    """Where ``result``'s configuration stands in the plan (each configuration next to
+    the same search of the other systems, as :func:`configs` lists them)."""
+    backends = ["torch", "jax", "tensorflow"]
+    backend = result["backend"]
+    plan = configs(backend) + (NATURAL if backend == "torch" else [])
+    key = (result["system"], result["search"], result["tokens"], result["cache"],
+           result["forced"])
+    index = next((i for i, c in enumerate(plan) if tuple(c[:5]) == key), len(plan))
+    return (backends.index(backend) if backend in backends else 3, index)
+
+
 def run_all(args):
     import torch
 
+    threads = str(args.threads)
+    timings, failed = {}, {}
+    for round_index in range(args.repeats):
+        for backend in [b for b in args.backends.split(",") if b]:
+            env = {"KERAS_BACKEND": backend, "OMP_NUM_THREADS": threads,
+                   "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": "1",
+                   "TF_CPP_MIN_LOG_LEVEL": "2",
+                   "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false "
+                                f"intra_op_parallelism_threads={threads}"}
+            for system, plan in groups(backend).items():
+                spec = dict(backend=backend, configs=plan, batch=args.batch,
+                            sentences=args.sentences, run=os.path.abspath(args.run))
+                print(f"... round {round_index + 1}/{args.repeats}: {system} on {backend}, "
+                      f"{len(plan)} configurations", flush=True)
+                out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env,
+                                        timeout=7200)
+                if isinstance(out, dict):  # {"error": ...}
+                    print("    failed:", out, flush=True)
+                    for c in plan:
+                        failed[(backend, *map(str, c[:5]))] = dict(
+                            system=c[0], backend=backend, search=c[1], tokens=c[2],
+                            cache=c[3], forced=c[4], **out)
+                    continue
+                for r in out:
+                    key = (backend, r["system"], r["search"], str(r["tokens"]), str(r["cache"]),
+                           str(r["forced"]))
+                    timings.setdefault(key, []).append(r)
+                    print("    ", r, flush=True)
     results = []
-    for backend in [b for b in args.backends.split(",") if b]:
-        plan = configs(backend) + (NATURAL if backend == "torch" else [])
-        spec = dict(backend=backend, configs=[list(c) for c in plan], batch=args.batch,
-                    sentences=args.sentences, repeats=args.repeats, run=os.path.abspath(args.run))
-        threads = str(args.threads)
-        env = {"KERAS_BACKEND": backend, "OMP_NUM_THREADS": threads,
-               "TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": "1",
-               "TF_CPP_MIN_LOG_LEVEL": "2",
-               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false "
-                            f"intra_op_parallelism_threads={threads}"}
-        print(f"... {backend}: {len(plan)} configurations, {args.repeats} rounds", flush=True)
-        out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=7200)
-        if isinstance(out, dict):  # {"error": ...}
-            print("    failed:", out, flush=True)
-            results += [dict(system=c[0], backend=backend, search=c[1], tokens=c[2],
-                             cache=c[3], forced=c[4], **out) for c in plan]
-            continue
-        for r in out:
-            print("    ", r, flush=True)
-        results += out
+    for runs in sorted(timings.values(), key=lambda runs: _plan_position(runs[0])):
+        best = min(runs, key=lambda r: r["seconds"])
+        results.append(dict(best, timings=[r["seconds"] for r in runs],
+                            sentences_per_second=round(best["sentences"] / best["seconds"], 1)))
+    results += [r for key, r in failed.items() if key not in timings]
     payload = {"machine": dict(common.machine(), threads=args.threads,
                                torch_version=torch.__version__),
                "batch": args.batch, "repeats": args.repeats, "results": results}
@@ -265,7 +294,7 @@ def table(results):
             continue
         hf = _find(results, system="hf", search=r["search"], tokens=r["tokens"],
                    cache=bool(r["cache"]), forced=r["forced"])
-        side_by_side = r["system"] != "hf" and r["backend"] == "torch"  # same process as HF
+        side_by_side = r["system"] != "hf" and r["backend"] == "torch"  # same rounds as HF
         ratio = f"{r['sentences_per_second'] / hf:.2f}x" if hf and side_by_side else ""
         ct2 = _find(results, system="ct2-float32", search=r["search"], tokens=r["tokens"],
                     cache=True, forced=r["forced"])
@@ -297,7 +326,8 @@ def main():
                         help="test2016 sentences for the forced-length runs (slow baselines "
                              "use fewer; the runs that stop at EOS use all 1000, for BLEU)")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes; best is kept")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds (one process per system each); best is kept")
     parser.add_argument("--backends", default="torch,jax,tensorflow")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per process, the same for every system (1)")
