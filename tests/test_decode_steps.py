@@ -91,6 +91,48 @@ def test_model_step_logits_equal_the_keras_cache_path(monkeypatch, kind):
             np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=TOL)
 
 
+@pytest.mark.parametrize("kind", ["transformer", "gpt"])
+def test_no_step_reads_a_cache_position_before_writing_it(monkeypatch, kind):
+    """The step's caches start unfilled (``new_empty``): filled with NaN instead, greedy and
+    beam search (whose reorders copy the filled positions only) give the same ids and
+    scores, so no unwritten position is ever read."""
+    import torch
+
+    from transformerkit.decoding import beam_translate, generate_ids, greedy_translate
+
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+    small = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
+    keras.utils.set_random_seed(3)
+    if kind == "transformer":
+        model = Transformer(30, 30, tie_embeddings="all", **small)
+        source = np.array([[5, 6, 7, 2], [8, 9, 2, 0], [11, 2, 0, 0]], "int32")
+
+        def decode():
+            hyps = beam_translate(model, source, beam_size=3, n_best=3, max_new_tokens=10)
+            return (greedy_translate(model, source, max_new_tokens=10),
+                    [[(h.ids, round(h.score, 5)) for h in found] for found in hyps])
+    else:
+        model = GPT(30, **small)
+
+        def decode():
+            return (generate_ids(model, [[5, 6], [7, 8, 9]], max_new_tokens=8, temperature=0),
+                    generate_ids(model, [[5, 6], [7, 8, 9]], max_new_tokens=8, top_k=5, seed=1))
+
+    expected = decode()
+    unfilled = EagerSteps._empty_caches
+
+    def nan_filled(self, rows, max_len, like):
+        caches = unfilled(self, rows, max_len, like)
+        for keys, values in caches:
+            keys.fill_(float("nan"))
+            values.fill_(float("nan"))
+        return caches
+
+    monkeypatch.setattr(EagerSteps, "_empty_caches", nan_filled)
+    with torch.no_grad():
+        assert decode() == expected
+
+
 def test_switch_off_uses_the_keras_cache_path(monkeypatch):
     model = GPT(30, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=8)
     monkeypatch.setattr(fastpath, "ENABLED", False)

@@ -170,11 +170,14 @@ class EagerSteps:
                 and policy.variable_dtype == "float32")
 
     def _empty_caches(self, rows, max_len, like):
-        """One zero ``(keys, values)`` pair per block, with ``like``'s dtype and device."""
+        """One unfilled ``(keys, values)`` pair per block, with ``like``'s dtype and device:
+        a step writes position ``index`` before it reads positions ``0..index``, and
+        :meth:`reorder` copies the filled positions only, so nothing reads a position before
+        it is written (zero-filling a beam search's caches would cost a pass over them)."""
         m = self.model
         layers = m.num_decoder_layers if self.seq2seq else m.num_layers
-        return [(like.new_zeros((max_len, rows, m.num_heads, m.key_dim)),
-                 like.new_zeros((max_len, rows, m.num_heads, m.value_dim)))
+        return [(like.new_empty((max_len, rows, m.num_heads, m.key_dim)),
+                 like.new_empty((max_len, rows, m.num_heads, m.value_dim)))
                 for _ in range(layers)]
 
     def start(self, *args, **kwargs):
