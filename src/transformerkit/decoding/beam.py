@@ -105,7 +105,12 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         index = s["index"]
         n = s["alive_logp"].shape[0]
         position = index + 1
-        logits, new_state = steps.step(s["alive"], index, s["state"], static)
+        if beam > 1 and isinstance(index, int) and index == 0 \
+                and hasattr(steps, "first_step_of_copies"):
+            # every beam of a sentence holds the same prefix (BOS): one row per sentence
+            logits, new_state = steps.first_step_of_copies(s["alive"], s["state"], static)
+        else:
+            logits, new_state = steps.step(s["alive"], index, s["state"], static)
         logits = ops.cast(logits, "float32")
         # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
         scores = log_softmax_plus(logits, ops.reshape(s["alive_logp"], (-1,)))

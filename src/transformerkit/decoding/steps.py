@@ -213,6 +213,24 @@ class EagerSteps:
         tokens = torch.as_tensor(buffer)[:, index].long()
         return self.model.decode_step(tokens, index, state, weights, memories, copies), state
 
+    def first_step_of_copies(self, buffer, state, static):
+        """:meth:`step` at position 0 when the ``copies`` adjacent rows of every sentence
+        hold the same first token (beam search starts every beam with BOS): computed for the
+        first row of each sentence only, then its logits and cache position copied to the
+        other rows, as CTranslate2 starts a beam search. Returns ``(logits (rows, vocab),
+        state)``, the same as :meth:`step` would."""
+        import torch
+
+        weights, memories, copies = static
+        tokens = torch.as_tensor(buffer)[::copies, 0].long()  # (sentences,)
+        first = [tuple(t.new_empty((1, tokens.shape[0]) + tuple(t.shape[2:])) for t in pair)
+                 for pair in state]  # position 0 of one row per sentence
+        logits = self.model.decode_step(tokens, 0, first, weights, memories, 1)
+        for pair, first_pair in zip(state, first, strict=True):
+            for t, t_first in zip(pair, first_pair, strict=True):
+                t[0] = t_first[0].repeat_interleave(copies, 0)
+        return logits.repeat_interleave(copies, 0), state
+
     def reorder(self, state, rows, filled):
         """Beam search: caches whose rows are taken from ``rows`` (fewer rows than now drop
         finished sentences); only the filled positions are copied (the rest of the new
