@@ -23,6 +23,11 @@ optimizer hooks            ``training/optimizers.py``, ``training/gpt_recipe.py`
                            moments ``_momentums`` / ``_velocities``
 model train-step parts     ``models/base.py``: ``_clear_losses``, ``_compute_loss``,
                            ``_loss_tracker`` (the pieces of Keras' own ``train_step``)
+saving references          ``training/processes.py``: ``saving_lib.get_attr_skipset``
+                           and ``global_state.set_global_attribute``, to build the
+                           objects ``model.save`` compares against before several JAX
+                           processes share a distribution (without them a save by rank 0
+                           alone may wait for the other processes)
 optimizer accumulators     ``training/processes.py``: ``_accumulated_gradients`` and
                            ``_iterations`` (the micro-batch count; built per optimizer,
                            looked up on the instance; without them each micro-batch's
@@ -43,6 +48,8 @@ _FUNCTIONS = {
     "foreach_mul_": ("torch", "_foreach_mul_"),
     "fused_adam_": ("torch", "_fused_adam_"),
     "fused_adamw_": ("torch", "_fused_adamw_"),
+    "saving_attr_skipset": ("keras.src.saving.saving_lib", "get_attr_skipset"),
+    "set_global_attribute": ("keras.src.backend.common.global_state", "set_global_attribute"),
 }
 # name -> (module, class, private members that our code overrides or reads)
 _MEMBERS = {

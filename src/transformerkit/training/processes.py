@@ -32,6 +32,8 @@ import sys
 
 import numpy as np
 
+from transformerkit import internals
+
 log = logging.getLogger("transformerkit")
 
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size
@@ -308,13 +310,13 @@ def _build_saving_references():
     alone). Keras caches these sets, but reads the cache under another key than it writes
     (``saving_attr_skiplist_`` / ``saving_attr_skipset_``, Keras 3.15): both are filled here.
     """
-    from keras.src.backend.common import global_state
-    from keras.src.saving import saving_lib
-
+    skipset = internals.get("saving_attr_skipset")
+    set_global = internals.get("set_global_attribute")
+    if skipset is None or set_global is None:  # internals warned once: Keras builds them later
+        return
     for kind in ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer",
                  "Loss"):
-        skipset = saving_lib.get_attr_skipset(kind)
-        global_state.set_global_attribute(f"saving_attr_skiplist_{kind}", skipset)
+        set_global(f"saving_attr_skiplist_{kind}", skipset(kind))
 
 
 def setup(timeout_seconds=DEFAULT_TIMEOUT):
