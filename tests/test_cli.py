@@ -136,6 +136,10 @@ def test_backend_before_or_after_the_command():
     (["translate"], "the following arguments are required: run_dir\n"),
     (["generate", "R"], "the following arguments are required: --prompt"),
     (["evaluate", "R", "--split", "val", "--source", "s"], "not allowed with argument"),
+    (["train", "c.yaml", "--set", "data.source_lang=en", "data.target_lang=cs", "x"],
+     "unrecognized arguments: data.target_lang=cs x; each override takes its own --set: "
+     "--set data.target_lang=cs\n"),
+    (["config", "c.yaml", "--set", "a.b=1", "a.c=2"], "--set a.c=2\n"),
 ])
 def test_usage_errors_name_the_command(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -6,6 +6,7 @@ Nothing here imports Keras: the backend is chosen from ``--backend`` after parsi
 """
 
 import argparse
+import re
 
 BACKENDS = ("torch", "jax", "tensorflow")
 
@@ -29,8 +30,16 @@ class _Command(argparse.ArgumentParser):
         finally:
             self._parsing = False
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            overrides = [a for a in extras if _OVERRIDE.match(a)]
+            if overrides and any(a.dest == "overrides" for a in self._actions):
+                message += ("; each override takes its own --set: "
+                            + " ".join(f"--set {a}" for a in overrides))
+            self.error(message)
         return namespace, extras
+
+
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*=")  # section.key=value
 
 
 class _Version(argparse.Action):
