@@ -381,6 +381,56 @@ def test_run_names_and_serve_options(capsys):
         create_app({"x": transformerkit}, engine="onnx")
 
 
+def test_cors_lets_the_named_origins_call_the_api(runs):
+    """With ``cors_origins`` a browser page of that origin may call the API (preflight and
+    the answer carry the headers, errors too); other origins get none; without it, none."""
+    app = create_app(runs, Limits(max_body_bytes=200), cors_origins=["http://app.example:3000"])
+    preflight = {"Origin": "http://app.example:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}
+    with TestClient(app) as client:
+        response = client.options("/translate", headers=preflight)
+        assert response.status_code == 200
+        assert response.headers["access-control-allow-origin"] == "http://app.example:3000"
+        assert "POST" in response.headers["access-control-allow-methods"]
+        response = client.post("/translate", json={"texts": ["ein zwei"]},
+                               headers={"Origin": "http://app.example:3000"})
+        assert response.status_code == 200
+        assert response.json()["translations"] == runs["numbers"].translate(["ein zwei"])
+        assert response.headers["access-control-allow-origin"] == "http://app.example:3000"
+        response = client.post("/translate", content=b"{" + b" " * 300 + b"}",
+                               headers={"Origin": "http://app.example:3000",
+                                        "Content-Type": "application/json"})
+        assert response.status_code == 413
+        assert response.headers["access-control-allow-origin"] == "http://app.example:3000"
+        other = client.post("/translate", json={"texts": ["ein"]},
+                            headers={"Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        refused = client.options("/translate", headers={**preflight,
+                                                        "Origin": "http://evil.example"})
+        assert refused.status_code == 400
+        assert "access-control-allow-origin" not in refused.headers
+    with TestClient(create_app(runs)) as client:
+        response = client.post("/translate", json={"texts": ["ein"]},
+                               headers={"Origin": "http://app.example:3000"})
+        assert response.status_code == 200
+        assert "access-control-allow-origin" not in response.headers
+        assert client.options("/translate", headers=preflight).status_code == 405
+    with TestClient(create_app(runs, cors_origins=["*"])) as client:
+        response = client.post("/translate", json={"texts": ["ein"]},
+                               headers={"Origin": "https://any.example"})
+        assert response.headers["access-control-allow-origin"] == "*"
+
+
+@pytest.mark.parametrize("origin", ["app.example", "http://app.example/", "ftp://app.example",
+                                    "http://", "http://user@app.example", 3000])
+def test_a_cors_origin_that_is_not_one_is_refused(runs, origin, capsys):
+    with pytest.raises(ValueError, match="is not '\\*' or scheme://host"):
+        create_app(runs, cors_origins=[origin])
+    if isinstance(origin, str):  # before any run is loaded
+        assert cli.main(["serve", "no/such/run", "--cors-origin", origin]) == 2
+        assert "scheme://host[:port]" in capsys.readouterr().err
+
+
 def test_the_readmes_requests_are_served(runs):
     """Each ``curl`` request of the README, sent to runs named as there (small, gpt)."""
     import shlex

@@ -287,6 +287,11 @@ def _add_use_commands(command):
                        help="keras (default) or ctranslate2 (the runs' CTranslate2 exports)")
     serve.add_argument("--checkpoint", default="model", help="which weights of each run, as "
                                                              "for translate (model)")
+    serve.add_argument("--cors-origin", dest="cors_origins", action="append", default=[],
+                       metavar="ORIGIN",
+                       help="let pages from ORIGIN (https://host[:port], or * for any) call "
+                            "the API from a browser (repeatable; default: only the server's "
+                            "own page)")
     _add_serving_limits(serve)
 
 

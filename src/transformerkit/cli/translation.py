@@ -171,5 +171,5 @@ def serve_command(args):
               "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
         return 2
     serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
-          checkpoint=args.checkpoint, limits=limits)
+          checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins)
     return 0

@@ -7,6 +7,9 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``POST /translate``, ``POST /generate``, ``POST /attention`` (bodies: :mod:`.schemas`);
 - ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
 
+Browsers let a page call the API only from the server's own origin (its page at ``/``);
+``cors_origins`` names other origins whose pages may (Starlette's ``CORSMiddleware``).
+
 Model calls go through one :class:`~.batching.Batcher`: ``/translate`` requests for the same
 model and search options share one ``Run.translate`` call; ``/generate`` and
 ``/attention`` run alone. Status codes: 404 unknown model, 413 body too large, 422 invalid
@@ -17,10 +20,12 @@ UTF-8, 429 queue full, 503 timeout.
 import contextlib
 import importlib.resources
 import json
+import urllib.parse
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
@@ -77,7 +82,22 @@ def run_summary(name, run, engine):
             "metrics": metrics}
 
 
-def create_app(runs, limits=None, engine="keras"):
+def check_origins(origins):
+    """``origins`` as a list if each is ``*`` or ``scheme://host[:port]`` (what a browser
+    sends as ``Origin``), else a ``ValueError`` naming the bad one."""
+    origins = list(origins or ())
+    for origin in origins:
+        if origin == "*":
+            continue
+        parts = urllib.parse.urlsplit(origin) if isinstance(origin, str) else None
+        if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+                or origin != f"{parts.scheme}://{parts.netloc}" or parts.username):
+            raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] "
+                             "(for example https://app.example.com or http://localhost:3000)")
+    return origins
+
+
+def create_app(runs, limits=None, engine="keras", cors_origins=()):
     """A FastAPI application serving ``runs``.
 
     Args:
@@ -85,11 +105,14 @@ def create_app(runs, limits=None, engine="keras"):
         limits: a :class:`~.limits.Limits` (default: its defaults).
         engine: "keras" or "ctranslate2", passed to ``Run.translate`` / ``Run.generate``
             (attention always comes from the Keras model).
+        cors_origins: origins (``https://host[:port]``, or ``*`` for any) whose pages may
+            call the API from a browser; none by default (the server's own page only).
     """
     if not runs:
         raise ValueError("create_app needs at least one run")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    cors_origins = check_origins(cors_origins)
     limits = limits or Limits()
     runs = dict(runs)
     summaries = [run_summary(name, run, engine) for name, run in runs.items()]
@@ -109,6 +132,10 @@ def create_app(runs, limits=None, engine="keras"):
     app.state.batcher = batcher
     app.state.limits = limits
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
+    if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
+                           allow_methods=["GET", "POST"], allow_headers=["Content-Type"],
+                           max_age=600)
     _add_error_handlers(app)
 
     def pick(name, kind, route):

@@ -41,13 +41,15 @@ def load_runs(run_dirs, checkpoint="model", engine="keras"):
 
 
 def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="model",
-          limits=None):
-    """Load ``run_dirs`` and serve them until interrupted (Ctrl-C)."""
+          limits=None, cors_origins=()):
+    """Load ``run_dirs`` and serve them until interrupted (Ctrl-C); ``cors_origins`` as
+    for :func:`~transformerkit.serving.app.create_app`."""
     import uvicorn
 
-    from transformerkit.serving.app import create_app
+    from transformerkit.serving.app import check_origins, create_app
 
+    cors_origins = check_origins(cors_origins)  # before the runs load
     runs = load_runs(run_dirs, checkpoint=checkpoint, engine=engine)
-    app = create_app(runs, limits=limits, engine=engine)
+    app = create_app(runs, limits=limits, engine=engine, cors_origins=cors_origins)
     log.info("serving %s on http://%s:%d (engine %s)", ", ".join(runs), host, port, engine)
     uvicorn.run(app, host=host, port=port, log_level="warning")
