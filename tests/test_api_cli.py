@@ -131,6 +131,49 @@ def test_loaded_run_translates(translation_run):
         run.generate("Hallo")
 
 
+@pytest.mark.parametrize("texts, error, message", [
+    (None, TypeError, "texts must be a str or a list of str, got NoneType"),
+    (5, TypeError, "texts must be a str or a list of str, got int"),
+    (b"Ein Hund.", TypeError, "texts are bytes: decode them"),
+    (["Ein Hund.", b"Hund"], TypeError, "text 1 is bytes, not str"),
+    ([1, 2], TypeError, "text 0 is int, not str"),
+    (["   "], ValueError, "text 0 is empty"),
+])
+def test_translate_refuses_what_is_not_text(translation_run, texts, error, message):
+    with pytest.raises(error, match=message):
+        translation_run.translate(texts, beam_size=1, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(beam_size=0), ValueError, "beam_size must be at least 1, got 0"),
+    (dict(beam_size="4"), TypeError, "beam_size must be an int, got str"),
+    (dict(beam_size=2.0), TypeError, "beam_size must be an int, got float"),
+    (dict(beam_size=True), TypeError, "beam_size must be an int, got bool"),
+    (dict(n_best=0), ValueError, "n_best must be at least 1"),
+    (dict(batch_size=0), ValueError, "batch_size must be at least 1"),
+    (dict(alpha="0.6"), TypeError, "alpha .length penalty. must be a number"),
+    (dict(alpha=float("nan")), ValueError, "alpha .length penalty. must be >= 0"),
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int"),
+])
+def test_translate_refuses_bad_search_options(translation_run, options, error, message):
+    with pytest.raises(error, match=message):
+        translation_run.translate(["Ein Hund."], **{"max_new_tokens": 3, **options})
+
+
+def test_numpy_counts_and_iterables_of_texts_are_taken(translation_run):
+    run = translation_run
+    texts = ["Ein Hund läuft.", "Zwei Männer."]
+    expected = run.translate(texts, beam_size=2, max_new_tokens=5)
+    assert run.translate(tuple(texts), beam_size=np.int64(2), max_new_tokens=np.int32(5)) \
+        == expected
+    assert run.translate(np.array(texts), beam_size=2, max_new_tokens=5) == expected
+    assert run.translate((t for t in texts), beam_size=2, max_new_tokens=5) == expected
+    with pytest.raises(TypeError, match="one source and one target"):
+        run.score(texts[0], [texts[1]])
+    with pytest.raises(TypeError, match="target 0 is int"):
+        run.score([texts[0]], [3])
+
+
 def test_attention_weights_per_layer_and_head(translation_run):
     run = translation_run
     weights = run.attention("Ein Hund läuft im Schnee.", "A dog runs in the snow.")

@@ -113,22 +113,19 @@ class Run:
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
         """
-        from transformerkit.decoding.translate import translate_texts
+        from transformerkit.decoding.translate import as_text_list, translate_texts
 
         self._require("transformer", "translate")
+        texts, single = as_text_list(texts)
+        options = dict(beam_size=beam_size, alpha=alpha, n_best=n_best,
+                       max_new_tokens=max_new_tokens, batch_size=batch_size,
+                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       stopping=stopping, max_len_a=max_len_a, max_len_b=max_len_b)
         if engine != "keras":
-            return self._engine(engine).translate(
-                texts, beam_size=beam_size, alpha=alpha, n_best=n_best,
-                max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
-                top_k=top_k, top_p=top_p, seed=seed, stopping=stopping, max_len_a=max_len_a,
-                max_len_b=max_len_b)
-        single = isinstance(texts, str)
-        results = translate_texts(
-            self.model, self.source_tokenizer, self.target_tokenizer,
-            [texts] if single else list(texts), beam_size=beam_size, alpha=alpha,
-            n_best=n_best, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stopping=stopping,
-            max_len_a=max_len_a, max_len_b=max_len_b)
+            results = self._engine(engine).translate(texts, **options)
+        else:
+            results = translate_texts(self.model, self.source_tokenizer,
+                                      self.target_tokenizer, texts, **options)
         return results[0] if single else results
 
     def translate_batches(self, texts, engine="keras", **kwargs):
@@ -191,11 +188,12 @@ class Run:
         are cut, with a warning.
         """
         from transformerkit.decoding.classify import class_probabilities
+        from transformerkit.decoding.translate import as_text_list
 
         self._require("encoder", "classify")
-        single = isinstance(texts, str)
-        table = class_probabilities(self.model, self.source_tokenizer,
-                                    [texts] if single else list(texts), batch_size=batch_size)
+        texts, single = as_text_list(texts)
+        table = class_probabilities(self.model, self.source_tokenizer, texts,
+                                    batch_size=batch_size)
         if probabilities:
             results = [{label: float(p) for label, p in zip(self.labels, row, strict=True)}
                        for row in table]
@@ -214,9 +212,10 @@ class Run:
         if self.kind == "gpt":
             raise TypeError(f"embed() needs an encoder or a translation run; {self.run_dir} "
                             "holds a gpt")
-        single = isinstance(texts, str)
-        vectors = embed_texts(self.model, self.source_tokenizer,
-                              [texts] if single else list(texts), pooling=pooling,
+        from transformerkit.decoding.translate import as_text_list
+
+        texts, single = as_text_list(texts)
+        vectors = embed_texts(self.model, self.source_tokenizer, texts, pooling=pooling,
                               batch_size=batch_size, normalize=normalize)
         return vectors[0] if single else vectors
 
@@ -228,11 +227,16 @@ class Run:
         ``translate --scores`` prints it for each translation."""
         from transformerkit.data.pipeline import pad_batch
         from transformerkit.decoding.scoring import sequence_log_probs
-        from transformerkit.decoding.translate import encode_sources
+        from transformerkit.decoding.translate import as_text_list, encode_sources
 
         self._require("transformer", "score")
-        single = isinstance(sources, str)
-        sources, targets = ([sources], [targets]) if single else (list(sources), list(targets))
+        sources, single = as_text_list(sources)
+        targets, single_target = as_text_list(targets)
+        if single != single_target:
+            raise TypeError("give one source and one target text, or a list of each")
+        for i, target in enumerate(targets):
+            if not isinstance(target, str):
+                raise TypeError(f"target {i} is {type(target).__name__}, not str")
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.model.max_length

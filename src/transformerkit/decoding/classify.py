@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from transformerkit.data.pipeline import pad_batch
+from transformerkit.decoding.common import check_count
 from transformerkit.decoding.compiled import run_decoder
 from transformerkit.decoding.translate import encode_sources
 from transformerkit.layers.masks import padding_mask
@@ -21,8 +22,7 @@ POOLINGS = ("mean", "cls")
 
 def _length_batches(ids, batch_size):
     """``(rows, padded ids)`` per batch of up to ``batch_size`` texts of similar length."""
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    batch_size = check_count(batch_size, "batch_size")
     order = np.argsort([len(x) for x in ids], kind="stable")
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]

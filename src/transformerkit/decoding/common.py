@@ -21,13 +21,34 @@ NEG_INF = float("-inf")
 SOURCE_BUCKET = 8  # source lengths are rounded up to a multiple of this on JAX/TensorFlow
 
 
+def check_count(value, name, minimum=1):
+    """``value`` as an int if it is one (a Python or NumPy integer, not a bool) of at least
+    ``minimum``; else a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def check_search_options(beam_size, n_best, batch_size, alpha):
+    """The options every translation search takes, checked: ``beam_size``, ``n_best`` and
+    ``batch_size`` ints >= 1, ``alpha`` a number >= 0 (clear errors, not deep ones)."""
+    for name, value in (("beam_size", beam_size), ("n_best", n_best),
+                        ("batch_size", batch_size)):
+        check_count(value, name)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+        raise TypeError(f"alpha (length penalty) must be a number, got "
+                        f"{type(alpha).__name__} {alpha!r:.40}")
+    if not alpha >= 0:  # NaN too
+        raise ValueError(f"alpha (length penalty) must be >= 0, got {alpha}")
+
+
 def check_max_new_tokens(max_new_tokens, limit, what="max_new_tokens"):
     """``max_new_tokens`` as an int in ``[1, limit]``; larger values are cut with a warning."""
     if max_new_tokens is None:
         return int(limit)
-    max_new_tokens = int(max_new_tokens)
-    if max_new_tokens < 1:
-        raise ValueError(f"{what} must be at least 1, got {max_new_tokens}")
+    max_new_tokens = check_count(max_new_tokens, what)
     if max_new_tokens > limit:
         warnings.warn(f"{what}={max_new_tokens} is more than this model can produce; "
                       f"decoding at most {limit} tokens (the model's max_length)", stacklevel=3)

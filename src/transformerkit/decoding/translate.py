@@ -11,6 +11,7 @@ from transformerkit.decoding.common import (
     DEFAULT_MAX_LEN_B,
     DEFAULT_STOPPING,
     check_length_cap,
+    check_search_options,
 )
 from transformerkit.decoding.greedy import greedy_translate
 from transformerkit.decoding.sampling import sample_translate
@@ -25,6 +26,21 @@ def check_text(text, what):
         raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[err.start]!r} at "
                          f"character {err.start} (undecodable bytes? decode them with "
                          "errors='replace')") from None
+
+
+def as_text_list(texts):
+    """``(list of texts, single)`` for an argument that is one text (a str: ``single``) or
+    an iterable of texts; anything else (None, a number, bytes) is a clear ``TypeError``.
+    Each item is checked by :func:`encode_sources`."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, (bytes, bytearray)):
+        raise TypeError("texts are bytes: decode them to str first (bytes.decode('utf-8'))")
+    try:
+        return list(texts), False
+    except TypeError:
+        raise TypeError(f"texts must be a str or a list of str, got "
+                        f"{type(texts).__name__}") from None
 
 
 def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"):
@@ -75,6 +91,7 @@ def translate_batches(model, source_tokenizer, target_tokenizer, texts, beam_siz
     """
     check_stopping(stopping)
     check_length_cap(max_len_a, max_len_b)
+    check_search_options(beam_size, n_best, batch_size, alpha)
     encoded = encode_sources(texts, source_tokenizer, model.max_length)
     order = np.argsort([len(e) for e in encoded], kind="stable")
     rows = int(batch_size)  # sentences per batch (a beam search runs rows * beam_size)

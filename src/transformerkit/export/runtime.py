@@ -47,8 +47,8 @@ import numpy as np
 
 from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
 from transformerkit.data.pipeline import pad_batch
-from transformerkit.decoding.common import check_length_cap, length_caps
-from transformerkit.decoding.translate import check_text, encode_sources
+from transformerkit.decoding.common import check_length_cap, check_search_options, length_caps
+from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
 from transformerkit.export.ctranslate2 import (
     default_export_dir,
     export_run,
@@ -148,6 +148,7 @@ class CTranslate2Engine:
             raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a "
                              f"sentence ends when beam_size hypotheses have); got {stopping!r}")
         check_length_cap(max_len_a, max_len_b)
+        check_search_options(beam_size, n_best, batch_size, alpha)
         encoded = encode_sources(texts, self.run.source_tokenizer, self.max_length)
         order = np.argsort([len(e) for e in encoded], kind="stable")
         options = dict(beam_size=max(int(beam_size), int(n_best)), num_hypotheses=int(n_best),
@@ -178,8 +179,7 @@ class CTranslate2Engine:
 
     def translate(self, texts, **options):
         """One text -> str, a list -> a list (options of :meth:`translate_batches`)."""
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
+        texts, single = as_text_list(texts)
         results = [None] * len(texts)
         for indices, outputs in self.translate_batches(texts, **options):
             for i, out in zip(indices, outputs, strict=True):
