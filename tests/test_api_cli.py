@@ -152,7 +152,7 @@ def test_translate_refuses_what_is_not_text(translation_run, texts, error, messa
     (dict(n_best=0), ValueError, "n_best must be at least 1"),
     (dict(batch_size=0), ValueError, "batch_size must be at least 1"),
     (dict(alpha="0.6"), TypeError, "alpha .length penalty. must be a number"),
-    (dict(alpha=float("nan")), ValueError, "alpha .length penalty. must be >= 0"),
+    (dict(alpha=float("nan")), ValueError, "alpha .length penalty. must be a finite number >= 0"),
     (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int"),
 ])
 def test_translate_refuses_bad_search_options(translation_run, options, error, message):
@@ -188,6 +188,28 @@ def test_attention_weights_per_layer_and_head(translation_run):
     assert np.abs(np.triu(weights["decoder_self"][0, 0], k=1)).max() == 0.0  # causal
     default = run.attention("Ein Hund läuft im Schnee.")  # target = greedy translation
     assert default["cross"].shape[-1] == src
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(temperature="hot"), TypeError, "temperature must be a number, got str"),
+    (dict(temperature=-1.0), ValueError, "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a finite number"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int, got float"),
+    (dict(top_k=0), ValueError, "top_k must be at least 1"),
+    (dict(top_p=1.5), ValueError, "top_p must be in \\(0, 1\\]"),
+    (dict(top_p="0.9"), TypeError, "top_p must be a number"),
+    (dict(seed="x"), TypeError, "seed must be an int, got str"),
+    (dict(max_new_tokens="5"), TypeError, "max_new_tokens must be an int"),
+])
+def test_sampling_refuses_bad_options(runs, translation_run, options, error, message):
+    import transformerkit
+
+    gpt = transformerkit.load(runs["gpt"])
+    with pytest.raises(error, match=message):
+        gpt.generate("ROMEO:", **{"max_new_tokens": 3, **options})
+    with pytest.raises(error, match=message):
+        translation_run.translate("Ein Hund.", **{"max_new_tokens": 3, "temperature": 1.0,
+                                                   **options})
 
 
 def test_gpt_run_generates_reproducibly(runs):

@@ -294,6 +294,16 @@ def test_beam_nbest_and_sampling_options_map(trained):
     assert len(run.target_tokenizer.encode(short)) <= 2
     with pytest.raises(ValueError, match="engine must be"):
         run.translate(text, engine="onnx")
+    # the Keras engine's checks of the input, before CTranslate2 sees it
+    for texts, options, error, message in [
+            (None, {}, TypeError, "texts must be a str or a list of str"),
+            ([text, 3], {}, TypeError, "text 1 is int, not str"),
+            (text, dict(beam_size=0), ValueError, "beam_size must be at least 1"),
+            (text, dict(alpha="x"), TypeError, "alpha .length penalty. must be a number"),
+            (text, dict(temperature=1.0, top_k=0), ValueError, "top_k must be at least 1"),
+            (text, dict(temperature=1.0, seed="x"), TypeError, "seed must be an int")]:
+        with pytest.raises(error, match=message):
+            run.translate(texts, engine="ctranslate2", **options)
 
 
 def test_gpt_run_generates_with_ctranslate2(tmp_path):

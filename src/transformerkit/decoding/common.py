@@ -31,17 +31,23 @@ def check_count(value, name, minimum=1):
     return int(value)
 
 
+def check_number(value, name, minimum=0.0):
+    """``value`` as a float if it is a finite real number (not a bool) of at least
+    ``minimum``; else a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
+    if not (math.isfinite(value) and value >= minimum):  # NaN and infinities too
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value}")
+    return float(value)
+
+
 def check_search_options(beam_size, n_best, batch_size, alpha):
     """The options every translation search takes, checked: ``beam_size``, ``n_best`` and
     ``batch_size`` ints >= 1, ``alpha`` a number >= 0 (clear errors, not deep ones)."""
     for name, value in (("beam_size", beam_size), ("n_best", n_best),
                         ("batch_size", batch_size)):
         check_count(value, name)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
-        raise TypeError(f"alpha (length penalty) must be a number, got "
-                        f"{type(alpha).__name__} {alpha!r:.40}")
-    if not alpha >= 0:  # NaN too
-        raise ValueError(f"alpha (length penalty) must be >= 0, got {alpha}")
+    check_number(alpha, "alpha (length penalty)")
 
 
 def check_max_new_tokens(max_new_tokens, limit, what="max_new_tokens"):

@@ -48,6 +48,7 @@ import numpy as np
 from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
 from transformerkit.data.pipeline import pad_batch
 from transformerkit.decoding.common import check_length_cap, check_search_options, length_caps
+from transformerkit.decoding.sampling import check_sampling
 from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
 from transformerkit.export.ctranslate2 import (
     default_export_dir,
@@ -157,7 +158,7 @@ class CTranslate2Engine:
                        max_input_length=0, suppress_sequences=self._suppress)
         session = self.session
         if temperature is not None:
-            options.update(_sampling(temperature, top_k, top_p), beam_size=1)
+            options.update(_sampling(temperature, top_k, top_p, seed), beam_size=1)
             session = self._session(seed)
         for start in range(0, len(order), int(batch_size)):
             chunk = [int(i) for i in order[start:start + int(batch_size)]]
@@ -210,7 +211,7 @@ class CTranslate2Engine:
         options = dict(max_length=int(max_new_tokens) if max_new_tokens is not None
                        else self.max_length - len(ids), include_prompt_in_result=False,
                        suppress_sequences=self._suppress,
-                       **_sampling(temperature, top_k, top_p))
+                       **_sampling(temperature, top_k, top_p, seed))
         if not stop_at_eos:
             options["end_token"] = []
         session = self._session(seed if temperature else None)
@@ -219,14 +220,10 @@ class CTranslate2Engine:
         return prompt + tok.decode([i for i in new if i != tok.eos_id])
 
 
-def _sampling(temperature, top_k, top_p):
-    """CTranslate2's sampling arguments for our ``temperature`` / ``top_k`` / ``top_p``."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and int(top_k) < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+def _sampling(temperature, top_k, top_p, seed):
+    """CTranslate2's sampling arguments for our ``temperature`` / ``top_k`` / ``top_p``
+    (each, and ``seed``, checked as for the Keras engine)."""
+    top_k, top_p, _ = check_sampling(temperature, top_k, top_p, 0 if seed is None else seed)
     if temperature == 0:
         return dict(sampling_topk=1)
     return dict(sampling_topk=int(top_k or 0), sampling_topp=float(top_p or 1.0),
