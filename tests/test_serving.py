@@ -170,9 +170,29 @@ BAD_BODIES = [
     (b'{"texts": ["ein"], "model": "nobody"}', 404, "no model named 'nobody'"),
     (b'{"texts": ["ein"], "model": "/etc/passwd"}', 404, "no model named"),
     (b'{"texts": ["ein"], "model": "poet"}', 422, "use /generate"),
-    (b"[]", 422, "body"),
-    (b"null", 422, "body"),
+    (b"[]", 422, "the body must be a JSON object"),
+    (b"null", 422, "the body must be a JSON object"),
+    (b"", 422, "the body must be a JSON object"),
+    (b'{"texts": ["ein"], "alpha": NaN}', 422, "alpha: Input should be a finite number"),
+    (b'{"texts": ["ein"], "temperature": Infinity}', 422, "temperature: Input should be a "
+                                                          "finite number"),
 ]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain",
+                                          "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_415(client, content_type):
+    """FastAPI reads a body as JSON only when the request says it is JSON (a browser form of
+    another site cannot post to the API): the client is told which header to send."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = client.post("/translate", content=b'{"texts": ["ein zwei"]}', headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.json()["error"] == ("send the body as JSON with the header Content-Type: "
+                                        f"application/json (got {content_type or 'none'})")
+    response = client.post("/translate", content=b'{"texts": ["ein zwei"], "beam_size": 1}',
+                           headers={"content-type": "application/vnd.api+json; charset=utf-8"})
+    assert response.status_code == 200 and response.json() == served(client)
+    assert client.head("/health").status_code == 200
 
 
 @pytest.mark.parametrize("body, status, message", BAD_BODIES,

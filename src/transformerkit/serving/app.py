@@ -14,7 +14,9 @@ Model calls go through one :class:`~.batching.Batcher`: ``/translate`` requests 
 model and search options share one ``Run.translate`` call; ``/generate`` and
 ``/attention`` run alone. Status codes: 404 unknown model, 413 body too large, 422 invalid
 request (types, unknown fields, empty or too long texts, limits), 400 body not JSON or not
-UTF-8, 429 queue full, 503 timeout.
+UTF-8, 415 a body not sent as ``Content-Type: application/json`` (FastAPI reads JSON only
+from JSON requests: a browser form cannot post to the API from another site), 429 queue
+full, 503 timeout.
 """
 
 import contextlib
@@ -46,7 +48,7 @@ ENGINES = ("keras", "ctranslate2")
 # the page may run its own inline script and style and talk to this server, nothing else
 PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'")
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 415, 422, 429, 503)}
 
 
 class RequestError(Exception):
@@ -192,6 +194,7 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
     async def index():
         return HTMLResponse(page, headers={"Content-Security-Policy": PAGE_POLICY})
 
+    @app.head("/health", include_in_schema=False)  # for monitors that probe with HEAD
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": list(runs), "engine": engine,
@@ -282,6 +285,14 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
     return app
 
 
+def is_json_media_type(content_type):
+    """Whether a ``Content-Type`` header names JSON (``application/json`` or
+    ``application/*+json``, any parameters), as FastAPI decides to parse a body."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                           and media.endswith("+json"))
+
+
 def _add_error_handlers(app):
     def error(status, message, details=None, headers=None):
         body = {"error": message, "status": status}
@@ -297,6 +308,12 @@ def _add_error_handlers(app):
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err):
         problems = err.errors()
+        if any(tuple(problem.get("loc", ())) == ("body",) for problem in problems):
+            content_type = request.headers.get("content-type")
+            if not is_json_media_type(content_type):
+                return error(415, "send the body as JSON with the header Content-Type: "
+                                  f"application/json (got {content_type or 'none'})")
+            return error(422, 'the body must be a JSON object, such as {"texts": ["..."]}')
         for problem in problems:
             if problem.get("type") == "json_invalid":
                 reason = problem.get("ctx", {}).get("error", "")

@@ -3,16 +3,16 @@ schema from them).
 
 Requests are strict: a field of the wrong type is refused rather than converted ("4" is not
 a beam size), and an unknown field is refused rather than ignored (a misspelt option would
-otherwise be silently left at its default). The bounds that depend on the server's options
-(:class:`~transformerkit.serving.limits.Limits`) and on the model (its ``max_length``) are
-checked by the routes.
+otherwise be silently left at its default); NaN and infinities are not numbers here. The
+bounds that depend on the server's options (:class:`~transformerkit.serving.limits.Limits`)
+and on the model (its ``max_length``) are checked by the routes.
 """
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_STRICT = ConfigDict(extra="forbid", strict=True)
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _MODEL_FIELD = Field(None, description="the model's name (GET /models); default: the first")
 
 
