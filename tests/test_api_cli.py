@@ -253,6 +253,19 @@ def test_cli_translate_texts_and_streamed_stdin(runs, translation_run):
     assert scores[0] >= scores[1] and scores[2] >= scores[3]
 
 
+def test_cli_translate_samples(runs, translation_run):
+    texts = ["Ein Hund läuft.", "Eine Frau singt ein Lied."]
+    options = ("--temperature", "1.5", "--top-k", "20", "--top-p", "0.9", "--seed", "3",
+               "--max-new-tokens", "10")
+    out = cli("translate", runs["translation"], *texts, *options)
+    assert out.stdout.splitlines() == translation_run.translate(
+        texts, temperature=1.5, top_k=20, top_p=0.9, seed=3, max_new_tokens=10)
+    refused = cli("translate", runs["translation"], *texts, *options, "--n-best", "2",
+                  check=False)
+    assert refused.returncode == 2
+    assert "lists come from beam search" in refused.stderr
+
+
 def test_cli_generate(runs):
     args = ("generate", runs["gpt"], "--prompt", "ROMEO:", "--max-new-tokens", "15",
             "--temperature", "0.8", "--top-k", "10", "--seed", "5")

@@ -173,11 +173,26 @@ def _add_use_commands(command):
         p.add_argument("--max-len-b", type=_number_or_none(int), default=DEFAULT_MAX_LEN_B,
                        help=f"B of --max-len-a ({DEFAULT_MAX_LEN_B}; none: no cap)")
 
+    def sampling_options(p, temperature):
+        if temperature is None:
+            help_text = "sample instead of searching, at this temperature (0 = greedy)"
+        else:
+            help_text = f"0 = greedy ({temperature})"
+        p.add_argument("--temperature", type=float, default=temperature, help=help_text)
+        p.add_argument("--top-k", type=int, default=None,
+                       help="sampling: draw from the k likeliest tokens")
+        p.add_argument("--top-p", type=float, default=None,
+                       help="sampling: draw from the smallest set of tokens of this "
+                            "probability mass (nucleus)")
+        p.add_argument("--seed", type=int, default=None,
+                       help="sampling: the same seed gives the same output")
+
     translate = run_parser("translate", "translate sentences with a trained model")
     translate.add_argument("texts", nargs="*", default=[], metavar="TEXT",
                            help="sentences to translate; none: read stdin, one per line, "
                                 "printing each translation as soon as it is ready")
     search_options(translate, 4)
+    sampling_options(translate, None)
     engine_options(translate)
     translate.add_argument("--n-best", type=int, default=1,
                            help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
@@ -188,11 +203,7 @@ def _add_use_commands(command):
     generate = run_parser("generate", "continue a prompt with a trained GPT")
     generate.add_argument("--prompt", required=True, help="text to continue")
     generate.add_argument("--max-new-tokens", type=int, default=200)
-    generate.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (1.0)")
-    generate.add_argument("--top-k", type=int, default=None)
-    generate.add_argument("--top-p", type=float, default=None)
-    generate.add_argument("--seed", type=int, default=None,
-                          help="the same seed gives the same text")
+    sampling_options(generate, 1.0)
     engine_options(generate)
 
     classify = run_parser("classify", "the class of each text with an encoder classifier run")

@@ -24,7 +24,8 @@ def translate_command(args):
         args.beam = args.n_best
     options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                   engine=engine_of(args, run), **search_settings(args))
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, engine=engine_of(args, run), **search_settings(args))
     texts = [valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     chunks = [texts] if texts else stdin_chunks(stdin, args.batch_size)

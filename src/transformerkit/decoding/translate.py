@@ -91,7 +91,7 @@ def translate_batches(model, source_tokenizer, target_tokenizer, texts, beam_siz
     """
     check_stopping(stopping)
     check_length_cap(max_len_a, max_len_b)
-    check_search_options(beam_size, n_best, batch_size, alpha)
+    check_search_options(beam_size, n_best, batch_size, alpha, temperature)
     encoded = encode_sources(texts, source_tokenizer, model.max_length)
     order = np.argsort([len(e) for e in encoded], kind="stable")
     rows = int(batch_size)  # sentences per batch (a beam search runs rows * beam_size)

@@ -149,7 +149,7 @@ class CTranslate2Engine:
             raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a "
                              f"sentence ends when beam_size hypotheses have); got {stopping!r}")
         check_length_cap(max_len_a, max_len_b)
-        check_search_options(beam_size, n_best, batch_size, alpha)
+        check_search_options(beam_size, n_best, batch_size, alpha, temperature)
         encoded = encode_sources(texts, self.run.source_tokenizer, self.max_length)
         order = np.argsort([len(e) for e in encoded], kind="stable")
         options = dict(beam_size=max(int(beam_size), int(n_best)), num_hypotheses=int(n_best),
