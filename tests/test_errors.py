@@ -131,6 +131,14 @@ def test_unknown_option_values(model, option, value):
         CONSTRUCTORS[model](**{option: value})
 
 
+@pytest.mark.parametrize("model", CONSTRUCTORS)
+@pytest.mark.parametrize("option", ["dropout", "attention_dropout", "activation_dropout"])
+@pytest.mark.parametrize("value", [1.0, 1.5, -0.1, float("nan")])
+def test_dropout_outside_probabilities(model, option, value):
+    with pytest.raises(ValueError, match=rf"{option} is a probability in \[0, 1\), got"):
+        CONSTRUCTORS[model](**{option: value})
+
+
 @pytest.mark.parametrize("model", ["transformer", "gpt"])
 def test_unknown_tie_embeddings(model):
     with pytest.raises(ValueError, match=r"tie_embeddings must be one of .*'both'"):

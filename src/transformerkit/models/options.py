@@ -126,6 +126,10 @@ class ModelOptions:
                              "key_dim explicitly")
         if self.max_length < 1:
             raise ValueError(f"max_length must be positive, got {self.max_length}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:  # NaN too
+                raise ValueError(f"{name} is a probability in [0, 1), got {rate}")
         self._check_timescales()
         self.key_dim = self.key_dim or self.d_model // self.num_heads
         self.value_dim = self.value_dim or self.key_dim
