@@ -35,7 +35,9 @@ from transformerkit.decoding.common import (
     NEG_INF,
     STOPPING_RULES,
     TokenRules,
+    check_count,
     check_max_new_tokens,
+    check_number,
     chunked_top_k,
     cut_at_eos,
     length_caps,
@@ -264,13 +266,10 @@ def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_toke
     """
     if bos_id != BOS_ID:
         raise ValueError(f"beam search starts every target with id {BOS_ID}, got bos_id={bos_id}")
-    beam_size, n_best = int(beam_size), int(n_best)
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not 1 <= n_best <= beam_size:
+    beam_size, n_best = check_count(beam_size, "beam_size"), check_count(n_best, "n_best")
+    if n_best > beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-    if alpha < 0:
-        raise ValueError(f"alpha (length penalty) must be >= 0, got {alpha}")
+    alpha = check_number(alpha, "alpha (length penalty)")
     check_stopping(stopping)
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
     source, active = prepare_sources(model, source_ids)
@@ -279,7 +278,6 @@ def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_toke
     if is_eager_loop():  # no buffer or cache longer than needed
         max_new = int(caps.max())
     steps = make_steps(model, use_cache)
-    alpha = float(alpha)
 
     def decode(source, active, caps, min_new):
         state, static = steps.start(source, max_new, copies=beam_size)
