@@ -143,3 +143,129 @@ def torch_no_grad():
     import torch
 
     return torch.no_grad()
+
+
+# -- Inference weights packed for oneDNN (layers/calls.py: inference_linear) --
+
+@pytest.mark.parametrize("biases", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, 130])
+def test_inference_linear_equals_the_float64_product(rng, rows, biases):
+    """Several kernels side by side, with and without biases, on 2-D and 3-D inputs, and a
+    transposed table: oneDNN's packed product (where this PyTorch has it) is x @ K + b."""
+    import torch
+
+    from transformerkit.layers.calls import inference_linear, linear
+
+    kernels = [rng.normal(size=(8, width)).astype("float32") for width in (5, 7, 3)]
+    bias_values = [rng.normal(size=(k.shape[1],)).astype("float32") for k in kernels]
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    expected = x.astype("float64") @ np.concatenate(kernels, 1).astype("float64")
+    if biases:
+        expected += np.concatenate(bias_values).astype("float64")
+    weights = inference_linear([torch.tensor(k) for k in kernels],
+                               [torch.tensor(b) for b in bias_values] if biases else None)
+    np.testing.assert_allclose(linear(torch.tensor(x), weights).numpy(), expected, atol=TOL)
+    got = linear(torch.tensor(x).reshape(1, rows, 8), weights).numpy()
+    np.testing.assert_allclose(got, expected[None], atol=TOL)
+    table = rng.normal(size=(11, 8)).astype("float32")  # (d_out, d_in): a tied embedding
+    got = linear(torch.tensor(x), inference_linear([torch.tensor(table)], transposed=True))
+    np.testing.assert_allclose(got.numpy(), x.astype("float64") @ table.T.astype("float64"),
+                               atol=TOL)
+
+
+def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng):
+    """The packed copy is reused while the weights are unchanged and rebuilt after any
+    in-place update (``assign``, an optimizer step), so decoding follows a training model."""
+    import torch
+
+    from transformerkit.layers import calls
+
+    dense = keras.layers.Dense(6)
+    dense.build((None, 4))
+    x = torch.tensor(rng.normal(size=(3, 4)), dtype=torch.float32)
+    first = calls.inference_linear(*calls.kernels_and_biases(dense))
+    assert calls.inference_linear(*calls.kernels_and_biases(dense)) is first
+    if calls._onednn_available():
+        assert isinstance(first, calls.PackedLinear)
+    for variable in (dense.kernel, dense.bias):
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+        weights = calls.inference_linear(*calls.kernels_and_biases(dense))
+        expected = x.numpy() @ to_numpy(dense.kernel) + to_numpy(dense.bias)
+        np.testing.assert_allclose(to_numpy(calls.linear(x, weights)), expected, atol=TOL)
+    with torch.no_grad():
+        dense.kernel.value.mul_(2.0)  # an optimizer's in-place update
+        np.testing.assert_allclose(to_numpy(calls.call_sublayer(dense, x)),
+                                   x.numpy() @ to_numpy(dense.kernel) + to_numpy(dense.bias),
+                                   atol=TOL)
+
+
+def test_dense_without_autograd_equals_dense_with_it(rng):
+    """``Dense`` under ``torch.no_grad`` (evaluation, encoding for decoding) takes the packed
+    weights; the result equals the autograd path's ``addmm``."""
+    import torch
+
+    from transformerkit.layers.calls import call_sublayer
+
+    dense = keras.layers.Dense(9, activation="relu")
+    x = torch.tensor(rng.normal(size=(2, 5, 4)), dtype=torch.float32)
+    dense(x)
+    with_grad = call_sublayer(dense, x)
+    with torch.no_grad():
+        without = call_sublayer(dense, x)
+    assert with_grad.requires_grad and not without.requires_grad
+    np.testing.assert_allclose(to_numpy(without), to_numpy(with_grad.detach()), atol=TOL)
+
+
+def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
+    """The oneDNN-packed step is a shortcut: with it off (``addmm`` on the plain kernels) beam
+    search and greedy search give the same hypotheses."""
+    import torch
+
+    from transformerkit.decoding import beam_translate, greedy_translate
+    from transformerkit.layers import calls
+
+    keras.utils.set_random_seed(3)
+    model = Transformer(40, 40, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_length=12,
+                        tie_embeddings="all")
+    sources = np.array([[5, 9, 14, 7, 2], [11, 6, 2, 0, 0]], dtype="int32")
+    model((sources, sources[:, :3]))
+    for variable in model.trainable_weights:
+        variable.assign(to_numpy(variable) * 3.0)  # sharper distributions: longer outputs
+
+    def decode():
+        with torch.no_grad():
+            return (greedy_translate(model, sources, max_new_tokens=8),
+                    beam_translate(model, sources, max_new_tokens=8, beam_size=3, n_best=3))
+
+    packed = decode()
+    assert all(len(ids) > 2 for ids in packed[0])  # something to compare
+    monkeypatch.setattr(calls, "_ONEDNN", False)
+    plain = decode()
+    assert packed[0] == plain[0]
+    for got, expected in zip(packed[1], plain[1], strict=True):
+        assert [h.ids for h in got] == [h.ids for h in expected]
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in expected],
+                                   atol=1e-4)
+
+
+def test_packed_inference_weights_follow_the_fused_adam_update(rng):
+    """PyTorch's fused Adam kernel writes the weights without bumping their version
+    counters; our optimizer bumps them, so a packed copy made before a step is not reused."""
+    import torch
+
+    from transformerkit.layers import calls
+    from transformerkit.training import Adam
+
+    dense = keras.layers.Dense(5)
+    dense.build((None, 3))
+    x = torch.tensor(rng.normal(size=(2, 3)), dtype=torch.float32)
+    before = calls.inference_linear(*calls.kernels_and_biases(dense))
+    optimizer = Adam(0.5, weight_decay=0.1)
+    optimizer.apply([keras.ops.ones(v.shape) for v in dense.trainable_weights],
+                    dense.trainable_weights)
+    assert optimizer._fused() == fastpath.ENABLED  # off: Keras' update, through assign
+    after = calls.inference_linear(*calls.kernels_and_biases(dense))
+    assert after is not before
+    np.testing.assert_allclose(to_numpy(calls.linear(x, after)),
+                               x.numpy() @ to_numpy(dense.kernel) + to_numpy(dense.bias),
+                               atol=TOL)

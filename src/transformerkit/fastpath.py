@@ -11,6 +11,8 @@ shortcut                       where (the plain code is beside it)
 =============================  ===============================================
 direct sub-layer calls,        ``layers/calls.py``
 reshapes, Dense, LayerNorm
+inference weights packed for   ``layers/calls.py: inference_linear`` (the decoder
+oneDNN (no autograd)           step, ``Dense`` under ``torch.no_grad``)
 dropout                        ``layers/dropout.py``
 fused attention kernel         ``layers/attention.py: _fused_attention``
 one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,

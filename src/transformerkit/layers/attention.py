@@ -12,7 +12,13 @@ from keras import ops
 
 from transformerkit import fastpath
 from transformerkit.layers import calls
-from transformerkit.layers.calls import call_sublayer, dense_weights, linear, reshape
+from transformerkit.layers.calls import (
+    call_sublayer,
+    inference_linear,
+    kernels_and_biases,
+    linear,
+    reshape,
+)
 from transformerkit.layers.masks import attention_mask
 
 _MASKED_SCORE = -1e9  # finite: an all-masked row can never turn into NaN
@@ -227,16 +233,14 @@ class MultiHeadAttention(keras.layers.Layer):
     # torch kernels on weights read once per batch, no Keras call machinery per step.
 
     def step_weights(self):
-        """The projections as torch tensors for :meth:`step` and :meth:`cross_step`, read
-        once per decoded batch (so a decoder follows a model that trains): ``qkv``, the
-        query, key and value kernels side by side ``(d_model, 2 h d_k + h d_v)`` (one product
-        for the three), and ``query`` and ``output`` as ``(kernel, bias or None)``."""
-        import torch
-
-        q, k, v = (dense_weights(d) for d in (self.query_dense, self.key_dense, self.value_dense))
-        bias = None if q[1] is None else torch.cat([q[1], k[1], v[1]])
-        return {"qkv": (torch.cat([q[0], k[0], v[0]], 1), bias), "query": q,
-                "output": dense_weights(self.output_dense)}
+        """The projections for :meth:`step` and :meth:`cross_step` as :func:`inference_linear`
+        weights, read once per decoded batch (so a decoder follows a model that trains):
+        ``qkv``, the query, key and value kernels side by side ``(d_model, 2 h d_k + h d_v)``
+        (one product for the three), ``query`` and ``output``."""
+        dense = (self.query_dense, self.key_dense, self.value_dense)
+        return {"qkv": inference_linear(*kernels_and_biases(*dense)),
+                "query": inference_linear(*kernels_and_biases(self.query_dense)),
+                "output": inference_linear(*kernels_and_biases(self.output_dense))}
 
     def step(self, x, weights, cache, index):
         """Self-attention of one new position per row: ``call(x, cache=..., cache_index=index,

@@ -4,6 +4,8 @@ The shortcuts here are taken only when :func:`transformerkit.fastpath.applies`; 
 path (``layer(...)``, ``keras.ops``) is beside each of them.
 """
 
+from typing import NamedTuple
+
 import keras
 from keras import ops
 
@@ -12,6 +14,12 @@ from transformerkit import fastpath, internals
 if keras.backend.backend() == "torch":
     import torch
     import torch.nn.functional as F
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    # inference_linear's cache: first kernel -> {(kernel ids, transposed): ((id, version) of each
+    # source tensor, PackedLinear)}, keyed by identity (tensors compare elementwise); an entry
+    # lives as long as its first kernel
+    _PACKED = WeakIdKeyDictionary()
 
     # Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
     # (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
@@ -65,8 +73,12 @@ def direct_call_allowed(layer, x):
 
 
 def _dense(layer, x):
-    """``Dense.call``: ``activation(x @ kernel + bias)``."""
-    y = linear(x, dense_weights(layer))
+    """``Dense.call``: ``activation(x @ kernel + bias)``; without autograd (inference), by
+    weights packed once (:func:`inference_linear`)."""
+    if torch.is_grad_enabled():
+        y = linear(x, dense_weights(layer))
+    else:
+        y = linear(x, inference_linear(*kernels_and_biases(layer)))
     if layer.activation is None:
         return y
     return _TORCH_ACTIVATIONS.get(layer.activation, layer.activation)(y)
@@ -79,11 +91,18 @@ def _layer_norm(layer, x):
 
 # Weights as torch tensors, and the two kernels that use them. The one-position decoder step
 # (the ``step`` methods next to ``call`` in attention.py, blocks.py, feedforward.py) reads
-# its weights with these once per decoded batch.
+# its weights with these once per decoded batch, its projections through inference_linear.
 
 def dense_weights(layer):
     """A ``Dense`` layer's ``(kernel, bias or None)`` as torch tensors."""
     return layer.kernel.value, None if layer.bias is None else layer.bias.value
+
+
+def kernels_and_biases(*layers):
+    """``([kernel, ...], [bias or None, ...])`` of ``Dense`` layers as torch tensors, the
+    arguments of :func:`inference_linear`."""
+    return ([layer.kernel.value for layer in layers],
+            [None if layer.bias is None else layer.bias.value for layer in layers])
 
 
 def norm_weights(layer):
@@ -94,12 +113,78 @@ def norm_weights(layer):
 
 def linear(x, weights):
     """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
-    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``."""
+    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``; or
+    for :class:`PackedLinear` weights from :func:`inference_linear`, one oneDNN product."""
+    if isinstance(weights, PackedLinear):
+        return internals.get("onednn_linear")(x, weights.packed, weights.bias, "none", [], "")
     kernel, bias = weights
     if x.dim() == 2:
         return torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
     y = torch.matmul(x, kernel)
     return y if bias is None else y + bias
+
+
+class PackedLinear(NamedTuple):
+    """Weights of :func:`linear` in oneDNN's blocked layout: ``packed`` holds the kernel
+    transposed, ``(d_out, d_in)``, as an opaque oneDNN tensor; ``bias`` ``(d_out,)`` or None."""
+
+    packed: object
+    bias: object
+
+
+def inference_linear(kernels, biases=None, transposed=False):
+    """Weights for :func:`linear` without autograd (inference: the decoder step, which
+    multiplies by the same matrices once per step with few rows, and ``Dense`` layers under
+    ``torch.no_grad``): ``kernels`` ``(d_in, d_out_i)`` side by side (one product for
+    several projections) and their ``biases`` (each None, or all given); ``transposed``: one
+    ``(d_out, d_in)`` matrix instead (a tied embedding table).
+
+    For float32 weights on CPU, where PyTorch has oneDNN (its x86 builds), the matrix is
+    packed once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
+    graphs run their linear layers, and reused until one of its source tensors changes (their
+    in-place version counters: training steps and ``assign`` update weights in place; code
+    that writes a weight behind PyTorch's back, through ``.data`` or a raw kernel, must call
+    ``torch.autograd.graph.increment_version`` on it, as this package's fused Adam does).
+    Elsewhere ``(kernel, bias)`` for ``addmm``.
+    """
+    biases = [None] * len(kernels) if biases is None else list(biases)
+    packing = (kernels[0].device.type == "cpu" and kernels[0].dtype == torch.float32
+               and _onednn_available())
+    versions = tuple((id(t), getattr(t, "_version", None))
+                     for t in [*kernels, *biases] if t is not None)
+    key = (tuple(id(t) for t in kernels), transposed)  # the query kernel starts two products
+    cached = _PACKED.get(kernels[0], {}).get(key) if packing else None
+    if cached is not None and cached[0] == versions:
+        return cached[1]
+    with torch.no_grad():
+        bias = biases[0] if len(biases) == 1 or biases[0] is None else torch.cat(biases)
+        if transposed:
+            kernel = kernels[0].t()
+        else:
+            kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, 1)
+        if not packing:
+            return kernel.contiguous(), bias
+        weight = internals.get("onednn_pack")(kernel.t().contiguous(), _PACK_ROWS)
+    packed = PackedLinear(weight, bias)
+    if all(version is not None for _, version in versions):
+        _PACKED.setdefault(kernels[0], {})[key] = (versions, packed)
+    return packed
+
+
+_PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
+
+
+def _onednn_available():
+    """Whether :func:`inference_linear` may pack for oneDNN: this PyTorch has oneDNN and its two
+    linear kernels (:mod:`transformerkit.internals`)."""
+    global _ONEDNN
+    if _ONEDNN is None:
+        _ONEDNN = (torch.backends.mkldnn.is_available() and internals.available("onednn_pack")
+                   and internals.available("onednn_linear"))
+    return _ONEDNN
+
+
+_ONEDNN = None
 
 
 def normalize(x, weights):

@@ -2,7 +2,7 @@
 
 import keras
 
-from transformerkit.layers.calls import call_sublayer, dense_weights, linear
+from transformerkit.layers.calls import call_sublayer, inference_linear, kernels_and_biases, linear
 from transformerkit.layers.dropout import apply_dropout
 
 ACTIVATIONS = ("relu", "gelu")
@@ -51,8 +51,9 @@ class FeedForward(keras.layers.Layer):
         return call_sublayer(self.outer, inner)
 
     def step_weights(self):
-        """``{"inner": ..., "outer": ...}`` as ``(kernel, bias or None)`` torch tensors."""
-        return {"inner": dense_weights(self.inner), "outer": dense_weights(self.outer)}
+        """``{"inner": ..., "outer": ...}`` as :func:`inference_linear` weights."""
+        return {"inner": inference_linear(*kernels_and_biases(self.inner)),
+                "outer": inference_linear(*kernels_and_biases(self.outer))}
 
     def step(self, x, weights):
         """:meth:`call` at inference on ``(rows, d_model)`` torch tensors with weights from

@@ -18,7 +18,8 @@ from transformerkit.layers import (
 from transformerkit.layers.attention import layer_outputs
 from transformerkit.layers.calls import (
     call_sublayer,
-    dense_weights,
+    inference_linear,
+    kernels_and_biases,
     linear,
     norm_weights,
     normalize,
@@ -278,8 +279,9 @@ class TransformerBase(keras.Model):
 
     def decode_step_weights(self):
         """The decoder's weights as torch tensors for :meth:`decode_step`, read once per
-        decoded batch. The output projection is one contiguous ``(d_model, vocab)`` matrix:
-        a tied embedding table is transposed here, once."""
+        decoded batch; the projections as :func:`~transformerkit.layers.calls.inference_linear`
+        weights (a tied embedding table is the output projection's ``(vocab, d_model)``
+        matrix)."""
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value
         return {"embedding": table,
@@ -287,8 +289,8 @@ class TransformerBase(keras.Model):
                 "positions": positions.table.value,
                 "blocks": [block.step_weights() for block in blocks],
                 "final_norm": None if final_norm is None else norm_weights(final_norm),
-                "projection": ((table.t().contiguous(), None) if projection is None
-                               else dense_weights(projection))}
+                "projection": (inference_linear([table], transposed=True) if projection is None
+                               else inference_linear(*kernels_and_biases(projection)))}
 
     def decode_step_memory(self, memory, memory_mask):
         """Every decoder block's cross-attention keys/values of ``memory`` ``(batch,

@@ -69,6 +69,10 @@ class Adam(keras.optimizers.Adam):
                       lr=learning_rate, beta1=float(self.beta_1), beta2=float(self.beta_2),
                       weight_decay=float(self.weight_decay) if decayed else 0.0,
                       eps=float(self.epsilon), amsgrad=False, maximize=False)
+                # the fused kernel writes the weights without bumping their version counters:
+                # bump them, so autograd and the packed inference weights (layers/calls.py)
+                # see the update
+                torch.autograd.graph.increment_version(params)
 
     def _fused_groups(self, variables):
         """The fused kernels' arguments for ``variables``: one ``(decayed, positions, params,

@@ -272,6 +272,7 @@ def _join_torch_processes(model, group, seed, resume):
         with torch.no_grad():
             for variable in model.weights:
                 torch.distributed.broadcast(variable.value.data, src=0)
+                torch.autograd.graph.increment_version(variable.value)  # written via .data
         torch.manual_seed(seed * 1009 + group.rank)
     model.gradient_sync = GradientAllReduce(group)
 
