@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from transformerkit import fastpath
 from transformerkit.data.tokenizers import CharTokenizer
 from transformerkit.decoding import (
     beam_translate,
@@ -225,7 +226,9 @@ def test_beam_search_is_the_same_on_every_cache_path(options):
             np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
 
 
-def test_chunked_top_k_equals_top_k():
+@pytest.mark.parametrize("shortcuts", [True, False])
+def test_chunked_top_k_equals_top_k(monkeypatch, shortcuts):
+    monkeypatch.setattr(fastpath, "ENABLED", shortcuts and fastpath.ENABLED)
     rng = np.random.default_rng(0)
     for rows, n, k, chunk in [(3, 1000, 8, 16), (2, 640, 4, 32), (5, 50, 3, 8), (1, 300, 8, 4)]:
         x = rng.normal(size=(rows, n)).astype("float32")
