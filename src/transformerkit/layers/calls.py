@@ -150,12 +150,13 @@ def inference_linear(kernels, biases=None, transposed=False):
     biases = [None] * len(kernels) if biases is None else list(biases)
     packing = (kernels[0].device.type == "cpu" and kernels[0].dtype == torch.float32
                and _onednn_available())
-    versions = tuple((id(t), getattr(t, "_version", None))
-                     for t in [*kernels, *biases] if t is not None)
-    key = (tuple(id(t) for t in kernels), transposed)  # the query kernel starts two products
-    cached = _PACKED.get(kernels[0], {}).get(key) if packing else None
-    if cached is not None and cached[0] == versions:
-        return cached[1]
+    if packing:
+        versions = tuple((id(t), getattr(t, "_version", None))
+                         for t in [*kernels, *biases] if t is not None)
+        key = (tuple(id(t) for t in kernels), transposed)  # the query kernel starts two products
+        cached = _PACKED.get(kernels[0], {}).get(key)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
     with torch.no_grad():
         bias = biases[0] if len(biases) == 1 or biases[0] is None else torch.cat(biases)
         if transposed:
