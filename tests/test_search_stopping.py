@@ -260,3 +260,78 @@ def test_cli_search_options_parse_and_refuse_bad_values(capsys):
             with pytest.raises(SystemExit):
                 build_parser().parse_args([command, "RUN", *bad])
     assert "expected an integer or none, got '1.5'" in capsys.readouterr().err
+
+
+# -- the loops' bookkeeping: keras.ops or torch's kernels (decoding/loop_ops.py) ----------------
+
+torch_only = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="TorchLoopOps is the eager PyTorch loop's namespace")
+
+
+@torch_only
+def test_torch_loop_ops_equal_keras_ops():
+    from transformerkit.decoding.loop_ops import TorchLoopOps
+
+    xp, rng = TorchLoopOps(), np.random.default_rng(0)
+    a = rng.normal(size=(4, 6)).astype("float32")
+    a[1, 2:] = -np.inf
+    ids = rng.integers(0, 50, size=(4, 6)).astype("int32")
+    rows = np.array([3, 0, 0, 2], "int32")
+    flags, other = a > 0, rng.normal(size=(4, 6)) > 0
+    cases = [
+        ("convert_to_tensor", (a,), {}), ("convert_to_tensor", (rows, "int32"), {}),
+        ("cast", (ids, "float32"), {}), ("cast", (7, "float32"), {}),
+        ("full", ((2, 3), -np.inf, "float32"), {}), ("zeros", ((2, 3), "int32"), {}),
+        ("arange", (5,), {"dtype": "int32"}), ("arange", (2, 7), {"dtype": "int32"}),
+        ("reshape", (ids, (-1,)), {}), ("expand_dims", (rows, 1), {}),
+        ("squeeze", (ids[:, :1], 1), {}),
+        ("concatenate", ([a, a[:, :2]],), {"axis": 1}), ("take", (ids, rows), {"axis": 0}),
+        ("take", (a, rows), {"axis": 1}), ("take", (ids.reshape(-1), rows[:, None]), {"axis": 0}),
+        ("slice_update", (ids, [0, 4], ids[:, :2] + 100), {}),
+        ("repeat", (rows, 3), {"axis": 0}), ("where", (flags, a, -1.0), {}),
+        ("top_k", (np.where(np.isinf(a), -np.inf, a), 3), {}),
+        ("min", (a, 1), {}), ("max", (a, 1), {}), ("all", (flags,), {}),
+        ("floor_divide", (ids, 7), {}), ("mod", (ids, 7), {}), ("equal", (ids, 3), {}),
+        ("less", (ids, 20), {}), ("greater", (a, 0.5), {}), ("greater_equal", (5, rows), {}),
+        ("logical_and", (flags, other), {}), ("logical_or", (flags, other), {}),
+        ("logical_not", (flags,), {}),
+    ]
+    import torch
+
+    for name, args, kwargs in cases:
+        as_torch = [torch.as_tensor(x) if isinstance(x, np.ndarray) else
+                    [torch.as_tensor(y) for y in x] if isinstance(x, list) and
+                    isinstance(x[0], np.ndarray) else x for x in args]
+        expected = keras.tree.flatten(getattr(ops, name)(*args, **kwargs))
+        found = keras.tree.flatten(getattr(xp, name)(*as_torch, **kwargs))
+        for e, f in zip(expected, found, strict=True):
+            e, f = ops.convert_to_numpy(e), f.numpy()
+            assert e.shape == f.shape and e.dtype.kind == f.dtype.kind, (name, e, f)
+            np.testing.assert_array_equal(e, f, err_msg=name)
+
+
+@torch_only
+@pytest.mark.parametrize("drop_finished", [True, False])
+def test_beam_search_is_the_same_with_either_loop_namespace(monkeypatch, trained_model,
+                                                            drop_finished):
+    """The whole search with its bookkeeping in ``keras.ops`` and in torch's kernels: the
+    same hypotheses, scores and log-probabilities, for both stopping rules, n-best lists,
+    length caps, a minimum length and a length penalty."""
+    from transformerkit.decoding import beam
+    from transformerkit.decoding.loop_ops import TorchLoopOps
+
+    model, sources = trained_model
+    searches = [dict(beam_size=4, n_best=4, stopping="exact"),
+                dict(beam_size=3, n_best=2, stopping="early", alpha=1.5, max_len_a=1.0,
+                     max_len_b=1),
+                dict(beam_size=2, min_new_tokens=5, max_new_tokens=9)]
+    for options in searches:
+        found = {}
+        for name, namespace in (("torch", TorchLoopOps), ("keras", lambda: ops)):
+            monkeypatch.setattr(beam, "loop_ops", namespace)
+            found[name] = beam_translate(model, sources, drop_finished=drop_finished, **options)
+        for x, y in zip(found["torch"], found["keras"], strict=True):
+            assert [h.ids for h in x] == [h.ids for h in y]
+            assert [h.finished for h in x] == [h.finished for h in y]
+            assert [h.score for h in x] == [h.score for h in y]
+            assert [h.log_prob for h in x] == [h.log_prob for h in y]

@@ -18,6 +18,7 @@ fused attention kernel         ``layers/attention.py: _fused_attention``
 one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
                                ``layers/feedforward.py``, ``models/base.py``
                                (``step`` methods next to ``call``)
+search-loop bookkeeping        ``decoding/loop_ops.py`` (``keras.ops`` or torch)
 masked cross-entropy           ``training/losses.py``
 train step                     ``models/base.py: TransformerBase.train_step``
 fused Adam / AdamW, clipping   ``training/optimizers.py``

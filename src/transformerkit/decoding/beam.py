@@ -28,7 +28,6 @@ freeze a finished sentence's beams instead; both give the same hypotheses.
 from dataclasses import dataclass
 
 import numpy as np
-from keras import ops
 
 from transformerkit.decoding.common import (
     DEFAULT_STOPPING,
@@ -52,6 +51,7 @@ from transformerkit.decoding.compiled import (
     to_numpy,
     while_loop,
 )
+from transformerkit.decoding.loop_ops import loop_ops
 from transformerkit.decoding.steps import make_steps
 from transformerkit.special_tokens import BOS_ID, EOS_ID
 
@@ -68,11 +68,11 @@ class Hypothesis:
     finished: bool
 
 
-def _flat_rows(indices, group):
+def _flat_rows(xp, indices, group):
     """``(batch, k)`` indices into groups of ``group`` rows -> flat row numbers ``(batch*k,)``."""
     batch = indices.shape[0]
-    offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * group, 1)
-    return ops.reshape(offsets + ops.cast(indices, "int32"), (-1,))
+    offsets = xp.expand_dims(xp.arange(batch, dtype="int32") * group, 1)
+    return xp.reshape(offsets + xp.cast(indices, "int32"), (-1,))
 
 
 _SENTENCE_FIELDS = ("alive_logp", "finished_score", "finished_logp", "finished_length",
@@ -87,19 +87,20 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
     ``active`` ``(batch,)`` bool (False: bucket padding), ``caps`` ``(batch,)`` int32: the
     most tokens of each sentence (default ``width - 1``). ``drop_finished``: finished
     sentences leave the batch in the eager loop (ignored by compiled loops)."""
+    xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     vocab = steps.vocab_size
     rules = TokenRules(vocab, eos_id)
     early = stopping == "early"
 
     def over(s, index):
         """``(n,)`` bool: whose search is over after ``index`` steps."""
-        worst_finished = ops.min(s["finished_score"], axis=1)
-        best_alive = ops.max(s["alive_logp"], axis=1) / s["max_penalty"]
-        done = ops.greater_equal(worst_finished, best_alive)
+        worst_finished = xp.min(s["finished_score"], axis=1)
+        best_alive = xp.max(s["alive_logp"], axis=1) / s["max_penalty"]
+        done = xp.greater_equal(worst_finished, best_alive)
         if early:
-            done = ops.logical_or(done, ops.greater(worst_finished, NEG_INF))
-        done = ops.logical_or(done, ops.greater_equal(index, s["cap"]))
-        return ops.logical_or(done, ops.logical_not(s["active"]))
+            done = xp.logical_or(done, xp.greater(worst_finished, NEG_INF))
+        done = xp.logical_or(done, xp.greater_equal(index, s["cap"]))
+        return xp.logical_or(done, xp.logical_not(s["active"]))
 
     def expand(s, static):
         """One step of the ``n`` sentences of ``s``: the new fields, the parent row of each
@@ -113,79 +114,79 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
             logits, new_state = steps.first_step_of_copies(s["alive"], s["state"], static)
         else:
             logits, new_state = steps.step(s["alive"], index, s["state"], static)
-        logits = ops.cast(logits, "float32")
+        logits = xp.cast(logits, "float32")
         # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
-        scores = log_softmax_plus(logits, ops.reshape(s["alive_logp"], (-1,)))
+        scores = log_softmax_plus(logits, xp.reshape(s["alive_logp"], (-1,)))
         candidates = rules.apply(scores, index < min_new, owned=True)  # (n * beam, vocab)
-        top_logp, top_ids = chunked_top_k(ops.reshape(candidates, (n, beam * vocab)), 2 * beam)
-        parent, token = ops.floor_divide(top_ids, vocab), ops.mod(top_ids, vocab)
+        top_logp, top_ids = chunked_top_k(xp.reshape(candidates, (n, beam * vocab)), 2 * beam)
+        parent, token = xp.floor_divide(top_ids, vocab), xp.mod(top_ids, vocab)
         # (n * 2beam, width): the parents' sequences with the new token written in
-        grown = ops.take(s["alive"], _flat_rows(parent, beam), axis=0)
-        grown = ops.slice_update(grown, [0, position], ops.reshape(token, (n * 2 * beam, 1)))
-        is_eos = ops.equal(token, eos_id)
+        grown = xp.take(s["alive"], _flat_rows(xp, parent, beam), axis=0)
+        grown = xp.slice_update(grown, [0, position], xp.reshape(token, (n * 2 * beam, 1)))
+        is_eos = xp.equal(token, eos_id)
 
         # finished: the best `beam` of the kept ones and the candidates that end here, if
         # among the best `beam` candidates (as in fairseq: so beam 1 is greedy search)
-        penalty = length_penalty(ops.cast(position, "float32"), alpha)
-        in_beam = ops.expand_dims(ops.less(ops.arange(2 * beam), beam), 0)
-        new_scores = ops.where(ops.logical_and(is_eos, in_beam), top_logp / penalty, NEG_INF)
-        scores = ops.concatenate([s["finished_score"], new_scores], axis=1)
-        finished_score, pick = ops.top_k(scores, beam)
-        pool = ops.concatenate([ops.reshape(s["finished"], (n, beam, width)),
-                                ops.reshape(grown, (n, 2 * beam, width))], axis=1)
-        pool = ops.reshape(pool, (n * 3 * beam, width))
-        pick_rows = _flat_rows(pick, 3 * beam)
-        logps = ops.concatenate([s["finished_logp"], top_logp], axis=1)
-        lengths = ops.concatenate(
-            [s["finished_length"], ops.full((n, 2 * beam), position, "int32")], axis=1)
+        penalty = length_penalty(xp.cast(position, "float32"), alpha)
+        in_beam = xp.expand_dims(xp.less(xp.arange(2 * beam), beam), 0)
+        new_scores = xp.where(xp.logical_and(is_eos, in_beam), top_logp / penalty, NEG_INF)
+        scores = xp.concatenate([s["finished_score"], new_scores], axis=1)
+        finished_score, pick = xp.top_k(scores, beam)
+        pool = xp.concatenate([xp.reshape(s["finished"], (n, beam, width)),
+                                xp.reshape(grown, (n, 2 * beam, width))], axis=1)
+        pool = xp.reshape(pool, (n * 3 * beam, width))
+        pick_rows = _flat_rows(xp, pick, 3 * beam)
+        logps = xp.concatenate([s["finished_logp"], top_logp], axis=1)
+        lengths = xp.concatenate(
+            [s["finished_length"], xp.full((n, 2 * beam), position, "int32")], axis=1)
 
         # alive: the best `beam` candidates that did not end
-        alive_logp, keep = ops.top_k(ops.where(is_eos, NEG_INF, top_logp), beam)
-        keep_rows = _flat_rows(keep, 2 * beam)
-        parents = ops.take(ops.reshape(parent, (-1,)), keep_rows, axis=0)
-        parent_rows = ops.reshape(
-            ops.expand_dims(ops.arange(n, dtype="int32") * beam, 1)
-            + ops.reshape(parents, (n, beam)), (-1,))
-        new = dict(s, index=index + 1, alive=ops.take(grown, keep_rows, axis=0),
-                   alive_logp=alive_logp, finished=ops.take(pool, pick_rows, axis=0),
+        alive_logp, keep = xp.top_k(xp.where(is_eos, NEG_INF, top_logp), beam)
+        keep_rows = _flat_rows(xp, keep, 2 * beam)
+        parents = xp.take(xp.reshape(parent, (-1,)), keep_rows, axis=0)
+        parent_rows = xp.reshape(
+            xp.expand_dims(xp.arange(n, dtype="int32") * beam, 1)
+            + xp.reshape(parents, (n, beam)), (-1,))
+        new = dict(s, index=index + 1, alive=xp.take(grown, keep_rows, axis=0),
+                   alive_logp=alive_logp, finished=xp.take(pool, pick_rows, axis=0),
                    finished_score=finished_score,
-                   finished_logp=ops.reshape(
-                       ops.take(ops.reshape(logps, (-1,)), pick_rows, axis=0), (n, beam)),
-                   finished_length=ops.reshape(
-                       ops.take(ops.reshape(lengths, (-1,)), pick_rows, axis=0), (n, beam)))
+                   finished_logp=xp.reshape(
+                       xp.take(xp.reshape(logps, (-1,)), pick_rows, axis=0), (n, beam)),
+                   finished_length=xp.reshape(
+                       xp.take(xp.reshape(lengths, (-1,)), pick_rows, axis=0), (n, beam)))
         return new, parent_rows, new_state
 
     rows = batch * beam
-    caps = ops.convert_to_tensor(np.full((batch,), width - 1) if caps is None else caps, "int32")
+    caps = xp.convert_to_tensor(np.full((batch,), width - 1) if caps is None else caps, "int32")
     first = np.full((batch, beam), NEG_INF, dtype="float32")
     first[:, 0] = 0.0  # all beams start equal: expand only the first one
     init = dict(index=start_index(0), state=state,
-                alive=ops.concatenate([ops.full((rows, 1), BOS_ID, "int32"),
-                                       ops.zeros((rows, width - 1), "int32")], axis=1),
-                alive_logp=ops.convert_to_tensor(first),
-                finished=ops.zeros((rows, width), "int32"),
-                finished_score=ops.full((batch, beam), NEG_INF, "float32"),
-                finished_logp=ops.full((batch, beam), NEG_INF, "float32"),
-                finished_length=ops.zeros((batch, beam), "int32"),
-                max_penalty=length_penalty(ops.cast(caps, "float32"), alpha),
+                alive=xp.concatenate([xp.full((rows, 1), BOS_ID, "int32"),
+                                       xp.zeros((rows, width - 1), "int32")], axis=1),
+                alive_logp=xp.convert_to_tensor(first),
+                finished=xp.zeros((rows, width), "int32"),
+                finished_score=xp.full((batch, beam), NEG_INF, "float32"),
+                finished_logp=xp.full((batch, beam), NEG_INF, "float32"),
+                finished_length=xp.zeros((batch, beam), "int32"),
+                max_penalty=length_penalty(xp.cast(caps, "float32"), alpha),
                 cap=caps,
-                active=ops.convert_to_tensor(active, "bool"))
+                active=xp.convert_to_tensor(active, "bool"))
     if drop_finished and is_eager_loop():
-        return _live_sentences_loop(steps, static, init, beam, width, over, expand)
+        return _live_sentences_loop(xp, steps, static, init, beam, width, over, expand)
 
     def cond(s):
-        return ops.logical_and(ops.less(s["index"] + 1, width),
-                               ops.logical_not(ops.all(over(s, s["index"]))))
+        return xp.logical_and(xp.less(s["index"] + 1, width),
+                               xp.logical_not(xp.all(over(s, s["index"]))))
 
     def body(s):
         done = over(s, s["index"])  # these sentences keep what they have (fixed shapes)
         new, parent_rows, new_state = expand(s, static)
-        rows_done = ops.expand_dims(ops.repeat(done, beam, axis=0), 1)
+        rows_done = xp.expand_dims(xp.repeat(done, beam, axis=0), 1)
         for name in _SENTENCE_FIELDS:
-            new[name] = ops.where(ops.reshape(done, (-1,) + (1,) * (len(new[name].shape) - 1)),
+            new[name] = xp.where(xp.reshape(done, (-1,) + (1,) * (len(new[name].shape) - 1)),
                                   s[name], new[name])
         for name in _ROW_FIELDS:
-            new[name] = ops.where(rows_done, s[name], new[name])
+            new[name] = xp.where(rows_done, s[name], new[name])
         new["state"] = steps.reorder(new_state, parent_rows, s["index"] + 1)
         return new
 
@@ -194,7 +195,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
     return final
 
 
-def _live_sentences_loop(steps, static, s, beam, width, over, expand):
+def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
     """The eager loop of :func:`beam_search_loop` where a sentence whose search is over
     leaves the batch: its final fields are copied out (NumPy) and the next step runs on the
     other sentences' beams only."""
@@ -204,13 +205,13 @@ def _live_sentences_loop(steps, static, s, beam, width, over, expand):
     active = out["active"]
     if not active.all():  # bucket padding: never decoded
         kept = np.flatnonzero(active)
-        rows = ops.convert_to_tensor((kept[:, None] * beam + np.arange(beam)).reshape(-1),
+        rows = xp.convert_to_tensor((kept[:, None] * beam + np.arange(beam)).reshape(-1),
                                      "int32")
         static = steps.select_sources(static, rows)
         s = dict(s, state=steps.reorder(s["state"], rows, 0),
-                 **{k: ops.take(s[k], ops.convert_to_tensor(kept, "int32"), axis=0)
+                 **{k: xp.take(s[k], xp.convert_to_tensor(kept, "int32"), axis=0)
                     for k in _SENTENCE_FIELDS},
-                 **{k: ops.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
+                 **{k: xp.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
         live = kept
     while live.size and s["index"] + 1 < width:
         s, parent_rows, new_state = expand(s, static)
@@ -230,12 +231,12 @@ def _live_sentences_loop(steps, static, s, beam, width, over, expand):
                 live = live[:0]
                 break
             kept = np.flatnonzero(~done)
-            kept_t = ops.convert_to_tensor(kept, "int32")
-            rows = ops.convert_to_tensor(np.flatnonzero(~row_done), "int32")
+            kept_t = xp.convert_to_tensor(kept, "int32")
+            rows = xp.convert_to_tensor(np.flatnonzero(~row_done), "int32")
             static = steps.select_sources(static, rows)
-            parent_rows = ops.take(parent_rows, rows, axis=0)
-            s = dict(s, **{k: ops.take(s[k], kept_t, axis=0) for k in _SENTENCE_FIELDS},
-                     **{k: ops.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
+            parent_rows = xp.take(parent_rows, rows, axis=0)
+            s = dict(s, **{k: xp.take(s[k], kept_t, axis=0) for k in _SENTENCE_FIELDS},
+                     **{k: xp.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
             live = live[kept]
         s["state"] = steps.reorder(new_state, parent_rows, index)
     out["index"] = np.int32(s["index"])

@@ -31,6 +31,7 @@ from transformerkit.decoding.compiled import (
     to_numpy,
     while_loop,
 )
+from transformerkit.decoding.loop_ops import loop_ops
 from transformerkit.decoding.steps import make_steps, token_at
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -111,6 +112,7 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
     """:func:`token_search` in the eager loop where finished rows leave the batch: the same
     steps on the live rows only (which rows are live is known on the host every step, as
     the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
+    xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     rows, width = buffer.shape
     rules = TokenRules(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
@@ -120,15 +122,15 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
     out = np.zeros((rows, width), "int32")
     logits_out = np.zeros((rows, width - 1, steps.vocab_size), "float32") \
         if collect_logits else None
-    buf = ops.convert_to_tensor(buffer, "int32")
+    buf = xp.convert_to_tensor(buffer, "int32")
     out[:] = to_numpy(buf)
     live = np.arange(rows)
     index = first_index
 
     def keep_only(keep):
         nonlocal buf, state, static, live
-        kept = ops.convert_to_tensor(keep, "int32")
-        buf = ops.take(buf, kept, axis=0)
+        kept = xp.convert_to_tensor(keep, "int32")
+        buf = xp.take(buf, kept, axis=0)
         state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
         static = steps.select_sources(static, kept)
         live = live[keep]
@@ -138,17 +140,17 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         keep_only(np.flatnonzero(active))
     while index + 1 < width and live.size:
         logits, state = steps.step(buf, index, state, static)
-        logits = ops.cast(logits, "float32")
+        logits = xp.cast(logits, "float32")
         position = index + 1
         made = position - prompts[live]
         forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
         token = choose(rules.apply(logits, forbid, owned=not collect_logits), index)
         in_prompt = position < prompts[live]
         if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
-            token = ops.where(ops.convert_to_tensor(in_prompt),
-                              ops.squeeze(token_at(buf, position), 1), token)
-        token = ops.cast(token, "int32")
-        buf = ops.slice_update(buf, [0, position], ops.expand_dims(token, 1))
+            token = xp.where(xp.convert_to_tensor(in_prompt),
+                              xp.squeeze(token_at(buf, position), 1), token)
+        token = xp.cast(token, "int32")
+        buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
         if collect_logits:
             logits_out[live, index] = to_numpy(logits)
         chosen = np.asarray(to_numpy(token))

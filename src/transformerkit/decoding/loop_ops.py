@@ -1,0 +1,143 @@
+"""The array functions of the search loops' bookkeeping: ``keras.ops``, or torch's own kernels.
+
+Beam search does its bookkeeping (which candidates survive, which hypotheses finish, whose
+search is over) on small arrays, ``(sentences, 2 * beam)`` and ``(rows, width)``, about
+forty array calls per step. Inside a compiled JAX/TensorFlow loop those calls are traced
+once; in the eager PyTorch loop each ``keras.ops`` call pays its wrapper every step (input
+conversion, a symbolic-tensor check that walks its arguments) of ~20-40 µs, more than the
+arithmetic: 12% of a beam search to EOS on Multi30k. :func:`loop_ops` returns the namespace
+a loop computes with: ``keras.ops`` everywhere, and on eager PyTorch, where the
+:mod:`transformerkit.fastpath` shortcuts apply, :class:`TorchLoopOps`: the same functions
+with the same arguments and results, each one torch call. The loops are written once
+against this namespace.
+"""
+
+from keras import ops
+
+from transformerkit import fastpath
+
+
+def loop_ops():
+    """``keras.ops``, or :class:`TorchLoopOps` where the PyTorch shortcuts apply."""
+    if fastpath.applies():
+        global _TORCH_LOOP_OPS
+        if _TORCH_LOOP_OPS is None:
+            _TORCH_LOOP_OPS = TorchLoopOps()
+        return _TORCH_LOOP_OPS
+    return ops
+
+
+_TORCH_LOOP_OPS = None
+
+
+class TorchLoopOps:
+    """The ``keras.ops`` functions the search loops use, as direct torch calls on torch
+    tensors (NumPy arrays and Python numbers are converted, as ``keras.ops`` does). Dtypes
+    are Keras names (``"int32"``, ``"float32"``, ``"bool"``)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self._dtypes = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
+                        "bool": torch.bool}
+
+    def _dtype(self, dtype):
+        return None if dtype is None else self._dtypes[dtype]
+
+    def convert_to_tensor(self, x, dtype=None):
+        return self.torch.as_tensor(x, dtype=self._dtype(dtype))
+
+    def cast(self, x, dtype):
+        return self.torch.as_tensor(x).to(self._dtypes[dtype])
+
+    def full(self, shape, value, dtype):
+        return self.torch.full(shape, value, dtype=self._dtypes[dtype])
+
+    def zeros(self, shape, dtype):
+        return self.torch.zeros(shape, dtype=self._dtypes[dtype])
+
+    def arange(self, start, stop=None, dtype="int32"):
+        return self.torch.arange(start, stop, dtype=self._dtypes[dtype]) if stop is not None \
+            else self.torch.arange(start, dtype=self._dtypes[dtype])
+
+    @staticmethod
+    def reshape(x, shape):
+        return x.reshape(shape)
+
+    @staticmethod
+    def expand_dims(x, axis):
+        return x.unsqueeze(axis)
+
+    @staticmethod
+    def squeeze(x, axis):
+        return x.squeeze(axis)
+
+    def concatenate(self, xs, axis=0):
+        return self.torch.cat(xs, axis)
+
+    def take(self, x, indices, axis=0):
+        """Rows (``axis=0``) or entries of ``x`` by non-negative ``indices`` (1-D)."""
+        indices = self.torch.as_tensor(indices)
+        return self.torch.index_select(x, axis, indices.reshape(-1)).reshape(
+            x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+    def slice_update(self, x, start, update):
+        """A copy of ``x`` with ``update`` written at the Python-int offsets ``start``."""
+        out = x.clone()
+        out[tuple(slice(s, s + n) for s, n in zip(start, update.shape, strict=True))] = update
+        return out
+
+    def repeat(self, x, repeats, axis):
+        return self.torch.repeat_interleave(x, repeats, dim=axis)
+
+    def all(self, x):
+        return self.torch.all(x)
+
+    def where(self, condition, x, y):
+        return self.torch.where(condition, x, y)
+
+    def top_k(self, x, k):
+        return self.torch.topk(x, k)
+
+    def min(self, x, axis):
+        return self.torch.amin(x, axis)
+
+    def max(self, x, axis):
+        return self.torch.amax(x, axis)
+
+    @staticmethod
+    def floor_divide(x, y):
+        return x // y
+
+    @staticmethod
+    def mod(x, y):
+        return x % y
+
+    @staticmethod
+    def equal(x, y):
+        return x == y
+
+    @staticmethod
+    def less(x, y):
+        return x < y
+
+    @staticmethod
+    def greater(x, y):
+        return x > y
+
+    @staticmethod
+    def greater_equal(x, y):
+        return x >= y
+
+    @staticmethod
+    def logical_and(x, y):
+        return x & y
+
+    @staticmethod
+    def logical_or(x, y):
+        return x | y
+
+    @staticmethod
+    def logical_not(x):
+        return ~x
