@@ -140,30 +140,46 @@ def test_apply_dropout_skips_only_calls_that_cannot_change_the_input():
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the PyTorch fast path")
 def test_fast_dropout_is_dropout(monkeypatch):
-    """On PyTorch a plain Dropout draws its mask with ``rand_like``: kept values scaled by
-    1 / (1 - rate), the dropped share near the rate, gradients through the same mask, the
-    global seed reproducing it; seeded or noise-shaped layers keep Keras' own call."""
+    """On PyTorch a plain Dropout multiplies by its own mask (``keep_mask``: SFC64 bits
+    seeded from torch's global generator): kept values scaled by 1 / (1 - rate), the
+    dropped share near the rate, gradients through the same mask, the global seed
+    reproducing it, the next draw different; seeded or noise-shaped layers keep Keras' own
+    call."""
     import torch
 
-    rate, layer = 0.3, keras.layers.Dropout(0.3)
-    x = torch.ones(300, 400, requires_grad=True)
-    torch.manual_seed(5)
-    out = apply_dropout(layer, x, training=True)
-    torch.manual_seed(5)
-    again = apply_dropout(layer, x, training=True)
-    torch.testing.assert_close(out, again, rtol=0, atol=0)
-    values = out.detach().numpy()
-    assert set(np.unique(values)) == {0.0, np.float32(1 / (1 - rate))}
-    dropped = (values == 0).mean()
-    assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / values.size)
-    out.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), values, rtol=1e-6)
+    from transformerkit.layers import dropout
+
+    for rate in (0.1, 0.3):
+        layer = keras.layers.Dropout(rate)
+        x = torch.ones(300, 401, requires_grad=True)  # an odd number of elements
+        torch.manual_seed(5)
+        out = apply_dropout(layer, x, training=True)
+        after_first = torch.get_rng_state()
+        torch.manual_seed(5)
+        again = apply_dropout(layer, x, training=True)
+        torch.testing.assert_close(out, again, rtol=0, atol=0)
+        assert torch.equal(torch.get_rng_state(), after_first)  # the global stream moved on
+        following = apply_dropout(layer, x, training=True)
+        assert not torch.equal(following, out)
+        values = out.detach().numpy()
+        assert set(np.unique(values)) == {0.0, np.float32(1 / (1 - rate))}
+        for draw in (values, following.detach().numpy()):
+            dropped = (draw == 0).mean()
+            assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / draw.size)
+        # neighbouring elements are independent: P(both dropped) = rate ** 2
+        pairs = ((values[:, :-1] == 0) & (values[:, 1:] == 0)).mean()
+        assert abs(pairs - rate ** 2) < 4 * np.sqrt(rate ** 2 * (1 - rate ** 2) / values.size)
+        out.sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), values, rtol=1e-6)
+        mask = dropout.keep_mask(torch.ones(7, 3, dtype=torch.float64), rate)
+        assert mask.shape == (7, 3) and mask.dtype == torch.float64
 
     def no_fast_path(*args, **kwargs):
         raise AssertionError("the fast path was taken")
 
-    monkeypatch.setattr(torch, "rand_like", no_fast_path)
+    monkeypatch.setattr(dropout, "keep_mask", no_fast_path)
+    x = torch.ones(300, 400)
     for kept_by_keras in (keras.layers.Dropout(0.3, seed=1),
                           keras.layers.Dropout(0.3, noise_shape=(300, 1))):
-        values = keras.ops.convert_to_numpy(apply_dropout(kept_by_keras, x.detach(), True))
+        values = keras.ops.convert_to_numpy(apply_dropout(kept_by_keras, x, True))
         assert (values == 0).any() and set(np.unique(values)) <= {0.0, np.float32(1 / 0.7)}

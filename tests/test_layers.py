@@ -48,8 +48,14 @@ ATTENTION_CASES = {
 
 
 @pytest.mark.parametrize("case", ATTENTION_CASES)
-@pytest.mark.parametrize("scores", [False, True], ids=["fused", "explicit"])
-def test_attention_matches_reference(rng, case, scores):
+@pytest.mark.parametrize("path", ["fused", "explicit", "scores"])
+def test_attention_matches_reference(rng, monkeypatch, case, path):
+    """Each attention core (the fused kernel, the explicit formula that eager PyTorch takes
+    for short keys, the explicit formula returning its weights) against float64 NumPy."""
+    from transformerkit.layers import attention
+
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0 if path == "fused" else 10**6)
+    scores = path == "scores"
     heads, key_dim, value_dim, output_dim, causal, key_lengths, cross = ATTENTION_CASES[case]
     query = rng.normal(size=(3, 5, 8)).astype("float32")
     value = rng.normal(size=(3, 7, 10)).astype("float32") if cross else query
@@ -132,18 +138,83 @@ def test_attention_matches_keras_multi_head_attention(rng, causal, widths):
     np.testing.assert_allclose(to_numpy(got), to_numpy(expected), **TOL)
 
 
-def test_attention_core_paths_agree(rng):
-    """Fused kernel and explicit formula give the same numbers (masks and causal flag)."""
+@pytest.mark.parametrize("keys", [6, 70])
+def test_attention_core_paths_agree(rng, monkeypatch, keys):
+    """Fused kernel and explicit formula give the same numbers (masks and causal flag), at
+    a key length where eager PyTorch takes the explicit formula by default and one where
+    it takes the kernel."""
+    from transformerkit.layers import attention
+
     q = rng.normal(size=(2, 4, 3, 5)).astype("float32")
-    k = rng.normal(size=(2, 6, 3, 5)).astype("float32")
-    v = rng.normal(size=(2, 6, 3, 5)).astype("float32")
-    mask = rng.random((2, 4, 6)) < 0.5
+    k = rng.normal(size=(2, keys, 3, 5)).astype("float32")
+    v = rng.normal(size=(2, keys, 3, 5)).astype("float32")
+    mask = rng.random((2, 4, keys)) < 0.5
     mask[0, 1] = False  # an all-masked row
     for kwargs in ({"mask": mask}, {"is_causal": True}, {}):
+        default = scaled_dot_product_attention(q, k, v, **kwargs)
+        monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
         fused = scaled_dot_product_attention(q, k, v, **kwargs)
+        monkeypatch.undo()
         explicit, weights = scaled_dot_product_attention(q, k, v, return_scores=True, **kwargs)
         np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), **TOL)
-        assert weights.shape == (2, 3, 4, 6)
+        np.testing.assert_allclose(to_numpy(default), to_numpy(explicit), **TOL)
+        assert weights.shape == (2, 3, 4, keys)
+
+
+def _torch_shortcuts_on():
+    from transformerkit import fastpath
+
+    return keras.backend.backend() == "torch" and fastpath.ENABLED
+
+
+@pytest.mark.skipif(not _torch_shortcuts_on(), reason="the PyTorch shortcut")
+def test_explicit_attention_is_chosen_for_short_keys_on_torch(monkeypatch):
+    """Eager PyTorch takes the explicit formula up to EXPLICIT_MAX_KEYS keys and the fused
+    kernel above (counted by replacing the kernel); the switch turns the choice off."""
+    import torch
+
+    from transformerkit import fastpath
+    from transformerkit.layers import attention
+
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    limit = attention.EXPLICIT_MAX_KEYS
+    for keys, fused in ((1, False), (limit, False), (limit + 1, True)):
+        x = torch.ones(1, keys, 2, 4)
+        calls.clear()
+        scaled_dot_product_attention(x, x, x, is_causal=True)
+        assert bool(calls) == fused, keys
+    monkeypatch.setattr(fastpath, "ENABLED", False)
+    assert not attention._explicit_is_faster(torch.ones(1, 3, 2, 4))
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 7, 11, 15, 16, 21])
+def test_softmax_over_short_rows_equals_float64(rng, length):
+    """``calls.softmax`` (rows of 4-15 entries padded to 16 on CPU PyTorch) against float64
+    NumPy, with masked (-1e9) and -inf entries; its gradient equals the plain softmax's."""
+    from transformerkit.layers import calls
+
+    x = rng.normal(size=(3, 5, length)).astype("float32") * 3
+    x[0, 1, : length // 2] = -1e9
+    x[1, 2, length - 1] = -np.inf
+    x[2, 0, :] = -1e9  # every entry masked: uniform
+    shifted = x.astype("float64") - x.max(-1, keepdims=True)
+    expected = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
+    got = calls.softmax(keras.ops.convert_to_tensor(x))
+    assert tuple(got.shape) == x.shape
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-6, atol=1e-7)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        upstream = torch.as_tensor(rng.normal(size=x.shape).astype("float32"))
+        grads = []
+        for fn in (calls.softmax, lambda t: t.softmax(-1)):
+            t = torch.as_tensor(x).requires_grad_()
+            (fn(t) * upstream).sum().backward()
+            grads.append(t.grad.numpy())
+        np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 
 
 def test_attention_dropout_only_while_training(rng):

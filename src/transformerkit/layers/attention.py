@@ -29,8 +29,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
     """softmax(Q K^T / sqrt(d_k)) V  (paper equation 1) for many heads at once.
 
     This is the single attention core of the package. It uses the backend's fused kernel
-    when nothing forbids it (no score output, no attention dropout while training), and
-    the explicit formula otherwise; both give the same numbers.
+    when nothing forbids it (no score output, no attention dropout while training) and, on
+    PyTorch, the keys are many enough for it to be the faster one
+    (:data:`EXPLICIT_MAX_KEYS`); the explicit formula otherwise. Both give the same numbers.
 
     Args:
         query: ``(batch, query_len, heads, key_dim)``.
@@ -58,7 +59,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
         is_causal = False
     use_dropout = dropout is not None and dropout.rate > 0 and training
     same_width = query.shape[-1] == value.shape[-1]
-    if not return_scores and not use_dropout and same_width:
+    if not return_scores and not use_dropout and same_width and not _explicit_is_faster(key):
         output = _fused_attention(query, key, value, mask, scale, is_causal)
         scores = None
     else:
@@ -68,7 +69,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
             mask = ops.expand_dims(attention_mask(causal=True, query_len=q_len, key_len=k_len), 1)
         if mask is not None:
             logits = ops.where(mask, logits, ops.cast(_MASKED_SCORE, logits.dtype))
-        scores = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), query.dtype)
+        scores = ops.cast(calls.softmax(ops.cast(logits, "float32")), query.dtype)
         weights = dropout(scores, training=training) if use_dropout else scores
         output = ops.einsum("bhqk,bkhd->bqhd", weights, value)
     if rows_with_keys is not None:
@@ -85,6 +86,21 @@ def layer_outputs(output, scores=None, cache=None):
     updated cache (when one was given); pass None for what is not returned."""
     extras = tuple(x for x in (scores, cache) if x is not None)
     return (output, *extras) if extras else output
+
+
+# On eager PyTorch the explicit formula is faster than the fused kernel (CPU flash attention)
+# up to this many keys: the kernel pays a fixed cost per (batch, head) block that outweighs
+# the arithmetic of short sequences (``bench/attention.py``; on a 2-core AMD EPYC, forward and
+# backward at 8 heads of 32: 0.43-0.5x the time at 11-21 keys, 0.7x at 31-48, 0.9-1.0x at 64,
+# 1.3-1.6x at 128-256).
+EXPLICIT_MAX_KEYS = 64
+
+
+def _explicit_is_faster(key):
+    """Whether attention over ``key`` ``(batch, key_len, heads, dim)`` runs the explicit
+    formula rather than the fused kernel: on eager PyTorch (a :mod:`transformerkit.fastpath`
+    shortcut) for at most :data:`EXPLICIT_MAX_KEYS` keys. Both compute equation 1."""
+    return fastpath.applies(key) and key.shape[1] <= EXPLICIT_MAX_KEYS
 
 
 def _fused_attention(query, key, value, mask, scale, is_causal):
@@ -269,7 +285,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)  # (t, rows h, dv)
         scale = 1.0 / math.sqrt(self.key_dim)
         scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # (rows h, 1, t)
-        out = torch.bmm(scores.softmax(-1), v.transpose(0, 1))  # (rows h, 1, d_v)
+        out = torch.bmm(calls.softmax(scores), v.transpose(0, 1))  # (rows h, 1, d_v)
         return linear(out.view(rows, heads * self.value_dim), weights["output"])
 
     def step_memory(self, context, context_mask):
@@ -310,7 +326,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rows, heads = x.shape[0], self.num_heads
         q = linear(x, weights["query"]).view(rows // copies, copies, heads, self.key_dim)
         scores = torch.matmul(q.transpose(1, 2), keys.transpose(-1, -2))  # (b, h, copies, s)
-        attention = (scores * (1.0 / math.sqrt(self.key_dim)) + bias).softmax(-1)
+        attention = calls.softmax(scores * (1.0 / math.sqrt(self.key_dim)) + bias)
         out = torch.matmul(attention, values)  # (b, h, copies, d_v)
         if keep is not None:
             out = out * keep

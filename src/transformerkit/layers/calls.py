@@ -208,3 +208,25 @@ def reshape(x, shape):
     if fastpath.applies(x):
         return x.reshape(shape)
     return ops.reshape(x, shape)
+
+
+# PyTorch's CPU softmax vectorises each row over 16 floats (AVX-512; 8 with AVX2) and runs
+# rows shorter than that through a scalar loop, 4-7x slower per element on a 2-core AMD EPYC
+# (attention over 4-15 keys: a decoder's first steps, short captions and their padding
+# buckets). Padded with -inf to 16 entries (exp(-inf) = 0: the same values), such rows take
+# the vectorised kernel: (2976, 11, 11) scores 3.15 -> 0.43 ms forward, 4.7 -> 1.0 ms forward
+# and backward; rows of 1-3 entries are cheaper as they are.
+_SHORT_SOFTMAX = range(4, 16)
+
+
+def softmax(x):
+    """``keras.ops.softmax(x, axis=-1)``; on CPU PyTorch (a :mod:`transformerkit.fastpath`
+    shortcut) rows of 4-15 entries are softmaxed padded with ``-inf`` to 16 entries (see
+    ``_SHORT_SOFTMAX``), others by ``torch.softmax`` directly."""
+    if not fastpath.applies(x):
+        return ops.softmax(x, axis=-1)
+    length = x.shape[-1]
+    if length in _SHORT_SOFTMAX and x.device.type == "cpu":
+        padded = F.pad(x, (0, 16 - length), value=float("-inf"))
+        return padded.softmax(-1)[..., :length]
+    return x.softmax(-1)
