@@ -16,7 +16,8 @@ CTranslate2 (float32 and int8) never share one. (CTranslate2 brings its own Open
 in the process of a PyTorch decoder its thread pool and PyTorch's compete for the same
 cores: PyTorch's greedy decoding of 512 sentences took 2.7 s alone and 3.9 s once
 CTranslate2 had run in the same process.) The measurement goes in ``--repeats``
-rounds: each round starts one process per system, one after the other, which measures each
+rounds: each round starts one process per system, one after the other (in the reverse
+order every other round, so that no system always runs first), which measures each
 of that system's configurations once (after untimed warm-up batches, one per distinct batch
 shape, so JAX/TensorFlow compile times are excluded and reported separately); each
 configuration keeps its best round. All use the same number of CPU threads
@@ -244,7 +245,10 @@ def run_all(args):
                    "TF_CPP_MIN_LOG_LEVEL": "2",
                    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false "
                                 f"intra_op_parallelism_threads={threads}"}
-            for system, plan in groups(backend).items():
+            systems = list(groups(backend).items())
+            if round_index % 2:  # every other round the other way round: no system always first
+                systems.reverse()
+            for system, plan in systems:
                 spec = dict(backend=backend, configs=plan, batch=args.batch,
                             sentences=args.sentences, run=os.path.abspath(args.run))
                 print(f"... round {round_index + 1}/{args.repeats}: {system} on {backend}, "

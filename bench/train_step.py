@@ -149,7 +149,7 @@ def main():
 
     common.multi30k_batches(args.batches)  # build the shared batches once
     script = os.path.abspath(__file__)
-    rounds = [small_model_rows(args, script) for _ in range(args.rounds)]
+    rounds = [small_model_rows(args, script, reverse=bool(i % 2)) for i in range(args.rounds)]
     rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     peak = round(common.matmul_peak(), 1)
     common.multi30k_batches(args.base_batches)
@@ -171,32 +171,28 @@ def median_row(runs):
             "rounds_tokens_per_s": [r.get("target_tokens_per_s") for r in runs]}
 
 
-def small_model_rows(args, script):
-    """One round: every backend, the extra precisions, Marian and Marian + our malloc."""
-    rows = []
-    for backend in args.backends.split(","):
-        r = common.run_worker(script, ["--worker", "keras", "--batches", str(args.batches),
-                                       "--repeats", str(args.repeats)],
-                              {"KERAS_BACKEND": backend})
-        rows.append({"system": f"transformerkit ({backend})", "model": "small", **r})
-        print(rows[-1], flush=True)
-    backend = args.backends.split(",")[0]
-    for precision in args.precision.split(",")[1:]:
-        r = common.run_worker(script, ["--worker", "keras", "--batches", str(args.batches),
-                                       "--repeats", str(args.repeats), "--precision", precision],
-                              {"KERAS_BACKEND": backend})
-        rows.append({"system": f"transformerkit ({backend}, {precision})", "model": "small",
-                     "precision": precision, **r})
-        print(rows[-1], flush=True)
-    r = common.run_worker(script, ["--worker", "marian", "--batches", str(args.batches),
-                                   "--repeats", str(args.repeats)])
-    rows.append({"system": "HF transformers MarianMTModel", "model": "small", **r})
-    print(rows[-1], flush=True)
-    r = common.run_worker(script, ["--worker", "marian", "--allocator", "--batches",
-                                   str(args.batches), "--repeats", str(args.repeats)])
-    rows.append({"system": "HF Marian + transformerkit's malloc setting", "model": "small", **r})
-    print(rows[-1], flush=True)
-    return rows
+def small_model_rows(args, script, reverse=False):
+    """One round: every backend, the extra precisions, Marian and Marian + our malloc, each
+    in a process of its own; ``reverse``: in the opposite order (the rounds alternate, so
+    that on a machine whose speed drifts no system always runs first). Returns the rows in
+    the forward order."""
+    sizes = ["--batches", str(args.batches), "--repeats", str(args.repeats)]
+    first = args.backends.split(",")[0]
+    jobs = [(f"transformerkit ({backend})", ["--worker", "keras", *sizes],
+             {"KERAS_BACKEND": backend}, {}) for backend in args.backends.split(",")]
+    jobs += [(f"transformerkit ({first}, {precision})",
+              ["--worker", "keras", *sizes, "--precision", precision],
+              {"KERAS_BACKEND": first}, {"precision": precision})
+             for precision in args.precision.split(",")[1:]]
+    jobs += [("HF transformers MarianMTModel", ["--worker", "marian", *sizes], None, {}),
+             ("HF Marian + transformerkit's malloc setting",
+              ["--worker", "marian", "--allocator", *sizes], None, {})]
+    rows = {}
+    for system, arguments, env, extra in (jobs[::-1] if reverse else jobs):
+        r = common.run_worker(script, arguments, env)
+        rows[system] = {"system": system, "model": "small", **extra, **r}
+        print(rows[system], flush=True)
+    return [rows[system] for system, *_ in jobs]
 
 
 def write_report(args, rows, rounds, peak):
@@ -223,9 +219,16 @@ def write_report(args, rows, rounds, peak):
         per_round = [f"{r[ours]['target_tokens_per_s'] / r[peer]['target_tokens_per_s']:.2f}x"
                      for r in rounds if ours is not None and peer is not None
                      and "error" not in r[ours] and "error" not in r[peer]]
+        allocator = index.get("HF Marian + transformerkit's malloc setting")
+        per_round_equal = [
+            f"{r[ours]['target_tokens_per_s'] / r[allocator]['target_tokens_per_s']:.2f}x"
+            for r in rounds if ours is not None and allocator is not None
+            and "error" not in r[ours] and "error" not in r[allocator]]
         lines.append(f"Small model: the median of {args.rounds} rounds per system (each round "
-                     "runs every system once, one after the other); transformerkit (torch) "
-                     f"against Marian round by round: {', '.join(per_round)}.")
+                     "runs every system once, one after the other, every other round in the "
+                     "reverse order); transformerkit (torch) against Marian round by round: "
+                     f"{', '.join(per_round)}; against Marian with the same malloc setting: "
+                     f"{', '.join(per_round_equal)}.")
     common.write_results("train_step", {"machine": common.machine(), "matmul_peak_gflops": peak,
                                         "rows": rows}, "\n".join(lines))
 

@@ -72,12 +72,20 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
         scores = ops.cast(calls.softmax(ops.cast(logits, "float32")), query.dtype)
         weights = dropout(scores, training=training) if use_dropout else scores
         output = ops.einsum("bhqk,bkhd->bqhd", weights, value)
-    if rows_with_keys is not None:
+    if rows_with_keys is not None and not _every_row_has_keys(rows_with_keys):
         keep = ops.cast(ops.expand_dims(rows_with_keys, -1), output.dtype)  # (b, q, 1, 1)
         output = output * keep
         if scores is not None:
             scores = scores * ops.cast(ops.expand_dims(rows_with_keys, 1), scores.dtype)
     return (output, scores) if return_scores else output
+
+
+def _every_row_has_keys(rows_with_keys):
+    """Whether no query row of the ``(batch, query_len, 1)`` bool tensor is all masked, known
+    without tracing: on eager PyTorch (a :mod:`transformerkit.fastpath` shortcut, where the
+    zeroing of such rows would be two passes over the output for nothing, forward and
+    backward); elsewhere False (the zeroing runs, a no-op on rows with keys)."""
+    return fastpath.applies(rows_with_keys) and bool(rows_with_keys.all())
 
 
 def layer_outputs(output, scores=None, cache=None):

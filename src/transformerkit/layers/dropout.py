@@ -36,13 +36,14 @@ def keep_mask(x, rate):
     On CPU the random numbers are the bottleneck: ``torch.rand_like`` draws them one by one
     from a Mersenne Twister (~3 ns each here), and building the mask from them costs as much
     again. So a seed is drawn from PyTorch's global generator and NumPy's SFC64 generator
-    gives 32 random bits per element from it (0.4 ns each): an element is dropped when its
-    bits are below ``round(rate * 2**32)``, and kept ones are scaled by ``2**32 / (2**32 -
-    that)``, the exact inverse of the kept share (the rate is met to within ``2**-33``, finer
-    than the 24-bit floats of ``rand_like``). The same distribution as
-    ``torch.nn.functional.dropout``; ~5x less time per mask on a 2-core AMD EPYC
-    (``bench/results/train_step.md``). Elsewhere (GPU) the mask is ``rand_like(x) >= rate``
-    scaled by ``1 / (1 - rate)``.
+    gives 32 random bits per element from it (~0.8 ns each): read as a uniform int32 ``s``,
+    an element is dropped when ``s < round(rate * 2**32) - 2**31`` (compared as float32,
+    whose rounding is monotone: the rate is met to within ``2**-25``, as finely as the 24-bit
+    floats of ``rand_like``), and kept ones are scaled by the inverse of the kept share. The
+    comparison and scaling run as torch kernels on all threads. The same distribution as
+    ``torch.nn.functional.dropout``; in the small Transformer's training step 1.1 ms per
+    million elements against 5.4 ms for ``rand_like`` (2-core AMD EPYC). Elsewhere (GPU)
+    the mask is ``rand_like(x) >= rate`` scaled by ``1 / (1 - rate)``.
     """
     import torch
 
@@ -50,8 +51,7 @@ def keep_mask(x, rate):
         return torch.rand_like(x).ge_(rate).mul_(1.0 / (1.0 - rate))
     seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
     count = x.numel()
-    bits = np.random.SFC64(seed).random_raw((count + 1) // 2).view(np.uint32)[:count]
-    dropped_below = min(round(rate * _BITS), _BITS - 1)
-    mask = (bits >= dropped_below).astype(np.float32)
-    mask *= np.float32(_BITS / (_BITS - dropped_below))
-    return torch.from_numpy(mask).reshape(x.shape).to(x.dtype)
+    bits = np.random.SFC64(seed).random_raw((count + 1) // 2).view(np.int32)[:count]
+    dropped = min(round(rate * _BITS), _BITS - 1)  # of the 2**32 bit patterns
+    mask = torch.from_numpy(bits).to(torch.float32).ge_(float(dropped - _BITS // 2))
+    return mask.mul_(_BITS / (_BITS - dropped)).reshape(x.shape).to(x.dtype)
