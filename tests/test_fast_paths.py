@@ -180,6 +180,7 @@ def test_lean_torch_train_step_equals_keras_train_step(kind):
         return model, data, frozen
 
     lean, data, frozen_layer = make()
+    lean.takes_logit_positions = False  # the full logits, as Keras' step (tested below)
     reference, _, _ = make()
     frozen = to_numpy(frozen_layer.embeddings)
     keras_step = super(TransformerBase, reference).train_step
@@ -190,3 +191,64 @@ def test_lean_torch_train_step_equals_keras_train_step(kind):
     for a, b in zip(lean.weights, reference.weights, strict=True):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6, err_msg=a.path)
     np.testing.assert_array_equal(to_numpy(frozen_layer.embeddings), frozen)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch" or not fastpath.ENABLED,
+                    reason="the lean step is PyTorch's shortcut")
+@pytest.mark.parametrize("kind", ["gpt", "transformer"])
+def test_train_step_on_real_label_positions_equals_full_logits(kind):
+    """With a loss and metrics that ignore padding, the PyTorch train step computes logits
+    at the real label positions only: the same losses, masked accuracy and weights as with
+    the full logits (SGD, so that no optimizer normalisation magnifies round-off); the
+    shortcut is taken on batches with padding only, and not when a metric that counts
+    padding positions is compiled."""
+    from transformerkit.training import MaskedAccuracy, MaskedCrossEntropy
+
+    def make(metrics):
+        keras.utils.set_random_seed(7)
+        if kind == "gpt":
+            model = GPT(30, **SMALL)
+            x = ids(4, 10, 30, 7)
+            x[1, 6:] = 0  # padded language-model rows
+            data = (x[:, :-1], x[:, 1:])
+        else:
+            model = Transformer(30, 30, **SMALL)
+            source, target = ids(4, 9, 30, 8, pad_from=6), ids(4, 8, 30, 9, pad_from=5)
+            data = ((source, target[:, :-1]), target[:, 1:])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=MaskedCrossEntropy(0.1),
+                      metrics=metrics)
+        model(data[0])
+        return model, tuple(keras.tree.map_structure(keras.ops.convert_to_tensor, data))
+
+    shortcut, batch = make([MaskedAccuracy()])
+    full, _ = make([MaskedAccuracy()])
+    full.takes_logit_positions = False
+    taken = []
+    call = type(shortcut).call
+
+    def counting_call(self, *args, logit_positions=None, **kwargs):
+        if self is not full:
+            taken.append(logit_positions is not None)
+        return call(self, *args, logit_positions=logit_positions, **kwargs)
+
+    type(shortcut).call = counting_call
+    try:
+        for _ in range(3):
+            got, expected = shortcut.train_step(batch), full.train_step(batch)
+            for name in ("loss", "masked_accuracy"):
+                assert float(got[name]) == pytest.approx(float(expected[name]), abs=1e-6)
+        assert taken[1:] == [True, True]  # the first step builds the metrics
+        for a, b in zip(shortcut.weights, full.weights, strict=True):
+            np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6,
+                                       err_msg=a.path)
+        unpadded = keras.tree.map_structure(lambda t: t[:1, :4], batch)  # no padding
+        taken.clear()
+        shortcut.train_step(unpadded)
+        assert taken == [False]
+        counts_padding, _ = make(["accuracy"])
+        counts_padding.train_step(batch)
+        taken.clear()
+        counts_padding.train_step(batch)
+        assert taken == [False]
+    finally:
+        type(shortcut).call = call

@@ -61,6 +61,15 @@ def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
     return ids
 
 
+def select_positions(hidden, positions=None):
+    """``(batch, len, d)`` hidden states -> ``(n, d)``: those at the flat positions
+    ``positions`` ``(n,)`` of the ``batch * len`` positions; ``hidden`` itself for None."""
+    if positions is None:
+        return hidden
+    flat = keras.ops.reshape(hidden, (-1, hidden.shape[-1]))
+    return keras.ops.take(flat, positions, axis=0)
+
+
 def _concrete_numpy(x):
     """NumPy value of ``x`` if it is concrete (not symbolic or traced), else None."""
     if isinstance(x, np.ndarray):
@@ -123,7 +132,12 @@ class TransformerBase(keras.Model):
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(*args)
         self._clear_losses()
-        y_pred = call_sublayer(self, x, training=True)
+        positions = self._real_label_positions(y, sample_weight)
+        if positions is None:
+            y_pred = call_sublayer(self, x, training=True)
+        else:  # logits, loss and metrics of the real tokens only: (1, n, vocab), (1, n)
+            y_pred = call_sublayer(self, x, training=True, logit_positions=positions)[None]
+            y = torch.as_tensor(y).reshape(1, -1)[:, positions]
         for variable in weights:
             variable.value.grad = None
         loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
@@ -136,6 +150,37 @@ class TransformerBase(keras.Model):
             self.optimizer.apply(grads if sync is None else sync(grads, weights, self.optimizer),
                                  weights)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # Models whose ``call`` takes ``logit_positions`` (the logits of some positions only).
+    takes_logit_positions = False
+
+    def _real_label_positions(self, y, sample_weight):
+        """For the train step on PyTorch: the flat positions ``(n,)`` of the real
+        (non-padding) labels of a ``(batch, len)`` batch that has padding, when the loss and
+        every metric ignore padding positions (their ``ignores_padding`` attribute:
+        ``MaskedCrossEntropy``, ``MaskedAccuracy``): then the output projection, the loss
+        and the metrics need those positions only (the projection is a third of a small
+        Transformer's products; Multi30k's length-bucketed batches are ~7% padding). None
+        where that does not hold, or the batch has no padding."""
+        if not self.takes_logit_positions or sample_weight is not None \
+                or not getattr(self.loss, "ignores_padding", False):
+            return None
+        for metric in self.metrics:
+            if metric is self._loss_tracker:
+                continue
+            inner = getattr(metric, "metrics", None)  # Keras' container of compiled metrics
+            if inner is not None and not metric.built:
+                return None  # not built yet: which metrics it holds is not known
+            if not all(getattr(m, "ignores_padding", False)
+                       for m in (inner if inner is not None else [metric])):
+                return None
+        import torch
+
+        labels = torch.as_tensor(y)
+        if labels.dim() != 2 or labels.is_floating_point():
+            return None
+        real = labels.reshape(-1) != PAD_ID
+        return None if bool(real.all()) else real.nonzero().squeeze(1)
 
     def _accumulation_steps(self):
         """How many micro-batch gradients are averaged into one update, when more than one:

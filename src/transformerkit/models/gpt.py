@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.calls import call_sublayer
-from transformerkit.models.base import TransformerBase, check_token_ids
+from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
 from transformerkit.models.heads import LogitsProjection
 from transformerkit.models.options import GPTOptions
 
@@ -45,6 +45,8 @@ class GPT(TransformerBase):
     >>> g(np.array([[5, 6, 7]])).shape
     (1, 3, 65)
     """
+
+    takes_logit_positions = True
 
     def __init__(self, vocab_size, num_layers=4, d_model=128, num_heads=4, d_ff=512,
                  dropout=0.0, max_length=256, norm_position="pre", activation="gelu",
@@ -104,10 +106,12 @@ class GPT(TransformerBase):
             variable.assign(draw(variable.shape, dtype=variable.dtype))
 
     def call(self, ids, training=None, caches=None, cache_index=None,
-             return_attention_scores=False, return_logits=True):
+             return_attention_scores=False, return_logits=True, logit_positions=None):
         """Logits ``(batch, len, vocab)`` (``return_logits=False``: their softmax, the
         probabilities); with ``caches``, ``ids`` are the new positions from ``cache_index``
-        on and ``(logits, new_caches)`` is returned."""
+        on and ``(logits, new_caches)`` is returned. ``logit_positions``: None, or ``(n,)``
+        int positions in the flattened ``(batch * len)`` positions: the logits of those
+        only, ``(n, vocab)`` (the training step's loss on real tokens)."""
         if caches is None:
             ids = check_token_ids(ids, self.vocab_size, self.max_length, "ids")
         start = 0 if cache_index is None else cache_index
@@ -118,10 +122,11 @@ class GPT(TransformerBase):
                                 cache_index=cache_index, training=training,
                                 return_attention_scores=return_attention_scores)
         out = out if isinstance(out, tuple) else (out,)
+        hidden = select_positions(out[0], logit_positions)
         if self.output_projection is not None:
-            logits = call_sublayer(self.output_projection, out[0])
+            logits = call_sublayer(self.output_projection, hidden)
         else:
-            logits = call_sublayer(self.token_embedding, out[0], reverse=True)
+            logits = call_sublayer(self.token_embedding, hidden, reverse=True)
         logits = ops.cast(logits, "float32")
         if not return_logits:
             logits = ops.softmax(logits, axis=-1)

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from transformerkit.layers.calls import call_sublayer
-from transformerkit.models.base import TransformerBase, check_token_ids
+from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
 from transformerkit.models.heads import LogitsProjection
 from transformerkit.models.options import TransformerOptions
 
@@ -48,6 +48,8 @@ class Transformer(TransformerBase):
     >>> m((np.array([[5, 6, 0]]), np.array([[1, 7]]))).shape
     (1, 2, 100)
     """
+
+    takes_logit_positions = True
 
     def __init__(self, source_vocab_size, target_vocab_size, num_layers=6, d_model=512,
                  num_heads=8, d_ff=2048, dropout=0.1, max_length=256, norm_position="post",
@@ -115,7 +117,7 @@ class Transformer(TransformerBase):
                                  return_attention_scores)
 
     def decode(self, target_ids, memory, source_mask, caches=None, cache_index=None,
-               training=None, return_attention_scores=False):
+               training=None, return_attention_scores=False, logit_positions=None):
         """Decoder pass -> logits ``(batch, target_len, target_vocab_size)`` float32.
 
         Args:
@@ -126,6 +128,9 @@ class Transformer(TransformerBase):
             source_mask: ``(batch, source_len)`` bool, True at real source tokens.
             caches: list of per-layer caches from :meth:`init_caches`, or None.
             cache_index: position of ``target_ids[:, 0]`` (int or scalar tensor).
+            logit_positions: None, or ``(n,)`` int positions in the flattened ``(batch *
+                target_len)`` positions: the logits of those only, ``(n, target_vocab)``
+                (the training step's loss on real tokens; see ``TransformerBase.train_step``).
 
         Returns logits, then per-layer score dicts if asked, then the updated caches.
         """
@@ -141,7 +146,7 @@ class Transformer(TransformerBase):
                                 source_mask, caches, cache_index, training,
                                 return_attention_scores)
         out = out if isinstance(out, tuple) else (out,)
-        logits = self._logits(out[0])
+        logits = self._logits(select_positions(out[0], logit_positions))
         return (logits, *out[1:]) if len(out) > 1 else logits
 
     def init_caches(self, memory, max_length):
@@ -163,13 +168,14 @@ class Transformer(TransformerBase):
             logits = call_sublayer(self.target_embedding, hidden, reverse=True)
         return ops.cast(logits, "float32")
 
-    def call(self, inputs, training=None, return_logits=True):
+    def call(self, inputs, training=None, return_logits=True, logit_positions=None):
         """Logits ``(batch, target_len, target_vocab)``; ``return_logits=False``: the
-        probabilities, their softmax over the vocabulary."""
+        probabilities, their softmax over the vocabulary; ``logit_positions``: those of
+        the flat positions given only, ``(n, target_vocab)`` (see :meth:`decode`)."""
         source_ids, target_ids = _unpack_pair(inputs)
         memory = self.encode(source_ids, training=training)
         logits = self.decode(target_ids, memory, self._padding_mask(source_ids),
-                             training=training)
+                             training=training, logit_positions=logit_positions)
         return logits if return_logits else ops.softmax(logits, axis=-1)
 
     def attention_scores(self, source_ids, target_ids):
