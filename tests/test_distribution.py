@@ -138,10 +138,11 @@ def test_mixed_bfloat16_trains_with_float32_softmax_logits_and_loss(rng, monkeyp
         (source, target), labels = batches[0]
         logits = model((source, target))
         softmax_inputs = []
-        softmax = keras.ops.softmax
-        monkeypatch.setattr(keras.ops, "softmax", lambda x, axis=-1: (
-            softmax_inputs.append(keras.backend.standardize_dtype(x.dtype)),
-            softmax(x, axis=axis))[1])
+        from transformerkit.layers import calls
+
+        softmax = calls.softmax  # the attention's softmax (keras.ops or a torch shortcut)
+        monkeypatch.setattr(calls, "softmax", lambda x: (
+            softmax_inputs.append(keras.backend.standardize_dtype(x.dtype)), softmax(x))[1])
         model.attention_scores(source, target)  # the explicit (non-fused) attention path
     assert keras.config.dtype_policy().name == previous  # restored
     assert model.encoder_blocks[0].self_attention.compute_dtype == "bfloat16"
