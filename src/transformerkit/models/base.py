@@ -66,6 +66,8 @@ def select_positions(hidden, positions=None):
     ``positions`` ``(n,)`` of the ``batch * len`` positions; ``hidden`` itself for None."""
     if positions is None:
         return hidden
+    if fastpath.applies(hidden):  # a row gather (keras.ops.take is an embedding lookup here)
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
     flat = keras.ops.reshape(hidden, (-1, hidden.shape[-1]))
     return keras.ops.take(flat, positions, axis=0)
 
