@@ -50,10 +50,13 @@ def multi30k_batches(num_batches, tokens_per_batch=4096, vocab_size=8000, seed=0
     return [(data[f"s{k}"], data[f"d{k}"], data[f"y{k}"]) for k in range(num_batches)]
 
 
-def transformer_flops(batch, layers, d_model, d_ff, vocab, decoder_layers=None):
+def transformer_flops(batch, layers, d_model, d_ff, vocab, decoder_layers=None,
+                      output_on_labels_only=False):
     """Forward+backward FLOPs (3x forward) of an encoder-decoder Transformer on one padded
-    batch, counting matrix products only (projections, attention, output layer)."""
-    source, decoder_input, _ = batch
+    batch, counting matrix products only (projections, attention, output layer). The output
+    layer runs on every padded target position, or with ``output_on_labels_only`` on the real
+    (non-padding) label positions only (transformerkit's PyTorch train step)."""
+    source, decoder_input, labels = batch
     b, s = source.shape
     t = decoder_input.shape[1]
     decoder_layers = decoder_layers or layers
@@ -63,7 +66,8 @@ def transformer_flops(batch, layers, d_model, d_ff, vocab, decoder_layers=None):
     decoder = decoder_layers * (
         2 * nt * 4 * d * d + 2 * nt * 2 * d * d + 2 * ns * 2 * d * d + 2 * nt * 2 * d * f
         + 2 * 2 * b * t * t * d + 2 * 2 * b * t * s * d)
-    output = 2 * nt * d * vocab
+    output_rows = int(np.count_nonzero(labels)) if output_on_labels_only else nt
+    output = 2 * output_rows * d * vocab
     return 3 * (encoder + decoder + output)
 
 

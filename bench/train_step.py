@@ -15,7 +15,8 @@ workers here too), to show how much of our lead is that setting, which any PyTor
 can adopt.
 
 Reported: real (non-padding) target tokens per second of forward+backward+update, and the
-achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward).
+achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward; the
+output layer of transformerkit's PyTorch step at the real label positions only).
 
     python bench/train_step.py            # writes bench/results/train_step.{json,md}
     python bench/train_step.py --batches 6 --repeats 1 --rounds 3  # `make bench`: medians
@@ -42,6 +43,7 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
     import keras
     import numpy as np
 
+    from transformerkit import fastpath
     from transformerkit.models import Transformer
     from transformerkit.training import MaskedCrossEntropy, paper_optimizer
 
@@ -59,7 +61,11 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
         source, decoder_input, labels = batch
         return model.train_on_batch((source, decoder_input), labels)
 
-    return _time_steps(step, batches, repeats, spec, keras.backend.backend(), np)
+    # transformerkit's PyTorch step projects to the vocabulary at the real label positions
+    # only (models/base.py: _real_label_positions); count the products it computes
+    labels_only = fastpath.applies() and model.takes_logit_positions
+    return _time_steps(step, batches, repeats, spec, keras.backend.backend(), np,
+                       output_on_labels_only=labels_only)
 
 
 def marian_worker(num_batches, repeats, allocator=False):
@@ -105,7 +111,8 @@ def marian_worker(num_batches, repeats, allocator=False):
     return result
 
 
-def _time_steps(step, batches, repeats, spec, backend, np, numpy_batches=None):
+def _time_steps(step, batches, repeats, spec, backend, np, numpy_batches=None,
+                output_on_labels_only=False):
     numpy_batches = numpy_batches or batches
     for batch in batches:  # warm-up: every shape once (JAX/TF compile per shape)
         step(batch)
@@ -116,7 +123,8 @@ def _time_steps(step, batches, repeats, spec, backend, np, numpy_batches=None):
     seconds = time.perf_counter() - start
     tokens = repeats * sum(common.real_target_tokens(b) for b in numpy_batches)
     flops = repeats * sum(common.transformer_flops(b, spec["layers"], spec["d_model"],
-                                                   spec["d_ff"], spec["vocab"])
+                                                   spec["d_ff"], spec["vocab"],
+                                                   output_on_labels_only=output_on_labels_only)
                           for b in numpy_batches)
     return {"backend": backend, "steps": repeats * len(batches), "seconds": round(seconds, 2),
             "target_tokens_per_s": round(tokens / seconds, 1),
