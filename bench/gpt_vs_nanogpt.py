@@ -198,6 +198,23 @@ def run_ours(recipe_name, args, jit):
     return payload
 
 
+def ours_model(recipe, vocab_size, iters, jit=False):
+    """Our GPT with nanoGPT's architecture and optimizer for ``recipe``, compiled (the
+    schedule spans ``iters`` iterations)."""
+    from transformerkit.models import GPT
+    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training.gpt_recipe import gpt_optimizer
+
+    model = GPT(vocab_size, num_layers=recipe["n_layer"], d_model=recipe["n_embd"],
+                num_heads=recipe["n_head"], d_ff=4 * recipe["n_embd"],
+                max_length=recipe["block_size"], dropout=recipe["dropout"],
+                tie_embeddings="all", use_bias=False)
+    model.compile(optimizer=gpt_optimizer(LEARNING_RATE, WARMUP, iters, MIN_LR, beta_2=BETA2,
+                                          weight_decay=WEIGHT_DECAY, clip_norm=GRAD_CLIP),
+                  loss=MaskedCrossEntropy(0.0), jit_compile=bool(jit))
+    return model
+
+
 def worker(recipe, args):
     """Train our GPT with nanoGPT's recipe; print one JSON line."""
     import keras
@@ -207,9 +224,7 @@ def worker(recipe, args):
     transformerkit.keep_freed_memory()  # as `transformerkit train` does
     from transformerkit.data.pipeline import LanguageModelBatches, split_train_val
     from transformerkit.data.tokenizers import CharTokenizer
-    from transformerkit.models import GPT
-    from transformerkit.training import MaskedCrossEntropy, masked_cross_entropy
-    from transformerkit.training.gpt_recipe import gpt_optimizer
+    from transformerkit.training import masked_cross_entropy
 
     keras.utils.set_random_seed(1337)
     train_text, val_text = split_train_val(read_text(), 0.1)
@@ -217,13 +232,7 @@ def worker(recipe, args):
     train_ids = np.asarray(tokenizer.encode(train_text), "int32")
     val_ids = np.asarray(tokenizer.encode(val_text), "int32")
     block, batch = recipe["block_size"], recipe["batch_size"]
-    model = GPT(tokenizer.vocab_size, num_layers=recipe["n_layer"], d_model=recipe["n_embd"],
-                num_heads=recipe["n_head"], d_ff=4 * recipe["n_embd"], max_length=block,
-                dropout=recipe["dropout"], tie_embeddings="all", use_bias=False)
-    model.compile(optimizer=gpt_optimizer(LEARNING_RATE, WARMUP, args.iters, MIN_LR,
-                                          beta_2=BETA2, weight_decay=WEIGHT_DECAY,
-                                          clip_norm=GRAD_CLIP),
-                  loss=MaskedCrossEntropy(0.0), jit_compile=bool(args.jit))
+    model = ours_model(recipe, tokenizer.vocab_size, args.iters, args.jit)
     interval = args.eval_interval
     train = LanguageModelBatches(train_ids, block, batch, steps_per_epoch=interval, seed=0)
     train_eval = LanguageModelBatches(train_ids, block, batch, args.eval_iters, seed=1)

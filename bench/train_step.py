@@ -36,19 +36,15 @@ SMALL = dict(layers=3, d_model=256, heads=8, d_ff=512, vocab=8000)
 BASE = dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=37000)
 
 
-def keras_worker(size, num_batches, repeats, precision="float32"):
-    import transformerkit
-
-    transformerkit.keep_freed_memory()  # as `transformerkit train` does
+def keras_model(size, precision="float32"):
+    """transformerkit's model of ``size`` (``SMALL``/``BASE``), compiled as the bench trains
+    it; ``step(batch)`` trains on one ``(source, decoder_input, labels)`` batch of arrays."""
     import keras
-    import numpy as np
 
-    from transformerkit import fastpath
     from transformerkit.models import Transformer
     from transformerkit.training import MaskedCrossEntropy, paper_optimizer
 
     spec = SMALL if size == "small" else BASE
-    batches = common.multi30k_batches(num_batches)
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(precision)  # float32 | mixed_bfloat16 (train.precision)
     model = Transformer(spec["vocab"], spec["vocab"], num_layers=spec["layers"],
@@ -61,6 +57,21 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
         source, decoder_input, labels = batch
         return model.train_on_batch((source, decoder_input), labels)
 
+    return model, step
+
+
+def keras_worker(size, num_batches, repeats, precision="float32"):
+    import transformerkit
+
+    transformerkit.keep_freed_memory()  # as `transformerkit train` does
+    import keras
+    import numpy as np
+
+    from transformerkit import fastpath
+
+    spec = SMALL if size == "small" else BASE
+    batches = common.multi30k_batches(num_batches)
+    model, step = keras_model(size, precision)
     # transformerkit's PyTorch step projects to the vocabulary at the real label positions
     # only (models/base.py: _real_label_positions); count the products it computes
     labels_only = fastpath.applies() and model.takes_logit_positions
@@ -68,18 +79,14 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
                        output_on_labels_only=labels_only)
 
 
-def marian_worker(num_batches, repeats, allocator=False):
-    import numpy as np
+def marian_model():
+    """Hugging Face's MarianMTModel of the small size with torch.optim.Adam and the same
+    label-smoothed loss, trained eagerly as its users train it; ``step(batch)`` trains on one
+    ``(source, decoder_input, labels)`` batch of int64 torch tensors."""
     import torch
-
-    if allocator:  # the same glibc malloc setting transformerkit's CLI applies
-        from transformerkit.allocator import keep_freed_memory
-
-        keep_freed_memory()
     from transformers import MarianConfig, MarianMTModel
 
     spec = SMALL
-    batches = common.multi30k_batches(num_batches)
     torch.manual_seed(0)
     config = MarianConfig(
         vocab_size=spec["vocab"], decoder_vocab_size=spec["vocab"], d_model=spec["d_model"],
@@ -93,7 +100,6 @@ def marian_worker(num_batches, repeats, allocator=False):
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
-    tensors = [tuple(torch.from_numpy(a.astype("int64")) for a in b) for b in batches]
 
     def step(batch):
         source, decoder_input, labels = batch
@@ -106,7 +112,22 @@ def marian_worker(num_batches, repeats, allocator=False):
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
-    result = _time_steps(step, tensors, repeats, spec, "torch (eager)", np, numpy_batches=batches)
+    return model, step
+
+
+def marian_worker(num_batches, repeats, allocator=False):
+    import numpy as np
+    import torch
+
+    if allocator:  # the same glibc malloc setting transformerkit's CLI applies
+        from transformerkit.allocator import keep_freed_memory
+
+        keep_freed_memory()
+    batches = common.multi30k_batches(num_batches)
+    model, step = marian_model()
+    tensors = [tuple(torch.from_numpy(a.astype("int64")) for a in b) for b in batches]
+    result = _time_steps(step, tensors, repeats, SMALL, "torch (eager)", np,
+                         numpy_batches=batches)
     result["attention"] = getattr(model.config, "_attn_implementation", "unknown")
     return result
 
