@@ -173,6 +173,60 @@ def test_inference_linear_equals_the_float64_product(rng, rows, biases):
                                atol=TOL)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(6, 8), (2, 3, 8)])
+@pytest.mark.parametrize("transposed_kernel", [False, True])
+def test_onednn_training_product_equals_the_float64_product_and_gradients(
+        rng, monkeypatch, bias, shape, transposed_kernel):
+    """Under autograd a large enough product (the threshold lowered to 0 here) runs through
+    ``_OneDNNLinear`` where this PyTorch has oneDNN: x @ K + b and the gradients of x, K and b
+    equal the float64 ones; a kernel that is a transposed view (a tied table) takes the same
+    path. Below the threshold, and without autograd, it is the plain product."""
+    import torch
+
+    from transformerkit.layers import calls
+
+    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 0)
+    x64 = rng.normal(size=shape)
+    k64 = rng.normal(size=(8, 5))
+    b64 = rng.normal(size=(5,))
+    g64 = rng.normal(size=(*shape[:-1], 5))
+    x = torch.tensor(x64, dtype=torch.float32, requires_grad=True)
+    if transposed_kernel:
+        table = torch.tensor(k64.T, dtype=torch.float32, requires_grad=True)
+        kernel = table.t()
+    else:
+        table = kernel = torch.tensor(k64, dtype=torch.float32, requires_grad=True)
+    b = torch.tensor(b64, dtype=torch.float32, requires_grad=True) if bias else None
+    y = calls.linear(x, (kernel, b))
+    if calls._onednn_available():
+        assert "_OneDNNLinear" in graph_nodes(y)
+    (y * torch.tensor(g64, dtype=torch.float32)).sum().backward()
+    expected = x64 @ k64 + (b64 if bias else 0.0)
+    np.testing.assert_allclose(y.detach().numpy(), expected, atol=TOL)
+    rows, grads = x64.reshape(-1, 8), g64.reshape(-1, 5)
+    np.testing.assert_allclose(x.grad.numpy(), g64 @ k64.T, atol=TOL)
+    kernel_grad = table.grad.numpy().T if transposed_kernel else table.grad.numpy()
+    np.testing.assert_allclose(kernel_grad, rows.T @ grads, atol=TOL)
+    if bias:
+        np.testing.assert_allclose(b.grad.numpy(), grads.sum(0), atol=TOL)
+    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 10**9)
+    plain = calls.linear(x, (kernel, b))
+    assert "_OneDNNLinear" not in graph_nodes(plain)
+    np.testing.assert_allclose(plain.detach().numpy(), expected, atol=TOL)
+
+
+def graph_nodes(tensor):
+    """The names of the autograd nodes that ``tensor`` was computed by, ``Backward`` cut off."""
+    names, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None:
+            names.add(type(node).__name__.removesuffix("Backward"))
+            todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
 def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng):
     """The packed copy is reused while the weights are unchanged and rebuilt after any
     in-place update (``assign``, an optimizer step), so decoding follows a training model."""

@@ -252,3 +252,27 @@ def test_train_step_on_real_label_positions_equals_full_logits(kind):
         assert taken == [False]
     finally:
         type(shortcut).call = call
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch" or not fastpath.ENABLED,
+                    reason="oneDNN's training product is a PyTorch shortcut")
+def test_onednn_training_products_train_as_the_plain_products(monkeypatch):
+    """A few training steps of a Transformer whose every ``Dense`` product takes oneDNN (the
+    threshold lowered to 0) give the losses and weights of the plain products."""
+    from transformerkit.layers import calls
+    from transformerkit.training import MaskedCrossEntropy
+
+    def run(threshold):
+        monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", threshold)
+        keras.utils.set_random_seed(3)
+        model = Transformer(30, 30, **SMALL)
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=MaskedCrossEntropy(0.1))
+        source, target = ids(4, 9, 30, 8, pad_from=6), ids(4, 8, 30, 9, pad_from=5)
+        losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
+                  for _ in range(3)]
+        return losses, [to_numpy(w) for w in model.weights]
+
+    (onednn_losses, onednn_weights), (plain_losses, plain_weights) = run(0), run(2**62)
+    np.testing.assert_allclose(onednn_losses, plain_losses, atol=1e-5)
+    for a, b in zip(onednn_weights, plain_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

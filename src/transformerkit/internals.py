@@ -35,7 +35,10 @@ oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_line
                            rows by a 256 x 8000 matrix ran 1.3-3x faster than ``addmm`` on
                            an AMD EPYC, decoding ~9% faster (``bench/decode.py``);
                            ``Tensor._version`` tells when a packed weight is stale (without
-                           it the weights are packed on every call)
+                           it the weights are packed on every call); ``_linear_pointwise``
+                           also computes the training step's large ``Dense`` products and
+                           their input gradients (``_OneDNNLinear``: the small Multi30k
+                           and the paper-base steps 0.95-0.96x the time with ``mm``)
 optimizer accumulators     ``training/processes.py``: ``_accumulated_gradients`` and
                            ``_iterations`` (the micro-batch count; built per optimizer,
                            looked up on the instance; without them each micro-batch's

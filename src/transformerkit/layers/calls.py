@@ -113,15 +113,66 @@ def norm_weights(layer):
 
 def linear(x, weights):
     """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
-    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``; or
-    for :class:`PackedLinear` weights from :func:`inference_linear`, one oneDNN product."""
+    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``
+    (a large product under autograd: :class:`_OneDNNLinear`); or for :class:`PackedLinear`
+    weights from :func:`inference_linear`, one oneDNN product."""
     if isinstance(weights, PackedLinear):
         return internals.get("onednn_linear")(x, weights.packed, weights.bias, "none", [], "")
     kernel, bias = weights
+    if _onednn_trains(x, kernel):
+        y = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), kernel, bias)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], kernel.shape[1])
     if x.dim() == 2:
         return torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
     y = torch.matmul(x, kernel)
     return y if bias is None else y + bias
+
+
+# The training step's products of at least this many multiply-adds (rows x d_in x d_out) take
+# oneDNN's linear kernel for the forward product and the input gradient (:func:`linear`):
+# in-process A/B on a 2-core AMD EPYC, the small Multi30k Transformer's step (~4,000 rows,
+# products of 2^28-2^29) 0.96x the time; nanoGPT's CPU recipe (768 rows, 2^23.6-2^25.6)
+# 1.03x when forced, as the autograd function's Python costs more than the kernel saves.
+ONEDNN_TRAIN_MIN_MACS = 2 ** 27
+
+
+def _onednn_trains(x, kernel):
+    """Whether :func:`linear` takes :class:`_OneDNNLinear`: autograd recording, a float32 CPU
+    product of at least :data:`ONEDNN_TRAIN_MIN_MACS` and oneDNN in this PyTorch."""
+    return (torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad)
+            and x.dtype == kernel.dtype == torch.float32 and x.device.type == "cpu"
+            and x.numel() * kernel.shape[1] >= ONEDNN_TRAIN_MIN_MACS and _onednn_available())
+
+
+if keras.backend.backend() == "torch":
+    class _OneDNNLinear(torch.autograd.Function):
+        """``x @ kernel + bias`` for ``x`` ``(rows, d_in)``, ``kernel`` ``(d_in, d_out)``: the
+        product and the input gradient ``g @ kernel^T`` by oneDNN's linear kernel, the kernel
+        gradient ``x^T @ g`` by ``torch.mm`` (MKL's was the faster one for it; oneDNN's, fed
+        transposed copies, ran at half its speed). The same arithmetic as ``addmm``, to
+        round-off."""
+
+        @staticmethod
+        def forward(ctx, x, kernel, bias):
+            ctx.save_for_backward(x, kernel)
+            ctx.has_bias = bias is not None
+            return internals.get("onednn_linear")(x, kernel.t().contiguous(), bias, "none",
+                                                  [], "")
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            x, kernel = ctx.saved_tensors
+            grad = grad.contiguous()
+            grad_x = grad_kernel = grad_bias = None
+            if ctx.needs_input_grad[0]:
+                grad_x = (internals.get("onednn_linear")(grad, kernel, None, "none", [], "")
+                          if kernel.is_contiguous() else torch.mm(grad, kernel.t()))
+            if ctx.needs_input_grad[1]:
+                grad_kernel = torch.mm(x.t(), grad)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_bias = grad.sum(0)
+            return grad_x, grad_kernel, grad_bias
 
 
 class PackedLinear(NamedTuple):
@@ -176,8 +227,8 @@ _PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows wo
 
 
 def _onednn_available():
-    """Whether :func:`inference_linear` may pack for oneDNN: this PyTorch has oneDNN and its two
-    linear kernels (:mod:`transformerkit.internals`)."""
+    """Whether :func:`inference_linear` may pack for oneDNN and :class:`_OneDNNLinear` may run:
+    this PyTorch has oneDNN and its two linear kernels (:mod:`transformerkit.internals`)."""
     global _ONEDNN
     if _ONEDNN is None:
         _ONEDNN = (torch.backends.mkldnn.is_available() and internals.available("onednn_pack")
