@@ -38,7 +38,7 @@ oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_line
                            it the weights are packed on every call); ``_linear_pointwise``
                            also computes the training step's large ``Dense`` products and
                            their input gradients (``_OneDNNLinear``: the small Multi30k
-                           and the paper-base steps 0.95-0.96x the time with ``mm``)
+                           and the paper-base steps 0.94-0.96x the time with ``mm``)
 optimizer accumulators     ``training/processes.py``: ``_accumulated_gradients`` and
                            ``_iterations`` (the micro-batch count; built per optimizer,
                            looked up on the instance; without them each micro-batch's

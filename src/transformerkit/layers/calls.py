@@ -156,8 +156,8 @@ if keras.backend.backend() == "torch":
         def forward(ctx, x, kernel, bias):
             ctx.save_for_backward(x, kernel)
             ctx.has_bias = bias is not None
-            return internals.get("onednn_linear")(x, kernel.t().contiguous(), bias, "none",
-                                                  [], "")
+            # (d_out, d_in) as a transposed view: oneDNN reads the strides (a copy cost more)
+            return internals.get("onednn_linear")(x, kernel.t(), bias, "none", [], "")
 
         @staticmethod
         @torch.autograd.function.once_differentiable
@@ -166,8 +166,7 @@ if keras.backend.backend() == "torch":
             grad = grad.contiguous()
             grad_x = grad_kernel = grad_bias = None
             if ctx.needs_input_grad[0]:
-                grad_x = (internals.get("onednn_linear")(grad, kernel, None, "none", [], "")
-                          if kernel.is_contiguous() else torch.mm(grad, kernel.t()))
+                grad_x = internals.get("onednn_linear")(grad, kernel, None, "none", [], "")
             if ctx.needs_input_grad[1]:
                 grad_kernel = torch.mm(x.t(), grad)
             if ctx.has_bias and ctx.needs_input_grad[2]:
