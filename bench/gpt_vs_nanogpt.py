@@ -74,17 +74,26 @@ def read_text():
         return f.read()
 
 
-def prepare_nanogpt_data(folder):
-    """nanoGPT's data/shakespeare_char/prepare.py, without the download."""
+def nanogpt_splits():
+    """nanoGPT's character ids of tiny Shakespeare: ``(chars, {"train": ids, "val": ids})``,
+    the first 90% for training (as its data/shakespeare_char/prepare.py)."""
     data = read_text()
     chars = sorted(set(data))
     stoi = {ch: i for i, ch in enumerate(chars)}
     n = len(data)
+    return chars, {name: np.array([stoi[c] for c in part], dtype=np.uint16)
+                   for name, part in (("train", data[: int(n * 0.9)]),
+                                      ("val", data[int(n * 0.9):]))}
+
+
+def prepare_nanogpt_data(folder):
+    """nanoGPT's data/shakespeare_char/prepare.py, without the download."""
+    chars, splits = nanogpt_splits()
+    stoi = {ch: i for i, ch in enumerate(chars)}
     target = os.path.join(folder, "data", "shakespeare_char")
     os.makedirs(target, exist_ok=True)
-    for name, part in (("train", data[: int(n * 0.9)]), ("val", data[int(n * 0.9):])):
-        np.array([stoi[c] for c in part], dtype=np.uint16).tofile(
-            os.path.join(target, f"{name}.bin"))
+    for name, ids in splits.items():
+        ids.tofile(os.path.join(target, f"{name}.bin"))
     with open(os.path.join(target, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
     return target

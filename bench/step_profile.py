@@ -69,10 +69,8 @@ def gpt_pair(nanogpt, num_batches=40):
     import torch
 
     recipe = bench.RECIPES["cpu"]
-    text = bench.read_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text[: int(len(text) * 0.9)]], dtype=np.int64)
+    chars, splits = bench.nanogpt_splits()
+    ids = splits["train"].astype(np.int64)
     block, batch = recipe["block_size"], recipe["batch_size"]
     rng = np.random.default_rng(0)
     starts = rng.integers(0, len(ids) - block - 1, size=(num_batches, batch))
@@ -190,8 +188,10 @@ def main():
                         "(default: 1/1.2 for small, 0.8 for gpt)")
     parser.add_argument("--top", type=int, default=15, help="kernels listed")
     args = parser.parse_args()
-    if args.pair == "gpt" and not args.nanogpt:
-        parser.error("--pair gpt needs --nanogpt DIR (git clone https://github.com/karpathy/nanoGPT)")
+    if args.pair == "gpt" and not (args.nanogpt and os.path.isfile(
+            os.path.join(args.nanogpt, "model.py"))):
+        parser.error("--pair gpt needs --nanogpt DIR, a nanoGPT checkout with its model.py "
+                     "(git clone https://github.com/karpathy/nanoGPT)")
     os.environ["KERAS_BACKEND"] = "torch"
     import transformerkit
 

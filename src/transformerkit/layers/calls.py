@@ -131,8 +131,9 @@ def linear(x, weights):
 # The training step's products of at least this many multiply-adds (rows x d_in x d_out) take
 # oneDNN's linear kernel for the forward product and the input gradient (:func:`linear`):
 # in-process A/B on a 2-core AMD EPYC, the small Multi30k Transformer's step (~4,000 rows,
-# products of 2^28-2^29) 0.96x the time; nanoGPT's CPU recipe (768 rows, 2^23.6-2^25.6)
-# 1.03x when forced, as the autograd function's Python costs more than the kernel saves.
+# products of 2^28-2^29) 0.94-0.95x the time, the paper-base step 0.96x; nanoGPT's CPU
+# recipe (768 rows, 2^23.6-2^25.6) 1.03x when forced, as the autograd function's Python
+# costs more than the kernel saves.
 ONEDNN_TRAIN_MIN_MACS = 2 ** 27
 
 
