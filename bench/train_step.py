@@ -21,11 +21,18 @@ output layer of transformerkit's PyTorch step at the real label positions only).
     python bench/train_step.py            # writes bench/results/train_step.{json,md}
     python bench/train_step.py --batches 6 --repeats 1 --rounds 3  # `make bench`: medians
     python bench/train_step.py --precision float32,mixed_bfloat16   # + a bf16 row (small model)
+    python bench/train_step.py --backends torch --batches 6 --repeats 2 --rounds 7 \
+        --name train_step_torch   # the equal-terms ratio over more rounds
+
+With several rounds the report also prints the equal-terms ratio (ours over Marian with the
+same allocator setting) as the ratio of the systems' medians and as the median of the
+per-round ratios.
 """
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -164,6 +171,8 @@ def main():
                         help="run the small-model systems this many times, one after the "
                              "other, and report each one's median (the machine's speed drifts "
                              "between minutes)")
+    parser.add_argument("--name", default="train_step",
+                        help="results/NAME.{json,md} (default train_step)")
     parser.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="float32",
                         help="comma-separated dtype policies (float32, mixed_bfloat16); each "
@@ -249,17 +258,25 @@ def write_report(args, rows, rounds, peak):
                      for r in rounds if ours is not None and peer is not None
                      and "error" not in r[ours] and "error" not in r[peer]]
         allocator = index.get("HF Marian + transformerkit's malloc setting")
-        per_round_equal = [
-            f"{r[ours]['target_tokens_per_s'] / r[allocator]['target_tokens_per_s']:.2f}x"
-            for r in rounds if ours is not None and allocator is not None
-            and "error" not in r[ours] and "error" not in r[allocator]]
+        equal = [r[ours]["target_tokens_per_s"] / r[allocator]["target_tokens_per_s"]
+                 for r in rounds if ours is not None and allocator is not None
+                 and "error" not in r[ours] and "error" not in r[allocator]]
+        per_round_equal = [f"{x:.2f}x" for x in equal]
         lines.append(f"Small model: the median of {args.rounds} rounds per system (each round "
                      "runs every system once, one after the other, every other round in the "
                      "reverse order); transformerkit (torch) against Marian round by round: "
                      f"{', '.join(per_round)}; against Marian with the same malloc setting: "
                      f"{', '.join(per_round_equal)}.")
-    common.write_results("train_step", {"machine": common.machine(), "matmul_peak_gflops": peak,
-                                        "rows": rows}, "\n".join(lines))
+        if equal:
+            by_system = {r["system"]: r for r in rows if r["model"] == "small"}
+            ratio = (by_system["transformerkit (torch)"]["target_tokens_per_s"]
+                     / by_system["HF Marian + transformerkit's malloc setting"]
+                     ["target_tokens_per_s"])
+            lines.append(f"Equal terms (transformerkit (torch) over Marian with the same malloc "
+                         f"setting): {ratio:.3f}x by the systems' medians; the median of the "
+                         f"per-round ratios {statistics.median(equal):.3f}x.")
+    common.write_results(args.name, {"machine": common.machine(), "matmul_peak_gflops": peak,
+                                     "rows": rows}, "\n".join(lines))
 
 
 if __name__ == "__main__":
