@@ -139,12 +139,14 @@ def run_worker(script, args, env_extra=None, timeout=1800):
 
 
 def write_results(name, payload, table):
-    """Write ``results/NAME.json`` and ``results/NAME.md`` (the table the README quotes)."""
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
-        json.dump(payload, f, indent=2)
+    """Write ``results/NAME.json`` and ``results/NAME.md`` (the table the README quotes),
+    each atomically: an interrupted run leaves the previous results whole."""
+    from transformerkit.files import atomic_write_text
+
+    if not name or os.path.basename(name) != name or name.startswith("."):
+        raise SystemExit(f"--name must be a plain file name without folders, got {name!r}")
+    atomic_write_text(os.path.join(RESULTS, f"{name}.json"), json.dumps(payload, indent=2))
     if "machine" in payload:
         table = table + "\n\n" + describe(payload["machine"])
-    with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
-        f.write(table + "\n")
+    atomic_write_text(os.path.join(RESULTS, f"{name}.md"), table + "\n")
     print(table)
