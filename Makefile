@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TRANSFORMERKIT_DATA ?= $(abspath ../shared/data)
 
-.PHONY: install demo test test-slow bench lint clean
+.PHONY: install demo test test-slow test-kernels bench lint clean
 
 # every backend, hf and the test tools, at the exact versions of constraints.txt; torch first
 # by itself (2.13.0 is the CPU build here: let pip pick no other torch)
@@ -34,8 +34,22 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 -q
 	TRANSFORMERKIT_FAST_PATHS=0 $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)
 
+# the numerics tests again on other CPU kernel families (tests/tolerances.py: each tolerance is
+# a float32 rounding bound, so it must hold whatever blocking and summation order the kernels
+# take): oneDNN, MKL and ATen capped at AVX2 with MKL's reproducible code path, then at
+# AVX-512 where the CPU has it
+KERNELS_AVX2 := MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+KERNELS_AVX512 := MKL_CBWR=AVX512 ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512
+
+test-kernels: $(STAMP)
+	$(KERNELS_AVX2) $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)
+	if grep -qw avx512f /proc/cpuinfo; then \
+		$(KERNELS_AVX512) $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS); \
+	else echo "test-kernels: no AVX-512 on this CPU, its setting not run"; fi
+
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
+	$(MAKE) test-kernels
 
 bench: $(STAMP)
 	$(BIN)/python bench/train_step.py --batches 6 --repeats 1 --rounds 3

@@ -150,3 +150,20 @@ def assert_caught(test, *args, **kwargs):
         return
     raise AssertionError(f"{test.__name__} passed with a deliberate bug planted: its "
                          "tolerance no longer sees that mistake")
+
+
+def cross_entropy_roundings(vocab, tokens):
+    """A mean label-smoothed cross-entropy: log-sum-exp over ``vocab`` logits (the sum, the
+    exp and the log), the smoothing's sum over ``vocab``, the mean over ``tokens``."""
+    return 2 * vocab + 2 * ELEMENTWISE_ULPS + 3 + tokens
+
+
+def sgd_weights_atol(gradient_roundings, learning_rate, steps, weights, paths=2):
+    """Weights after ``steps`` SGD steps from the same start, ``w - lr * g`` each, on paths
+    whose gradients each carry ``gamma(gradient_roundings)`` times ``max(|g|, 1)`` (a
+    cross-entropy gradient is ``(softmax - labels) / tokens`` back through renormalised
+    layers: entries of order at most one): ``steps * (lr * that + u |w|)`` per path, to first
+    order. (Adam's ``m / sqrt(v)`` has no such bound: where a gradient is near zero it turns a
+    rounding-size difference into a step of ``lr``; compare Adam paths only when exact.)"""
+    w = np.abs(np.asarray(weights, np.float64))
+    return paths * steps * (learning_rate * gamma(gradient_roundings) + U32 * w)
