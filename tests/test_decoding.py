@@ -1,6 +1,11 @@
 """Decoders: the key/value cache against full recomputation, greedy, beam search, sampling,
 end tokens in a batch, bad input; and the same checks on JAX, TensorFlow and PyTorch.
 
+Kinds of claims: logits and scores of two float32 computations (cached steps and full
+passes) agree within their rounding bound (``tests/tolerances.py``); ids of two searches
+whose kernels or shapes differ are equal except at a near-tie (the helpers of
+``test_search_stopping.py``); ids and scores of runs through the same kernels are exact.
+
 Run as a script (``python tests/test_decoding.py OUT.json``) this file is the per-backend
 probe of :func:`test_all_backends`: it builds small models and writes its checks as JSON.
 """
@@ -14,7 +19,14 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tolerances as tol
 from keras import ops
+from test_search_stopping import (
+    assert_same_hypotheses_or_near_tie,
+    assert_same_ids_or_near_tie,
+    next_logits_after,
+    score_bound,
+)
 
 from transformerkit import fastpath
 from transformerkit.data.tokenizers import CharTokenizer
@@ -36,7 +48,6 @@ from transformerkit.decoding.common import (
 from transformerkit.decoding.sampling import filter_logits, sampling_choice
 from transformerkit.models import GPT, Transformer
 
-TOL = 1e-5
 BOS, EOS = 1, 2
 SOURCES = np.array([[5, 9, 14, 7, 21, 8, EOS], [11, 6, 19, EOS, 0, 0, 0], [23, EOS, 0, 0, 0, 0, 0]],
                    dtype="int32")
@@ -84,16 +95,29 @@ def full_logits(model, source, outputs, steps):
     return ops.convert_to_numpy(model((source, decoder_input), training=False))
 
 
-def cache_differences(model, use_cache, max_new=10):
-    """Largest |cached step logits - full forward logits| over the steps each row ran."""
+def cache_excess(model, use_cache, max_new=10):
+    """Largest |cached step logits - full forward logits| over the steps each row ran, as a
+    fraction of its bound (two float32 paths through the model: at most 1)."""
     outputs, logits = greedy_translate(model, SOURCES, max_new_tokens=max_new,
                                        use_cache=use_cache, return_logits=True)
     full = full_logits(model, SOURCES, outputs, max_new)
     worst = 0.0
     for row, ids in enumerate(outputs):
         steps = min(len(ids) + 1, max_new)  # the step that produced EOS is checked too
-        worst = max(worst, float(np.abs(full[row, :steps] - logits[row, :steps]).max()))
+        atol = tol.chain_atol(tol.model_roundings(model, SOURCES.shape[1], steps),
+                              full[row, :steps], paths=2)
+        worst = max(worst, float(np.abs(full[row, :steps] - logits[row, :steps]).max()) / atol)
     return worst
+
+
+def holds(check, *args):
+    """True if ``check(*args)`` passes (returns without an ``AssertionError``, and not False),
+    else its message (the probe's results are JSON)."""
+    try:
+        result = check(*args)
+    except AssertionError as error:
+        return str(error)[:500]
+    return True if result is not False else f"{check.__name__} returned False"
 
 
 # -- the cache --------------------------------------------------------------------------------
@@ -101,44 +125,78 @@ def cache_differences(model, use_cache, max_new=10):
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
 @pytest.mark.parametrize("use_cache", [True, "keras"])
 def test_cached_logits_equal_full_recomputation_at_every_step(options, use_cache):
+    """Two float32 paths (one position per step against the whole prefix): within the
+    model's bound, twice."""
     model = make_transformer(options)
-    assert cache_differences(model, use_cache) < TOL
+    assert cache_excess(model, use_cache) <= 1.0
+
+
+def test_tolerances_still_catch_a_cache_that_stores_the_wrong_position(monkeypatch):
+    """Planted bug: the one-position step (fast paths on) also writes its key and value over
+    the previous position of the cache, so later steps attend to a wrong history."""
+    from transformerkit.layers import MultiHeadAttention
+
+    if keras.backend.backend() != "torch":
+        pytest.skip("the one-position step is the PyTorch-eager shortcut")
+    step = MultiHeadAttention.step
+
+    def overwriting(self, x, weights, cache, index):
+        out = step(self, x, weights, cache, index)
+        if index > 0:
+            for t in cache:
+                t[index - 1] = t[index]
+        return out
+
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+    monkeypatch.setattr(MultiHeadAttention, "step", overwriting)
+    tol.assert_caught(test_cached_logits_equal_full_recomputation_at_every_step, "paper", True)
 
 
 def test_recomputation_and_cache_give_the_same_translations():
+    """Other kernels and shapes (cached steps, the Keras cache, the whole prefix): the same
+    ids except at a near-tie."""
     model = make_transformer()
     cached = greedy_translate(model, SOURCES, max_new_tokens=10)
-    assert greedy_translate(model, SOURCES, max_new_tokens=10, use_cache=False) == cached
-    assert greedy_translate(model, SOURCES, max_new_tokens=10, use_cache="keras") == cached
+    next_logits = next_logits_after(model, SOURCES)
+    for mode in (False, "keras"):
+        assert_same_ids_or_near_tie(
+            greedy_translate(model, SOURCES, max_new_tokens=10, use_cache=mode), cached,
+            next_logits, f"use_cache={mode}")
 
 
 def test_gpt_cache_equals_recomputation_for_prompts_of_different_lengths():
+    """Cached, Keras-cached and recomputed generation, a batch and each prompt alone: other
+    kernels or shapes, so the same ids except at a near-tie; and each generated id is the
+    arg-max of a full forward pass, up to a near-tie."""
     model = make_gpt()
     prompts = [[5, 6, 7, 8], [9, 10], [3, 4, 11]]
+    next_logits = next_logits_after(model, prompts=prompts)
     cached = generate_ids(model, prompts, max_new_tokens=6, temperature=0)
-    assert generate_ids(model, prompts, max_new_tokens=6, temperature=0, use_cache=False) == cached
-    assert generate_ids(model, prompts, max_new_tokens=6, temperature=0,
-                        use_cache="keras") == cached
+    for mode in (False, "keras"):
+        assert_same_ids_or_near_tie(
+            generate_ids(model, prompts, max_new_tokens=6, temperature=0, use_cache=mode),
+            cached, next_logits, f"use_cache={mode}")
     # a batch gives what each prompt gives alone
-    assert [generate_ids(model, p, max_new_tokens=6, temperature=0) for p in prompts] == cached
+    assert_same_ids_or_near_tie(
+        [generate_ids(model, p, max_new_tokens=6, temperature=0) for p in prompts], cached,
+        next_logits, "alone")
     # and greedy generation is the arg-max of a full forward pass at every position
-    ids = list(prompts[0])
-    for token in cached[0]:
-        logits = ops.convert_to_numpy(model(np.array([ids], "int32")))[0, -1]
-        logits[[0, 1]] = -np.inf  # PAD and BOS are never generated
-        assert int(logits.argmax()) == token
-        ids.append(token)
+    for t, token in enumerate(cached[0]):
+        logits, atol = next_logits(0, cached[0][:t])  # PAD and BOS are never generated
+        assert logits.max() - logits[token] <= atol, (t, token, logits.argmax())
 
 
 # -- greedy and end tokens --------------------------------------------------------------------
 
 def test_batch_with_different_lengths_equals_one_sentence_at_a_time():
+    """Other shapes (padding, batch rows): the same ids except at a near-tie."""
     model = make_transformer("pre_gelu_t2t_tied")
     batch = greedy_translate(model, SOURCES, max_new_tokens=10)
+    alone = []
     for row in range(len(SOURCES)):
         length = int((SOURCES[row] != 0).sum())
-        alone = greedy_translate(model, SOURCES[row:row + 1, :length], max_new_tokens=10)
-        assert alone[0] == batch[row]
+        alone += greedy_translate(model, SOURCES[row:row + 1, :length], max_new_tokens=10)
+    assert_same_ids_or_near_tie(alone, batch, next_logits_after(model, SOURCES))
 
 
 def _eos_model(bias):
@@ -173,14 +231,20 @@ def test_outputs_never_hold_pad_or_bos_and_respect_max_new_tokens():
 
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
 def test_beam_size_one_equals_greedy(options):
+    """Beam 1 picks the top of log-softmax + score (its own rounding), greedy the arg-max of
+    the logits: the same ids except at a near-tie."""
     model = make_transformer(options)
     greedy = greedy_translate(model, SOURCES, max_new_tokens=10)
     beam = beam_translate(model, SOURCES, max_new_tokens=10, beam_size=1, alpha=0.0)
-    assert [h[0].ids for h in beam] == greedy
+    assert_same_ids_or_near_tie([h[0].ids for h in beam], greedy,
+                                next_logits_after(model, SOURCES))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_results_are_sorted_and_scored_by_the_model(alpha):
+    """Sorted exactly; each score is its float32 log-probability over a float32 penalty (its
+    power and two divisions: a few roundings); each log-probability is the model's own, a
+    full forward pass (two paths, summed over the hypothesis' tokens)."""
     model = make_transformer("pre_gelu_t2t_tied", seed=3)
     hyps = beam_translate(model, SOURCES, max_new_tokens=10, beam_size=4, n_best=4, alpha=alpha)
     for found in hyps:
@@ -189,41 +253,48 @@ def test_beam_results_are_sorted_and_scored_by_the_model(alpha):
         assert scores == sorted(scores, reverse=True)
         for h in found:
             length = len(h.ids) + h.finished  # EOS counts when the hypothesis ended
-            assert h.score == pytest.approx(h.log_prob / length_penalty(length, alpha), abs=1e-5)
+            tol.assert_within(h.score, h.log_prob / length_penalty(length, alpha),
+                              tol.chain_atol(tol.ELEMENTWISE_ULPS + 3, h.score))
     # the reported log-probabilities are the model's own (one full forward pass)
+    atol = score_bound(model, SOURCES, hyps)
     for k in range(4):
         finished = [found[k].finished for found in hyps]
         model_logp = sequence_log_probs(model, SOURCES, [found[k].ids for found in hyps])
         for row, found in enumerate(hyps):
             if finished[row]:
-                assert found[k].log_prob == pytest.approx(model_logp[row], abs=1e-4)
+                tol.assert_within(found[k].log_prob, model_logp[row],
+                                  atol(len(found[k].ids) + 1), f"row {row}, rank {k}")
 
 
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_best_beam_never_scores_below_greedy(options, alpha):
+    """Up to two paths' bound of a score (beam's cached steps, greedy's full pass)."""
     model = make_transformer(options, seed=1)
     greedy = greedy_translate(model, SOURCES, max_new_tokens=10)
     greedy_logp = sequence_log_probs(model, SOURCES, greedy)
     best = beam_translate(model, SOURCES, max_new_tokens=10, beam_size=4, alpha=alpha)
+    atol = score_bound(model, SOURCES, [[ids] for ids in greedy] + best)
     for row, ids in enumerate(greedy):
         if len(ids) == 10:  # greedy hit the limit without EOS: not a finished hypothesis
             continue
         greedy_score = greedy_logp[row] / length_penalty(len(ids) + 1, alpha)
-        assert best[row][0].score >= greedy_score - 1e-4
+        length = max(len(ids), len(best[row][0].ids)) + 1
+        assert best[row][0].score >= greedy_score - atol(length), (row, greedy_score, best[row])
 
 
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
 def test_beam_search_is_the_same_on_every_cache_path(options):
-    """The backend's fast cache (on PyTorch: TorchSteps, whose ``reorder`` moves the caches
-    with their beams), the Keras cache and recomputation find the same beams."""
+    """The backend's fast cache (on PyTorch: EagerSteps, whose ``reorder`` moves the caches
+    with their beams), the Keras cache and recomputation find the same beams: other kernels,
+    so scores within two paths' bound and the same hypotheses except at a near-tie."""
     model = make_transformer(options)
     found = [beam_translate(model, SOURCES, max_new_tokens=10, beam_size=4, n_best=4,
                             use_cache=mode) for mode in (True, "keras", False)]
-    for other in found[1:]:
-        for a, b in zip(found[0], other, strict=True):
-            assert [h.ids for h in a] == [h.ids for h in b]
-            np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
+    atol = score_bound(model, SOURCES, sum(found, []))
+    for mode, other in zip(("keras", False), found[1:], strict=True):
+        for row, (a, b) in enumerate(zip(found[0], other, strict=True)):
+            assert_same_hypotheses_or_near_tie(a, b, atol, f"use_cache={mode}, row {row}")
 
 
 @pytest.mark.parametrize("shortcuts", [True, False])
@@ -271,7 +342,9 @@ def test_token_rules_in_place_equal_the_added_bias_and_log_softmax_plus_numpy():
     reference = x64 - x64.max(1, keepdims=True)
     reference = reference - np.log(np.exp(reference).sum(1, keepdims=True)) + row_scores[:, None]
     got = log_softmax_plus(ops.convert_to_tensor(x), ops.convert_to_tensor(row_scores))
-    np.testing.assert_allclose(ops.convert_to_numpy(got), reference, atol=1e-5)
+    # a log-softmax over 40 (its sum, exp, log and shift), then the addition
+    tol.assert_within(ops.convert_to_numpy(got), reference,
+                      tol.chain_atol(40 + tol.SOFTMAX_EXTRA + 1, reference))
 
 
 def test_argmax_ids_equals_numpy():
@@ -285,7 +358,10 @@ def _plain_top_k(x, k):
 
 def large_vocabulary_beams_equal():
     """Beam 4 over 600 words takes the chunked top-k path; a twin model (its own compiled
-    decoder on JAX/TensorFlow) searching with plain ``top_k`` must find the same beams."""
+    decoder on JAX/TensorFlow) searching with plain ``top_k`` must find the same beams:
+    exactly on eager PyTorch (the same kernels score, only the selection differs, and it
+    picks the same numbers); the compiled twins are other programs (XLA may fuse the scores
+    with each selection differently), so there within the bound, near-ties allowed."""
     from transformerkit.decoding import beam
 
     results, weights = [], None
@@ -302,9 +378,15 @@ def large_vocabulary_beams_equal():
                                           n_best=4))
         finally:
             beam.chunked_top_k = chosen
-    return all([h.ids for h in a] == [h.ids for h in b] and
-               np.allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
-               for a, b in zip(*results, strict=True))
+    if keras.backend.backend() == "torch":
+        for row, (a, b) in enumerate(zip(*results, strict=True)):
+            assert [(h.ids, h.score, h.log_prob) for h in a] == \
+                [(h.ids, h.score, h.log_prob) for h in b], f"row {row}"
+        return True
+    atol = score_bound(model, SOURCES, results[0] + results[1])
+    for row, (a, b) in enumerate(zip(*results, strict=True)):
+        assert_same_hypotheses_or_near_tie(a, b, atol, f"row {row}")
+    return True
 
 
 def test_beam_search_with_a_large_vocabulary_equals_plain_top_k():
@@ -324,10 +406,19 @@ def test_beam_arguments_are_checked():
 # -- sampling ---------------------------------------------------------------------------------
 
 def test_top_k_one_and_tiny_top_p_equal_greedy():
+    """Sampling keeps every row, greedy drops finished ones (other shapes): the same ids
+    except at a near-tie. Exact where the same kernels run: temperature 0 is the greedy
+    path itself, and GPT generation keeps every row either way (top-k 1 keeps one finite
+    logit: the arg-max)."""
     model = make_transformer()
     greedy = greedy_translate(model, SOURCES, max_new_tokens=10)
-    assert sample_translate(model, SOURCES, max_new_tokens=10, top_k=1, seed=5) == greedy
-    assert sample_translate(model, SOURCES, max_new_tokens=10, top_p=1e-6, seed=5) == greedy
+    next_logits = next_logits_after(model, SOURCES)
+    assert_same_ids_or_near_tie(
+        sample_translate(model, SOURCES, max_new_tokens=10, top_k=1, seed=5), greedy,
+        next_logits, "top_k=1")
+    assert_same_ids_or_near_tie(
+        sample_translate(model, SOURCES, max_new_tokens=10, top_p=1e-6, seed=5), greedy,
+        next_logits, "top_p=1e-6")
     assert sample_translate(model, SOURCES, max_new_tokens=10, temperature=0) == greedy
     gpt = make_gpt()
     prompts = [[5, 6, 7], [8]]
@@ -336,6 +427,7 @@ def test_top_k_one_and_tiny_top_p_equal_greedy():
 
 
 def test_same_seed_same_sample_other_seed_other_sample():
+    """Exact: the same seed runs the same kernels and draws the same numbers."""
     model = make_transformer()
     first = sample_translate(model, SOURCES, max_new_tokens=10, temperature=1.5, seed=11)
     assert sample_translate(model, SOURCES, max_new_tokens=10, temperature=1.5, seed=11) == first
@@ -354,15 +446,20 @@ def test_filter_logits_top_k_and_top_p():
     nucleus = ops.convert_to_numpy(filter_logits(logits, 1.0, top_p=0.75))
     assert np.isfinite(nucleus[0, :2]).all() and np.isinf(nucleus[0, 2:]).all()  # 0.5+0.3
     everything = ops.convert_to_numpy(filter_logits(logits, 2.0, top_p=1.0))
-    np.testing.assert_allclose(everything, ops.convert_to_numpy(logits) / 2.0, rtol=1e-6)
+    # exact: a division by 2 is exact in binary floating point
+    np.testing.assert_array_equal(everything, ops.convert_to_numpy(logits) / 2.0)
 
 
 def test_samples_follow_the_softmax():
+    """The frequencies of 20,000 draws within 5 standard deviations of a binomial
+    frequency (a sampling bound, not a rounding one: rounding moves a draw only at a
+    boundary between two ids, far below that)."""
     probs = np.array([0.6, 0.25, 0.1, 0.05], "float32")
     logits = ops.convert_to_tensor(np.tile(np.log(probs), (20000, 1)))
     choose = sampling_choice(np.int32(0), np.float32(1.0), None, None)
     draws = ops.convert_to_numpy(choose(logits, 0))
-    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), probs, atol=0.015)
+    tol.assert_within(np.bincount(draws, minlength=4) / len(draws), probs,
+                      5 * np.sqrt(probs * (1 - probs) / len(draws)))
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -407,29 +504,36 @@ def probe():
     for options in MODEL_OPTIONS:
         model = make_transformer(options)
         for mode in modes:
-            results[f"{options}/cache={mode}/max_diff"] = cache_differences(model, mode)
+            results[f"{options}/cache={mode}/excess"] = cache_excess(model, mode)
     model = make_transformer("pre_gelu_t2t_tied")
     greedy = greedy_translate(model, SOURCES, max_new_tokens=10)
-    results["recompute_equal"] = \
-        greedy_translate(model, SOURCES, max_new_tokens=10, use_cache=False) == greedy
-    results["beam1_equals_greedy"] = [h[0].ids for h in beam_translate(
-        model, SOURCES, max_new_tokens=10, beam_size=1, alpha=0.0)] == greedy
-    results["top_k1_equals_greedy"] = sample_translate(
-        model, SOURCES, max_new_tokens=10, top_k=1, seed=4) == greedy
+    next_logits = next_logits_after(model, SOURCES)  # ids: the same except at a near-tie
+    results["recompute_equal"] = holds(
+        assert_same_ids_or_near_tie, greedy_translate(
+            model, SOURCES, max_new_tokens=10, use_cache=False), greedy, next_logits)
+    results["beam1_equals_greedy"] = holds(
+        assert_same_ids_or_near_tie, [h[0].ids for h in beam_translate(
+            model, SOURCES, max_new_tokens=10, beam_size=1, alpha=0.0)], greedy, next_logits)
+    results["top_k1_equals_greedy"] = holds(
+        assert_same_ids_or_near_tie, sample_translate(
+            model, SOURCES, max_new_tokens=10, top_k=1, seed=4), greedy, next_logits)
     found = beam_translate(model, SOURCES, max_new_tokens=10, beam_size=3, n_best=3)
     results["beam_sorted"] = all(
         [h.score for h in f] == sorted((h.score for h in f), reverse=True) for f in found)
     sample = sample_translate(model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
+    # exact: the same kernels, the same draws
     results["same_seed_same_sample"] = sample == sample_translate(
         model, SOURCES, max_new_tokens=10, temperature=1.5, seed=7)
-    results["large_vocabulary_beams_equal"] = large_vocabulary_beams_equal()
+    results["large_vocabulary_beams_equal"] = holds(large_vocabulary_beams_equal)
     results.update(stopping_and_caps_checks())
     results["argmax_ids_equal_numpy"] = argmax_ids_equal_numpy()
     gpt = make_gpt()
     prompts = [[5, 6, 7, 8], [9, 10]]
     cached = generate_ids(gpt, prompts, 6, temperature=0)
-    results["gpt_recompute_equal"] = cached == generate_ids(gpt, prompts, 6, temperature=0,
-                                                            use_cache=False)
+    results["gpt_recompute_equal"] = holds(
+        assert_same_ids_or_near_tie, generate_ids(gpt, prompts, 6, temperature=0,
+                                                  use_cache=False),
+        cached, next_logits_after(gpt, prompts=prompts))
     results["gpt_same_seed"] = generate_ids(gpt, prompts, 6, seed=2, top_p=0.9) == \
         generate_ids(gpt, prompts, 6, seed=2, top_p=0.9)
     return results
@@ -455,8 +559,10 @@ def stopping_and_caps_checks():
     caps = length_caps(MIXED, 10, 0.5, 1)
     capped = greedy_translate(model, MIXED, max_new_tokens=10, max_len_a=0.5, max_len_b=1)
     full = greedy_translate(model, MIXED, max_new_tokens=10)
-    results["greedy_caps_cut_the_same_search"] = all(
-        c == f[:cap] for c, f, cap in zip(capped, full, caps, strict=True))
+    # rows leave the batch at other steps: the same ids except at a near-tie
+    results["greedy_caps_cut_the_same_search"] = holds(
+        assert_same_ids_or_near_tie, capped,
+        [f[:cap] for f, cap in zip(full, caps, strict=True)], next_logits_after(model, MIXED))
     return results
 
 
@@ -487,8 +593,8 @@ def test_all_backends(backend_results, backend):
     results = backend_results[backend]
     assert results["backend"] == backend
     for key, value in results.items():
-        if key.endswith("max_diff"):
-            assert value < TOL, (key, value)
+        if key.endswith("excess"):  # |cached - full| over its bound
+            assert value <= 1.0, (key, value)
         elif key != "backend":
             assert value is True, key
 
