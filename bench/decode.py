@@ -100,7 +100,9 @@ def transformerkit_decoder(run_dir, search, tokens, cache, forced):
     from transformerkit.saving import load_model
 
     model = load_model(RunDirectory(run_dir).model)
-    extra = dict(max_new_tokens=tokens, min_new_tokens=tokens if forced else 0, use_cache=cache)
+    # no length cap relative to the source: forced runs decode exactly `tokens` tokens
+    extra = dict(max_new_tokens=tokens, min_new_tokens=tokens if forced else 0, use_cache=cache,
+                 max_len_a=None, max_len_b=None)
     if search == "greedy":
         return lambda ids: greedy_translate(model, ids, **extra)
     return lambda ids: [h[0].ids for h in beam_translate(model, ids, beam_size=4, **extra)]

@@ -116,6 +116,7 @@ def ab_decoders(run, previous, forced):
     import transformerkit.decoding as current
 
     extra = dict(max_new_tokens=32, min_new_tokens=32) if forced else {}
+    extra.update(max_len_a=None, max_len_b=None)  # as the previous code's id-level default
     model = run.model
     fns = {}
     for name, module, options in (("previous", previous, {}),

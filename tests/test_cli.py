@@ -117,7 +117,7 @@ def test_options_and_positionals_in_any_order(command):
 def test_translate_texts_may_follow_options():
     args = cli.build_parser().parse_args(["translate", "R", "--n-best", "3",
                                      "Zwei Männer spielen Fußball."])
-    assert (args.run_dir, args.texts, args.n_best, args.beam) == (
+    assert (args.run_dir, args.texts, args.n_best, args.beam_size) == (
         "R", ["Zwei Männer spielen Fußball."], 3, 4)
     assert cli.build_parser().parse_args(["translate", "--beam", "1", "R"]).texts == []  # stdin
 

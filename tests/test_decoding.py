@@ -395,8 +395,14 @@ def test_beam_search_with_a_large_vocabulary_equals_plain_top_k():
 
 def test_beam_arguments_are_checked():
     model = make_transformer()
+    # n_best above beam_size widens the beam (SearchOptions.width), as translate always did
+    widened = beam_translate(model, SOURCES, beam_size=2, n_best=3, max_new_tokens=6)
+    assert all(len(found) == 3 for found in widened)
+    assert [[h.ids for h in found] for found in widened] == [
+        [h.ids for h in found] for found in beam_translate(model, SOURCES, beam_size=3,
+                                                           n_best=3, max_new_tokens=6)]
     with pytest.raises(ValueError, match="n_best"):
-        beam_translate(model, SOURCES, beam_size=2, n_best=3)
+        beam_translate(model, SOURCES, n_best=0)
     with pytest.raises(ValueError, match="beam_size"):
         beam_translate(model, SOURCES, beam_size=0)
     with pytest.raises(ValueError, match="alpha"):

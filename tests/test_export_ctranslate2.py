@@ -87,7 +87,9 @@ def check_transformer_equal(model, tmp_path, tokenizer=TOKENIZER):
     atol = score_bound(model, source_ids, [[t] for t in targets])
     tol.assert_within(ct2_log_probs(translator, SOURCES, TARGETS), ours,
                       [atol(len(t) + 1) for t in targets], "log-probabilities")
-    greedy = greedy_translate(model, source_ids, max_new_tokens=20)
+    # no cap relative to the source: CTranslate2 decodes up to max_decoding_length too
+    greedy = greedy_translate(model, source_ids, max_new_tokens=20, max_len_a=None,
+                              max_len_b=None)
     found = translator.translate_batch([list(s) for s in SOURCES], beam_size=1,
                                        max_decoding_length=20,
                                        suppress_sequences=[["<pad>"], ["<s>"]])

@@ -413,22 +413,34 @@ def test_length_caps_follow_the_source_and_stay_below_max_new_tokens():
         assert all(len(h.ids) <= cap for h in found) and not found[0].finished
 
 
+@pytest.mark.parametrize("a, b, error, message", [
+    (-1.0, 5, ValueError, "max_len_a must be a finite number >= 0"),
+    (float("nan"), 5, ValueError, "max_len_a must be a finite number >= 0"),
+    ("x", 5, TypeError, "max_len_a must be a number"),
+    (1.0, -2, ValueError, "max_len_b must be at least 0"),
+    (1.0, 2.5, TypeError, "max_len_b must be an int"),
+    (0.0, 0, ValueError, "allow no output token"),
+])
+def test_bad_length_caps_and_stopping_rules_are_clear_errors(a, b, error, message):
+    """The searches check their options as SearchOptions does (decoding/options.py)."""
+    model = mixed_length_model(0, 0.0)
+    with pytest.raises(error, match=message):
+        greedy_translate(model, SOURCES, max_len_a=a, max_len_b=b)
+    with pytest.raises(error, match=message):
+        beam_translate(model, SOURCES, max_len_a=a, max_len_b=b)
+    with pytest.raises(ValueError, match="stopping must be one of 'early', 'exact'"):
+        beam_translate(model, SOURCES, stopping="greedy")
+
+
 @pytest.mark.parametrize("a, b, message", [
     (-1.0, 5, "max_len_a must be a finite number >= 0"),
-    (float("nan"), 5, "max_len_a must be a finite number >= 0"),
     ("x", 5, "max_len_a must be a number"),
-    (1.0, -2, "max_len_b must be an integer >= 0"),
     (1.0, 2.5, "max_len_b must be an integer >= 0"),
-    (0.0, 0, "allow no output token"),
 ])
-def test_bad_length_caps_and_stopping_rules_are_clear_errors(a, b, message):
+def test_the_cap_of_the_length_caps_is_checked(a, b, message):
+    """``length_caps`` (which the CTranslate2 engine also uses) checks its own arguments."""
     with pytest.raises(ValueError, match=message):
         check_length_cap(a, b)
-    model = mixed_length_model(0, 0.0)
-    with pytest.raises(ValueError, match=message):
-        greedy_translate(model, SOURCES, max_len_a=a, max_len_b=b)
-    with pytest.raises(ValueError, match="stopping must be 'exact' or 'early'"):
-        beam_translate(model, SOURCES, stopping="greedy")
 
 
 def test_text_translation_checks_its_search_options_before_decoding():
@@ -444,12 +456,13 @@ def test_text_translation_checks_its_search_options_before_decoding():
 
 def test_cli_search_options_parse_and_refuse_bad_values(capsys):
     from transformerkit.cli import build_parser
-    from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+    from transformerkit.decoding.options import SearchOptions
 
+    default = SearchOptions()
     for command in ("translate", "evaluate"):
         args = build_parser().parse_args([command, "RUN"])
         assert (args.stopping, args.max_len_a, args.max_len_b) == \
-            (DEFAULT_STOPPING, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B)
+            (default.stopping, default.max_len_a, default.max_len_b)
         args = build_parser().parse_args([command, "RUN", "--stopping", "exact", "--max-len-a",
                                      "none", "--max-len-b", "none"])
         assert (args.stopping, args.max_len_a, args.max_len_b) == ("exact", None, None)

@@ -15,12 +15,7 @@ import warnings
 
 import numpy as np
 
-from transformerkit.config import (
-    DEFAULT_MAX_LEN_A,
-    DEFAULT_MAX_LEN_B,
-    DEFAULT_STOPPING,
-    load_config,
-)
+from transformerkit.config import load_config
 from transformerkit.run_directory import RunDirectory
 from transformerkit.special_tokens import SPECIAL_TOKENS
 
@@ -83,28 +78,20 @@ class Run:
                             f"{self.kind}")
 
     # -- translation ------------------------------------------------------------------------
-    def translate(self, texts, beam_size=4, alpha=0.6, n_best=1, max_new_tokens=None,
-                  batch_size=64, temperature=None, top_k=None, top_p=None, seed=None,
-                  engine="keras", stopping=DEFAULT_STOPPING, max_len_a=DEFAULT_MAX_LEN_A,
-                  max_len_b=DEFAULT_MAX_LEN_B):
+    def translate(self, texts, options=None, engine="keras", **keywords):
         """Translate one text (returns a str) or a list of texts (returns a list).
 
         Args:
-            beam_size: 1 = greedy search; more = beam search (default 4, as in the paper).
-            alpha: GNMT length penalty of beam search (0.6, as in the paper).
-            n_best: > 1 returns, per text, a list of ``(translation, score)`` pairs, best
-                first (``score`` = length-penalised log-probability).
-            max_new_tokens: at most this many target tokens (default: the model's max_length).
-            batch_size: sentences decoded together.
-            stopping: beam search's stopping rule: "early" (default: a sentence is done once
-                ``beam_size`` hypotheses have ended, as CTranslate2 and Hugging Face
-                ``early_stopping=True``) or "exact" (done only when no live beam can win).
-            max_len_a, max_len_b: each output has at most ``max_len_a * source_tokens +
-                max_len_b`` tokens (default 1.2 and 10; both None: no cap but
-                ``max_new_tokens``); the model's ``max_length`` is always the ceiling.
-                With engine "ctranslate2": see :mod:`transformerkit.export.runtime`.
-            temperature: not None samples instead of searching, with ``top_k``, ``top_p``
-                and ``seed`` (the same seed gives the same output).
+            options: a :class:`transformerkit.decoding.SearchOptions` (None: its defaults,
+                beam search of width 4 with length penalty 0.6, as in the paper), or its
+                fields as keywords in its place: ``beam_size`` (1 = greedy), ``alpha``,
+                ``n_best`` (> 1 returns, per text, a list of ``(translation, score)`` pairs,
+                best first; ``score`` = length-penalised log-probability),
+                ``max_new_tokens``, ``batch_size``, ``stopping``, ``max_len_a`` /
+                ``max_len_b`` (the length cap), ``temperature`` (set: sample instead of
+                searching, with ``top_k``, ``top_p`` and ``seed``). Each field's default and
+                meaning: ``transformerkit.decoding.options`` (the same for every engine, the
+                command line and the HTTP server).
             engine: "keras" (this model) or "ctranslate2" (the run's CTranslate2 export,
                 written into the run directory on first use; see
                 :mod:`transformerkit.export.runtime` for how the options map), or a
@@ -113,50 +100,51 @@ class Run:
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
         """
+        from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import as_text_list, translate_texts
 
         self._require("transformer", "translate")
         texts, single = as_text_list(texts)
-        options = dict(beam_size=beam_size, alpha=alpha, n_best=n_best,
-                       max_new_tokens=max_new_tokens, batch_size=batch_size,
-                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                       stopping=stopping, max_len_a=max_len_a, max_len_b=max_len_b)
+        options = resolve(SearchOptions, options, keywords, "translate()")
         if engine != "keras":
-            results = self._engine(engine).translate(texts, **options)
+            results = self._engine(engine).translate(texts, options)
         else:
             results = translate_texts(self.model, self.source_tokenizer,
-                                      self.target_tokenizer, texts, **options)
+                                      self.target_tokenizer, texts, options)
         return results[0] if single else results
 
-    def translate_batches(self, texts, engine="keras", **kwargs):
+    def translate_batches(self, texts, options=None, engine="keras", **keywords):
         """Like :meth:`translate` for a list, but yields ``(indices, results)`` per batch as
         soon as it is decoded (used by the CLI to stream)."""
+        from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import translate_batches
 
         self._require("transformer", "translate_batches")
+        options = resolve(SearchOptions, options, keywords, "translate_batches()")
         if engine != "keras":
-            yield from self._engine(engine).translate_batches(texts, **kwargs)
+            yield from self._engine(engine).translate_batches(texts, options)
             return
         yield from translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
-                                     texts, **kwargs)
+                                     texts, options)
 
     # -- generation -------------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens=200, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, stop_at_eos=True, engine="keras"):
+    def generate(self, prompt, options=None, engine="keras", **keywords):
         """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
 
-        ``temperature`` 0 is greedy; ``top_k`` / ``top_p`` restrict the draw; the same
-        ``seed`` gives the same text. An empty prompt raises ``ValueError``; a prompt longer
-        than the model's ``max_length`` keeps its end, with a warning. ``engine``: as in
-        :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only).
+        ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: its
+        defaults), or its fields as keywords: ``max_new_tokens`` (200), ``temperature`` (1.0;
+        0 is greedy), ``top_k`` / ``top_p`` (restrict the draw), ``seed`` (the same seed gives
+        the same text), ``stop_at_eos``. An empty prompt raises ``ValueError``; a prompt
+        longer than the model's ``max_length`` keeps its end, with a warning. ``engine``: as
+        in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only).
         """
+        from transformerkit.decoding.options import GenerationOptions, resolve
         from transformerkit.decoding.sampling import generate_ids
 
         self._require("gpt", "generate")
+        options = resolve(GenerationOptions, options, keywords, "generate()")
         if engine != "keras":
-            return self._engine(engine).generate(
-                prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
+            return self._engine(engine).generate(prompt, options)
         tok = self.source_tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -166,9 +154,10 @@ class Run:
         ids = tok.encode(prompt)
         if not ids:
             raise ValueError("the prompt is empty: give at least one character or token")
-        new = generate_ids(self.model, ids, max_new_tokens, temperature=temperature,
-                           top_k=top_k, top_p=top_p, seed=seed,
-                           eos_id=tok.eos_id if stop_at_eos else None)
+        new = generate_ids(self.model, ids, options.max_new_tokens,
+                           temperature=options.temperature, top_k=options.top_k,
+                           top_p=options.top_p, seed=options.seed,
+                           eos_id=tok.eos_id if options.stop_at_eos else None)
         return prompt + tok.decode([i for i in new if i != tok.eos_id])
 
     def _engine(self, engine):

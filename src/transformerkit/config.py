@@ -25,12 +25,6 @@ OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
 DATASETS = ("multi30k", "parallel", "tsv", "files", "text", "ted_hrlr")
-# Search defaults of translate, evaluate and the validation BLEU (transformerkit.decoding),
-# chosen on Multi30k val with bench/search_defaults.py (README, "Search options").
-STOPPING_RULES = ("early", "exact")
-DEFAULT_STOPPING = "early"
-DEFAULT_MAX_LEN_A = 1.2
-DEFAULT_MAX_LEN_B = 10
 SAMPLE_UNITS = ("epoch", "step")
 
 

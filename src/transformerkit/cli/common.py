@@ -83,10 +83,13 @@ def engine_of(args, run):
     return CTranslate2Engine(run, threads=args.threads)
 
 
-def search_settings(args):
-    """``--stopping``, ``--max-len-a/b`` (both engines: transformerkit.export.runtime says
-    how CTranslate2 applies them)."""
-    return dict(stopping=args.stopping, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+def options_of(args, options_class):
+    """The :mod:`~transformerkit.decoding.options` instance the command line's flags give
+    (the fields ``cli/parser.py`` made flags of; the others keep their defaults)."""
+    from dataclasses import fields
+
+    return options_class(**{f.name: getattr(args, f.name) for f in fields(options_class)
+                            if hasattr(args, f.name)})
 
 
 def evaluation_data(args, run):

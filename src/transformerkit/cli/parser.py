@@ -138,6 +138,8 @@ def _number_or_none(kind):
 
 def _add_use_commands(command):
     """The subcommands that use a trained run directory (``command(name, help)`` adds one)."""
+    from transformerkit.decoding.options import GenerationOptions, SearchOptions
+
     def run_parser(name, help_text):
         p = command(name, help_text)
         p.add_argument("run_dir", help="run directory written by `transformerkit train`")
@@ -154,56 +156,40 @@ def _add_use_commands(command):
         p.add_argument("--threads", type=int, default=0,
                        help="CTranslate2 threads (intra_threads; 0: its default)")
 
-    def search_options(p, beam):
-        p.add_argument("--beam", type=int, default=beam, help=f"beam size; 1 = greedy ({beam})")
-        p.add_argument("--alpha", type=float, default=0.6,
-                       help="length penalty of beam search, GNMT ((5+len)/6)^alpha (0.6)")
-        p.add_argument("--max-new-tokens", type=int, default=None,
-                       help="longest output in tokens (default: the model's max_length)")
-        p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
-        from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
+    def options_flags(p, options_class, names=None):
+        """One flag per field of ``options_class`` (``decoding/options.py``), with its type,
+        default, allowed values and help from the declaration; ``names``: only those."""
+        from transformerkit.decoding.options import fields_of, flag_name, optional, value_type
 
-        p.add_argument("--stopping", choices=("early", "exact"), default=DEFAULT_STOPPING,
-                       help="when a sentence's beam search ends: early = once BEAM hypotheses "
-                            "have ended (CTranslate2's rule), exact = when no live beam can "
-                            f"win, keras engine only ({DEFAULT_STOPPING})")
-        p.add_argument("--max-len-a", type=_number_or_none(float), default=DEFAULT_MAX_LEN_A,
-                       help="each output has at most A * source tokens + B tokens "
-                            f"({DEFAULT_MAX_LEN_A}; none: no cap)")
-        p.add_argument("--max-len-b", type=_number_or_none(int), default=DEFAULT_MAX_LEN_B,
-                       help=f"B of --max-len-a ({DEFAULT_MAX_LEN_B}; none: no cap)")
-
-    def sampling_options(p, temperature):
-        if temperature is None:
-            help_text = "sample instead of searching, at this temperature (0 = greedy)"
-        else:
-            help_text = f"0 = greedy ({temperature})"
-        p.add_argument("--temperature", type=float, default=temperature, help=help_text)
-        p.add_argument("--top-k", type=int, default=None,
-                       help="sampling: draw from the k likeliest tokens")
-        p.add_argument("--top-p", type=float, default=None,
-                       help="sampling: draw from the smallest set of tokens of this "
-                            "probability mass (nucleus)")
-        p.add_argument("--seed", type=int, default=None,
-                       help="sampling: the same seed gives the same output")
+        for f in fields_of(options_class):
+            if names is not None and f.name not in names:
+                continue
+            kind, default = value_type(f), f.default
+            text = f"{f.metadata['help']} (default: {'none' if default is None else default})"
+            if kind is bool:
+                p.add_argument(flag_name(f), dest=f.name, default=default, help=text,
+                               action=argparse.BooleanOptionalAction)
+                continue
+            parse = _number_or_none(kind) if optional(f) and kind is not str else kind
+            p.add_argument(flag_name(f), dest=f.name, type=parse, default=default,
+                           choices=f.metadata["choices"], help=text,
+                           metavar=None if f.metadata["choices"] else f.name.upper())
 
     translate = run_parser("translate", "translate sentences with a trained model")
     translate.add_argument("texts", nargs="*", default=[], metavar="TEXT",
                            help="sentences to translate; none: read stdin, one per line, "
                                 "printing each translation as soon as it is ready")
-    search_options(translate, 4)
-    sampling_options(translate, None)
+    options_flags(translate, SearchOptions)
     engine_options(translate)
-    translate.add_argument("--n-best", type=int, default=1,
-                           help="print the N best translations as INDEX<TAB>SCORE<TAB>TEXT")
+    translate.epilog = ("--n-best N prints the N best translations of each text as "
+                        "INDEX<TAB>SCORE<TAB>TEXT lines.")
     translate.add_argument("--scores", action="store_true",
                            help="print LOGPROB<TAB>TEXT: the model's log-probability of each "
                                 "translation (its tokens and the end token)")
 
     generate = run_parser("generate", "continue a prompt with a trained GPT")
     generate.add_argument("--prompt", required=True, help="text to continue")
-    generate.add_argument("--max-new-tokens", type=int, default=200)
-    sampling_options(generate, 1.0)
+    options_flags(generate, GenerationOptions)
     engine_options(generate)
 
     classify = run_parser("classify", "the class of each text with an encoder classifier run")
@@ -240,7 +226,8 @@ def _add_use_commands(command):
     evaluate.add_argument("--data-dir", help="data directory (default: the run's config, "
                                              "else $TRANSFORMERKIT_DATA)")
     evaluate.add_argument("--output", help="also write the translations to this file")
-    search_options(evaluate, 4)
+    options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "max_new_tokens",
+                                           "batch_size", "stopping", "max_len_a", "max_len_b"))
     engine_options(evaluate)
 
     attention = run_parser("attention", "attention heatmaps, one per head of a layer")

@@ -9,7 +9,7 @@ from transformerkit.cli.common import (
     engine_of,
     evaluation_data,
     load_run,
-    search_settings,
+    options_of,
     stderr_console,
     stdin_chunks,
     valid_text,
@@ -19,13 +19,11 @@ from transformerkit.run_directory import RunDirectory
 
 
 def translate_command(args):
+    from transformerkit.decoding.options import SearchOptions
+
+    options = options_of(args, SearchOptions)
     run = load_run(args)
-    if args.n_best > max(1, args.beam):
-        args.beam = args.n_best
-    options = dict(beam_size=args.beam, alpha=args.alpha, n_best=args.n_best,
-                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, engine=engine_of(args, run), **search_settings(args))
+    engine = engine_of(args, run)
     texts = [valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     chunks = [texts] if texts else stdin_chunks(stdin, args.batch_size)
@@ -34,12 +32,12 @@ def translate_command(args):
                          "each hypothesis with its score")
     offset = 0
     for chunk in chunks:
-        _translate_chunk(run, chunk, offset, options, args.scores)
+        _translate_chunk(run, chunk, offset, options, engine, args.scores)
         offset += len(chunk)
     return 0
 
 
-def _translate_chunk(run, texts, offset, options, scores=False):
+def _translate_chunk(run, texts, offset, options, engine, scores=False):
     """Translate ``texts`` and print them in order as soon as each is ready; empty lines
     stay empty lines; ``scores``: each line is LOGPROB<TAB>TEXT (``Run.score``)."""
     real = [i for i, t in enumerate(texts) if t.strip()]
@@ -49,7 +47,7 @@ def _translate_chunk(run, texts, offset, options, scores=False):
         nonlocal next_out
         while next_out < len(texts) and (next_out in ready or not texts[next_out].strip()):
             result = ready.pop(next_out, "")
-            if options["n_best"] > 1:
+            if options.n_best > 1:
                 for text, score in result:
                     echo(f"{offset + next_out}\t{score:.4f}\t{text}")
             else:
@@ -58,7 +56,8 @@ def _translate_chunk(run, texts, offset, options, scores=False):
 
     flush()
     if real:
-        for indices, results in run.translate_batches([texts[i] for i in real], **options):
+        for indices, results in run.translate_batches([texts[i] for i in real], options,
+                                                      engine=engine):
             if scores:
                 logp = run.score([texts[real[i]] for i in indices], results)
                 results = [f"{s:.4f}\t{r}" for s, r in zip(logp, results, strict=True)]
@@ -69,10 +68,11 @@ def _translate_chunk(run, texts, offset, options, scores=False):
 
 
 def generate_command(args):
+    from transformerkit.decoding.options import GenerationOptions
+
+    options = options_of(args, GenerationOptions)
     run = load_run(args)
-    echo(run.generate(valid_text(args.prompt, "--prompt"), max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, engine=engine_of(args, run)))
+    echo(run.generate(valid_text(args.prompt, "--prompt"), options, engine=engine_of(args, run)))
     return 0
 
 
@@ -88,6 +88,9 @@ def evaluate_command(args):
     if run.kind != "transformer":
         raise ValueError(f"evaluate needs a translation or an encoder classifier run; "
                          f"{args.run_dir} holds a {run.kind}")
+    from transformerkit.decoding.options import SearchOptions
+
+    options = options_of(args, SearchOptions)
     name, sources, references = evaluation_data(args, run)
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
@@ -95,24 +98,21 @@ def evaluate_command(args):
     engine = engine_of(args, run)
     with Progress(transient=True, console=stderr_console()) as progress:
         task = progress.add_task(f"translating {name}", total=len(sources))
-        for indices, results in run.translate_batches(
-                sources, beam_size=args.beam, alpha=args.alpha,
-                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                engine=engine, **search_settings(args)):
+        for indices, results in run.translate_batches(sources, options, engine=engine):
             for i, text in zip(indices, results, strict=True):
                 hypotheses[i] = text
             progress.advance(task, len(indices))
     scores = corpus_scores(hypotheses, references)
     if args.output:
         atomic_write_text(args.output, "\n".join(hypotheses) + "\n")
-    echo(f"{name}: {len(sources)} sentences, beam {args.beam}, alpha {args.alpha}, "
+    echo(f"{name}: {len(sources)} sentences, beam {options.beam_size}, alpha {options.alpha}, "
            f"engine {args.engine}")
     echo(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
     echo(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
     run_dir = RunDirectory(args.run_dir)
     metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
     metrics.setdefault("evaluate", {})[name] = dict(
-        scores, sentences=len(sources), beam_size=args.beam, alpha=args.alpha,
+        scores, sentences=len(sources), beam_size=options.beam_size, alpha=options.alpha,
         checkpoint=args.checkpoint, engine=args.engine)
     run_dir.write_metrics(metrics)
     echo(f"stored in {run_dir.metrics}")

@@ -30,13 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformerkit.decoding.common import (
-    DEFAULT_STOPPING,
     NEG_INF,
-    STOPPING_RULES,
     TokenRules,
-    check_count,
     check_max_new_tokens,
-    check_number,
     chunked_top_k,
     cut_at_eos,
     length_caps,
@@ -52,6 +48,7 @@ from transformerkit.decoding.compiled import (
     while_loop,
 )
 from transformerkit.decoding.loop_ops import loop_ops
+from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps
 from transformerkit.special_tokens import BOS_ID, EOS_ID
 
@@ -243,39 +240,39 @@ def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
     return out
 
 
-def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
-                   beam_size=4, alpha=0.6, n_best=1, min_new_tokens=0, use_cache=True,
-                   stopping=DEFAULT_STOPPING, max_len_a=None, max_len_b=None, drop_finished=True):
+def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
+                   min_new_tokens=0, use_cache=True, drop_finished=True, **search):
     """Beam-search translations of a batch with a ``Transformer``.
 
     Args:
-        model, source_ids, bos_id, eos_id, max_new_tokens, min_new_tokens, use_cache,
-            max_len_a, max_len_b, drop_finished: as in
+        model, source_ids, bos_id, eos_id, min_new_tokens, use_cache, drop_finished: as in
             :func:`~transformerkit.decoding.greedy_translate`.
-        beam_size: int >= 1, hypotheses kept per sentence.
-        alpha: float >= 0, length penalty exponent (0 = plain log-probability).
-        n_best: int in ``[1, beam_size]``, hypotheses returned per sentence.
-        stopping: ``"exact"`` (a sentence's search ends when no live beam can beat its
-            finished hypotheses: the best result within the length cap) or ``"early"`` (it
-            also ends once ``beam_size`` hypotheses have finished, as CTranslate2 and
-            Hugging Face ``early_stopping=True``; faster, rarely different).
+        options: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
+            defaults), ``search`` any of its fields in its place. Used here: ``beam_size``
+            (the beam widens to ``n_best`` when that is larger), ``alpha`` (GNMT length
+            penalty exponent, 0 = plain log-probability), ``n_best`` (hypotheses returned per
+            sentence), ``max_new_tokens``, ``max_len_a`` / ``max_len_b`` (each output has at
+            most ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS included, as
+            fairseq; both None: only ``max_new_tokens``) and ``stopping``: ``"exact"`` (a
+            sentence's search ends when no live beam can beat its finished hypotheses: the
+            best result within the length cap) or ``"early"`` (it also ends once
+            ``beam_size`` hypotheses have finished, as CTranslate2 and Hugging Face
+            ``early_stopping=True``; faster, rarely different).
 
     Returns:
         ``batch`` lists of ``n_best`` :class:`Hypothesis`, best first (sorted by score).
         Sentences that reach their length cap without EOS also offer their live beams,
         marked ``finished=False``.
     """
+    options = resolve(SearchOptions, options, search, "beam_translate")
     if bos_id != BOS_ID:
         raise ValueError(f"beam search starts every target with id {BOS_ID}, got bos_id={bos_id}")
-    beam_size, n_best = check_count(beam_size, "beam_size"), check_count(n_best, "n_best")
-    if n_best > beam_size:
-        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-    alpha = check_number(alpha, "alpha (length penalty)")
-    check_stopping(stopping)
-    max_new = check_max_new_tokens(max_new_tokens, model.max_length)
+    beam_size, n_best, alpha = options.width, options.n_best, options.alpha
+    stopping = options.stopping
+    max_new = check_max_new_tokens(options.max_new_tokens, model.max_length)
     source, active = prepare_sources(model, source_ids)
     batch = np.asarray(source_ids).shape[0]
-    caps = length_caps(source, max_new, max_len_a, max_len_b)
+    caps = length_caps(source, max_new, options.max_len_a, options.max_len_b)
     if is_eager_loop():  # no buffer or cache longer than needed
         max_new = int(caps.max())
     steps = make_steps(model, use_cache)
@@ -288,13 +285,6 @@ def beam_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_toke
     key = ("beam", beam_size, alpha, max_new, eos_id, use_cache, stopping)
     out = run_decoder(model, key, decode, source, active, caps, np.int32(min_new_tokens))
     return [_n_best(out, row, beam_size, n_best, alpha, eos_id) for row in range(batch)]
-
-
-def check_stopping(stopping):
-    """``stopping`` if it is one of :data:`STOPPING_RULES`, else a clear ``ValueError``."""
-    if stopping not in STOPPING_RULES:
-        raise ValueError(f"stopping must be 'exact' or 'early', got {stopping!r}")
-    return stopping
 
 
 def _n_best(out, row, beam, n_best, alpha, eos_id):

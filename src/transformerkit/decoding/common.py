@@ -8,12 +8,6 @@ import numpy as np
 from keras import ops
 
 from transformerkit import fastpath
-from transformerkit.config import (  # noqa: F401 (the search defaults, re-exported)
-    DEFAULT_MAX_LEN_A,
-    DEFAULT_MAX_LEN_B,
-    DEFAULT_STOPPING,
-    STOPPING_RULES,
-)
 from transformerkit.decoding.compiled import batch_bucket, bucket
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -39,19 +33,6 @@ def check_number(value, name, minimum=0.0):
     if not (math.isfinite(value) and value >= minimum):  # NaN and infinities too
         raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value}")
     return float(value)
-
-
-def check_search_options(beam_size, n_best, batch_size, alpha, temperature=None):
-    """The options every translation search takes, checked: ``beam_size``, ``n_best`` and
-    ``batch_size`` ints >= 1, ``alpha`` a number >= 0 (clear errors, not deep ones); an
-    n-best list comes from beam search, not from sampling (``temperature`` set)."""
-    for name, value in (("beam_size", beam_size), ("n_best", n_best),
-                        ("batch_size", batch_size)):
-        check_count(value, name)
-    check_number(alpha, "alpha (length penalty)")
-    if temperature is not None and n_best > 1:
-        raise ValueError(f"n_best={n_best} lists come from beam search; sampling "
-                         "(temperature set) gives one translation per text")
 
 
 def check_max_new_tokens(max_new_tokens, limit, what="max_new_tokens"):

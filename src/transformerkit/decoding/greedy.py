@@ -32,6 +32,7 @@ from transformerkit.decoding.compiled import (
     while_loop,
 )
 from transformerkit.decoding.loop_ops import loop_ops
+from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps, token_at
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -197,18 +198,23 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
     return ids
 
 
-def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
-                     min_new_tokens=0, use_cache=True, return_logits=False, max_len_a=None,
-                     max_len_b=None, drop_finished=True):
+def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
+                     min_new_tokens=0, use_cache=True, return_logits=False, drop_finished=True,
+                     **search):
     """Translate a batch greedily with a ``Transformer``.
 
     Args:
         model: a ``transformerkit.models.Transformer``.
         source_ids: ``(batch, source_len)`` int ids, 0 = padding (sentences of different
             lengths padded at the end).
+        options: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
+            defaults), ``search`` any of its fields in its place. Used here:
+            ``max_new_tokens`` (at most this many tokens per sentence, EOS included; default
+            and upper limit: the model's ``max_length``, more is cut with a warning) and
+            ``max_len_a``, ``max_len_b`` (cap each output at ``floor(max_len_a * source_len +
+            max_len_b)`` tokens, EOS included, ``source_len`` counting the source's real
+            tokens and its EOS, as fairseq; both None: only ``max_new_tokens``).
         bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
-        max_new_tokens: at most this many tokens per sentence, EOS included (default and
-            upper limit: the model's ``max_length``; more is cut with a warning).
         min_new_tokens: EOS is forbidden before this many tokens (``bench/decode.py``
             forces fixed-length outputs with ``min_new_tokens = max_new_tokens``).
         use_cache: True (the key/value cache, fastest path for the backend), ``"keras"``
@@ -218,9 +224,6 @@ def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_to
             every step (steps after a sentence ended, or after the loop stopped, are 0 where
             finished rows leave the batch; with fixed shapes a finished row's later logits
             are those of the step it kept running).
-        max_len_a, max_len_b: cap each output at ``floor(max_len_a * source_len +
-            max_len_b)`` tokens, EOS included (``source_len``: the source's real tokens,
-            EOS included), as fairseq; None, None (default): only ``max_new_tokens``.
         drop_finished: in the eager (PyTorch) loop, finished sentences leave the batch (their
             cache rows and encoder memory are dropped; the same tokens, fewer rows per step);
             False keeps every row to the end, as the compiled JAX/TensorFlow loops do.
@@ -233,7 +236,9 @@ def greedy_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_to
     >>> greedy_translate(model, np.array([[45, 7, 2], [9, 2, 0]]), max_new_tokens=20)
     [[12, 88, 5], [31, 4]]
     """
-    return translate_ids(model, source_ids, max_new_tokens, argmax_choice, "greedy",
+    options = resolve(SearchOptions, options, search, "greedy_translate")
+    return translate_ids(model, source_ids, options.max_new_tokens, argmax_choice, "greedy",
                          bos_id=bos_id, eos_id=eos_id, min_new_tokens=min_new_tokens,
-                         use_cache=use_cache, return_logits=return_logits, max_len_a=max_len_a,
-                         max_len_b=max_len_b, drop_finished=drop_finished)
+                         use_cache=use_cache, return_logits=return_logits,
+                         max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+                         drop_finished=drop_finished)

@@ -22,6 +22,7 @@ from transformerkit.decoding.common import (
 )
 from transformerkit.decoding.compiled import UniformNoise, bucket, run_decoder
 from transformerkit.decoding.greedy import argmax_choice, token_search, translate_ids
+from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -88,32 +89,42 @@ def _choice_args(temperature, top_k, top_p, seed):
     return key, args, make_choose
 
 
-def sample_translate(model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=None,
-                     temperature=1.0, top_k=None, top_p=None, seed=None, min_new_tokens=0,
-                     use_cache=True, max_len_a=None, max_len_b=None):
+_GENERATION = GenerationOptions()  # the declared defaults, for the signatures below
+
+
+def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
+                     min_new_tokens=0, use_cache=True, **search):
     """Sampled translations of a batch (arguments as
-    :func:`~transformerkit.decoding.greedy.greedy_translate`, plus ``temperature`` (0 =
-    greedy), ``top_k``, ``top_p`` and ``seed``: the same seed gives the same output on the
-    same backend). Returns ``batch`` lists of ids."""
-    key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
-    return translate_ids(model, source_ids, max_new_tokens, argmax_choice, key, args,
+    :func:`~transformerkit.decoding.greedy.greedy_translate`; of the
+    :class:`~transformerkit.decoding.options.SearchOptions` also ``temperature`` (0 = greedy;
+    unset: 1.0, the model's own distribution), ``top_k``, ``top_p`` and ``seed``: the same
+    seed gives the same output on the same backend). Returns ``batch`` lists of ids."""
+    options = resolve(SearchOptions, options, search, "sample_translate")
+    # unset, the temperature is sampling's own default (GenerationOptions'): 1.0
+    temperature = options.temperature if options.samples else _GENERATION.temperature
+    key, args, make_choose = _choice_args(temperature, options.top_k, options.top_p,
+                                          options.seed)
+    return translate_ids(model, source_ids, options.max_new_tokens, argmax_choice, key, args,
                          make_choose, bos_id=bos_id, eos_id=eos_id,
                          min_new_tokens=min_new_tokens, use_cache=use_cache,
-                         max_len_a=max_len_a, max_len_b=max_len_b)
+                         max_len_a=options.max_len_a, max_len_b=options.max_len_b)
 
 
-def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=None,
-                 top_p=None, seed=None, eos_id=None, min_new_tokens=0, use_cache=True):
+def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
+                 temperature=_GENERATION.temperature, top_k=_GENERATION.top_k,
+                 top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None, min_new_tokens=0,
+                 use_cache=True):
     """Continue prompts with a ``GPT``; returns the new ids of each prompt.
 
     Args:
         model: a ``transformerkit.models.GPT``.
         prompt_ids: one prompt (a list of ids) or a list of prompts of any lengths.
-        max_new_tokens: at most this many new tokens per prompt (fewer if the model's
-            ``max_length`` is reached first).
-        temperature: 0 means greedy (arg-max); otherwise softmax temperature.
-        top_k, top_p: keep the k most likely ids / the smallest set with probability p.
-        seed: int; the same seed gives the same output (on the same backend).
+        max_new_tokens, temperature, top_k, top_p, seed: the fields of
+            :class:`~transformerkit.decoding.options.GenerationOptions` (defaults and checks
+            from there): at most ``max_new_tokens`` new tokens per prompt; ``temperature`` 0
+            is greedy (arg-max), otherwise the softmax temperature; keep the ``top_k`` most
+            likely ids / the smallest set of probability ``top_p``; the same ``seed`` gives
+            the same output (on the same backend).
         eos_id: stop a prompt's continuation at this id (included in the result), or None.
         min_new_tokens: ``eos_id`` is forbidden before this many new tokens.
 
@@ -126,6 +137,8 @@ def generate_ids(model, prompt_ids, max_new_tokens=100, temperature=1.0, top_k=N
     ``max_length // 2`` tokens (with the seed advanced by one per window, so the same seed
     still gives the same text).
     """
+    GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=seed)  # checks each value
     single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
     prompts = [list(map(int, p)) for p in ([prompt_ids] if single else prompt_ids)]
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -211,7 +224,7 @@ def _generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, se
     return results
 
 
-def generate_text(model, tokenizer, prompt, max_new_tokens=200, **kwargs):
+def generate_text(model, tokenizer, prompt, max_new_tokens=_GENERATION.max_new_tokens, **kwargs):
     """Text continuation of ``prompt`` (the prompt included in the result)."""
     ids = tokenizer.encode(prompt)
     if not ids:

@@ -5,15 +5,9 @@ import warnings
 import numpy as np
 
 from transformerkit.data.pipeline import pad_batch
-from transformerkit.decoding.beam import beam_translate, check_stopping
-from transformerkit.decoding.common import (
-    DEFAULT_MAX_LEN_A,
-    DEFAULT_MAX_LEN_B,
-    DEFAULT_STOPPING,
-    check_length_cap,
-    check_search_options,
-)
+from transformerkit.decoding.beam import beam_translate
 from transformerkit.decoding.greedy import greedy_translate
+from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.sampling import sample_translate
 
 
@@ -75,51 +69,44 @@ def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"
     return encoded
 
 
-def translate_batches(model, source_tokenizer, target_tokenizer, texts, beam_size=1, alpha=0.6,
-                      n_best=1, max_new_tokens=None, batch_size=64, temperature=None,
-                      top_k=None, top_p=None, seed=None, stopping=DEFAULT_STOPPING,
-                      max_len_a=DEFAULT_MAX_LEN_A, max_len_b=DEFAULT_MAX_LEN_B):
+def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=None,
+                      **keywords):
     """Yield ``(indices, results)`` per batch: the positions in ``texts`` and, for each,
     a string (``n_best == 1``) or a list of ``(text, score)`` pairs, best first.
 
-    Texts are sorted by length so that a batch pads little; batches come out as soon as
-    they are decoded. ``beam_size`` 1 is greedy search; ``temperature`` (not None) samples
-    with ``top_k`` / ``top_p`` / ``seed`` instead. ``stopping`` ("early" or "exact") is
-    beam search's stopping rule; each output has at most ``floor(max_len_a * source_tokens
-    + max_len_b)`` tokens (both None: no cap but ``max_new_tokens`` and the model's
-    ``max_length``); see :func:`~transformerkit.decoding.beam_translate`.
+    ``options``: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
+    defaults), ``keywords`` any of its fields in its place (``beam_size=1``). Texts are sorted
+    by length so that a batch pads little; batches come out as soon as they are decoded.
+    ``beam_size`` 1 is greedy search; ``temperature`` (not None) samples with ``top_k`` /
+    ``top_p`` / ``seed`` instead; see :func:`~transformerkit.decoding.beam_translate` for
+    the stopping rule and the length cap.
     """
-    check_stopping(stopping)
-    check_length_cap(max_len_a, max_len_b)
-    check_search_options(beam_size, n_best, batch_size, alpha, temperature)
+    options = resolve(SearchOptions, options, keywords, "translate")
     encoded = encode_sources(texts, source_tokenizer, model.max_length)
     order = np.argsort([len(e) for e in encoded], kind="stable")
-    rows = int(batch_size)  # sentences per batch (a beam search runs rows * beam_size)
+    rows = options.batch_size  # sentences per batch (a beam search runs rows * width)
     tgt = target_tokenizer
     for start in range(0, len(order), rows):
         chunk = [int(i) for i in order[start:start + rows]]
         source = pad_batch([encoded[i] for i in chunk])
-        common = dict(bos_id=tgt.bos_id, eos_id=tgt.eos_id, max_new_tokens=max_new_tokens,
-                      max_len_a=max_len_a, max_len_b=max_len_b)
-        if temperature is not None:
-            ids = sample_translate(model, source, temperature=temperature, top_k=top_k,
-                                   top_p=top_p, seed=seed, **common)
-            results = [tgt.decode(i) for i in ids]
-        elif beam_size > 1 or n_best > 1:
-            hyps = beam_translate(model, source, beam_size=max(beam_size, n_best), alpha=alpha,
-                                  n_best=n_best, stopping=stopping, **common)
-            results = [[(tgt.decode(h.ids), h.score) for h in found] if n_best > 1
+        ends = dict(bos_id=tgt.bos_id, eos_id=tgt.eos_id)
+        if options.samples:
+            results = [tgt.decode(i) for i in sample_translate(model, source, options, **ends)]
+        elif options.searches_beams:
+            hyps = beam_translate(model, source, options, **ends)
+            results = [[(tgt.decode(h.ids), h.score) for h in found] if options.n_best > 1
                        else tgt.decode(found[0].ids) for found in hyps]
         else:
-            results = [tgt.decode(i) for i in greedy_translate(model, source, **common)]
+            results = [tgt.decode(i) for i in greedy_translate(model, source, options, **ends)]
         yield chunk, results
 
 
-def translate_texts(model, source_tokenizer, target_tokenizer, texts, **kwargs):
+def translate_texts(model, source_tokenizer, target_tokenizer, texts, options=None,
+                    **keywords):
     """Translations of ``texts`` in their order (arguments of :func:`translate_batches`)."""
     results = [None] * len(texts)
     for indices, outputs in translate_batches(model, source_tokenizer, target_tokenizer, texts,
-                                              **kwargs):
+                                              options, **keywords):
         for i, out in zip(indices, outputs, strict=True):
             results[i] = out
     return results

@@ -45,9 +45,9 @@ import weakref
 import ctranslate2
 import numpy as np
 
-from transformerkit.config import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DEFAULT_STOPPING
 from transformerkit.data.pipeline import pad_batch
-from transformerkit.decoding.common import check_length_cap, check_search_options, length_caps
+from transformerkit.decoding.common import length_caps
+from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
 from transformerkit.decoding.sampling import check_sampling
 from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
 from transformerkit.export.ctranslate2 import (
@@ -138,30 +138,31 @@ class CTranslate2Engine:
         return self._target.decode([self._target_ids[t] for t in tokens])
 
     # -- translation ---------------------------------------------------------------------
-    def translate_batches(self, texts, beam_size=1, alpha=0.6, n_best=1, max_new_tokens=None,
-                          batch_size=64, temperature=None, top_k=None, top_p=None, seed=None,
-                          stopping=DEFAULT_STOPPING, max_len_a=DEFAULT_MAX_LEN_A,
-                          max_len_b=DEFAULT_MAX_LEN_B):
+    def translate_batches(self, texts, options=None, **keywords):
         """Yield ``(indices, results)`` per batch, as
-        :func:`transformerkit.decoding.translate.translate_batches` (the length cap and
-        stopping rule as the module's table says)."""
-        if stopping != "early":
+        :func:`transformerkit.decoding.translate.translate_batches` (the same
+        :class:`~transformerkit.decoding.options.SearchOptions`; the length cap and stopping
+        rule as the module's table says)."""
+        options = resolve(SearchOptions, options, keywords, "translate")
+        if options.stopping != "early":
             raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a "
-                             f"sentence ends when beam_size hypotheses have); got {stopping!r}")
-        check_length_cap(max_len_a, max_len_b)
-        check_search_options(beam_size, n_best, batch_size, alpha, temperature)
+                             f"sentence ends when beam_size hypotheses have); got "
+                             f"{options.stopping!r}")
+        n_best, max_len_a, max_len_b = options.n_best, options.max_len_a, options.max_len_b
         encoded = encode_sources(texts, self.run.source_tokenizer, self.max_length)
         order = np.argsort([len(e) for e in encoded], kind="stable")
-        options = dict(beam_size=max(int(beam_size), int(n_best)), num_hypotheses=int(n_best),
-                       length_penalty=float(alpha), return_scores=n_best > 1,
-                       max_decoding_length=self._max_new(max_new_tokens),
+        search = options
+        options = dict(beam_size=search.width, num_hypotheses=n_best,
+                       length_penalty=search.alpha, return_scores=n_best > 1,
+                       max_decoding_length=self._max_new(search.max_new_tokens),
                        max_input_length=0, suppress_sequences=self._suppress)
         session = self.session
-        if temperature is not None:
-            options.update(_sampling(temperature, top_k, top_p, seed), beam_size=1)
-            session = self._session(seed)
-        for start in range(0, len(order), int(batch_size)):
-            chunk = [int(i) for i in order[start:start + int(batch_size)]]
+        if search.samples:
+            options.update(_sampling(search.temperature, search.top_k, search.top_p,
+                                     search.seed), beam_size=1)
+            session = self._session(search.seed)
+        for start in range(0, len(order), search.batch_size):
+            chunk = [int(i) for i in order[start:start + search.batch_size]]
             # the model adds </s> itself (add_source_eos): give the pieces only
             source = [[self._source_tokens[i] for i in encoded[k][:-1]] for k in chunk]
             caps = length_caps(pad_batch([encoded[k] for k in chunk]),
@@ -178,19 +179,22 @@ class CTranslate2Engine:
                            for r, cap in zip(found, caps, strict=True)]
             yield chunk, results
 
-    def translate(self, texts, **options):
+    def translate(self, texts, options=None, **keywords):
         """One text -> str, a list -> a list (options of :meth:`translate_batches`)."""
         texts, single = as_text_list(texts)
         results = [None] * len(texts)
-        for indices, outputs in self.translate_batches(texts, **options):
+        for indices, outputs in self.translate_batches(texts, options, **keywords):
             for i, out in zip(indices, outputs, strict=True):
                 results[i] = out
         return results[0] if single else results
 
     # -- generation ----------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens=200, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, stop_at_eos=True):
-        """Continue ``prompt`` with a GPT export; returns prompt + continuation."""
+    def generate(self, prompt, options=None, **keywords):
+        """Continue ``prompt`` with a GPT export; returns prompt + continuation
+        (:class:`~transformerkit.decoding.options.GenerationOptions`, or its fields as
+        keywords)."""
+        options = resolve(GenerationOptions, options, keywords, "generate")
+        max_new_tokens, seed = options.max_new_tokens, options.seed
         tok = self.run.source_tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -202,20 +206,21 @@ class CTranslate2Engine:
             raise ValueError(f"the prompt has {len(ids)} tokens; CTranslate2 reads at most "
                              f"{self.max_length - 1} before generating (the model's "
                              "max_length); shorten it or use engine='keras'")
-        if max_new_tokens is not None and len(ids) + int(max_new_tokens) > self.max_length:
+        if max_new_tokens is None:
+            max_new_tokens = self.max_length - len(ids)
+        if len(ids) + max_new_tokens > self.max_length:
             raise ValueError(
                 f"{len(ids)} prompt tokens + max_new_tokens={max_new_tokens} exceed the "
                 f"model's max_length={self.max_length}: CTranslate2 has no positions beyond "
                 "it (engine='keras' slides a window over the context); ask for at most "
                 f"{self.max_length - len(ids)} new tokens")
-        options = dict(max_length=int(max_new_tokens) if max_new_tokens is not None
-                       else self.max_length - len(ids), include_prompt_in_result=False,
-                       suppress_sequences=self._suppress,
-                       **_sampling(temperature, top_k, top_p, seed))
-        if not stop_at_eos:
-            options["end_token"] = []
-        session = self._session(seed if temperature else None)
-        result = session.generate_batch([[self._source_tokens[i] for i in ids]], **options)[0]
+        arguments = dict(max_length=max_new_tokens, include_prompt_in_result=False,
+                         suppress_sequences=self._suppress,
+                         **_sampling(options.temperature, options.top_k, options.top_p, seed))
+        if not options.stop_at_eos:
+            arguments["end_token"] = []
+        session = self._session(seed if options.temperature else None)
+        result = session.generate_batch([[self._source_tokens[i] for i in ids]], **arguments)[0]
         new = [self._target_ids[t] for t in result.sequences[0]]
         return prompt + tok.decode([i for i in new if i != tok.eos_id])
 

@@ -32,6 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 import transformerkit
+from transformerkit.decoding.options import GenerationOptions, SearchOptions
 from transformerkit.serving.batching import Batcher, QueueFull
 from transformerkit.serving.limits import BodySizeLimit, Limits
 from transformerkit.serving.schemas import (
@@ -213,22 +214,21 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
         for i, text in enumerate(request.texts):
             check_text(text, f"text {i}", run)
         check_max_new_tokens(request.max_new_tokens)
-        beam = max(request.beam_size, request.n_best)
-        if beam > limits.max_beam_size:
-            raise RequestError(422, f"beam_size / n_best {beam} is more than this server "
-                                    f"allows ({limits.max_beam_size}, --max-beam-size)")
-        sampling = request.temperature is not None
-        options = dict(beam_size=beam, alpha=request.alpha, n_best=request.n_best,
-                       max_new_tokens=request.max_new_tokens, temperature=request.temperature,
-                       top_k=request.top_k if sampling else None,
-                       top_p=request.top_p if sampling else None,
-                       seed=request.seed if sampling else None)
+        fields = request.model_dump(exclude={"texts", "model"})
+        if fields["temperature"] is None:  # sampling's options mean nothing to a search
+            fields.update(top_k=None, top_p=None, seed=None)
+        try:
+            options = SearchOptions(batch_size=limits.max_batch_texts, **fields)
+        except (TypeError, ValueError) as err:
+            raise RequestError(422, str(err)) from None
+        if options.width > limits.max_beam_size:
+            raise RequestError(422, f"beam_size / n_best {options.width} is more than this "
+                                    f"server allows ({limits.max_beam_size}, --max-beam-size)")
         # a seeded draw depends on what else is in its batch: it runs alone, reproducibly
-        key = None if options["seed"] is not None else (name, *sorted(options.items()))
+        key = None if options.seed is not None else (name, options)
 
         def call(texts):
-            return run.translate(texts, batch_size=limits.max_batch_texts, engine=engine,
-                                 **options)
+            return run.translate(texts, options, engine=engine)
 
         results = await submit(request.texts, call, key)
         if request.n_best == 1:
@@ -243,10 +243,13 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
         check_text(request.prompt, "the prompt", run)
         check_max_new_tokens(request.max_new_tokens)
 
+        try:
+            options = GenerationOptions(**request.model_dump(exclude={"prompt", "model"}))
+        except (TypeError, ValueError) as err:
+            raise RequestError(422, str(err)) from None
+
         def call(prompts):
-            return [run.generate(prompts[0], max_new_tokens=request.max_new_tokens,
-                                 temperature=request.temperature, top_k=request.top_k,
-                                 top_p=request.top_p, seed=request.seed, engine=engine)]
+            return [run.generate(prompts[0], options, engine=engine)]
 
         (text,) = await submit([request.prompt], call)
         return {"model": name, "text": text}

@@ -5,34 +5,52 @@ Requests are strict: a field of the wrong type is refused rather than converted 
 a beam size), and an unknown field is refused rather than ignored (a misspelt option would
 otherwise be silently left at its default); NaN and infinities are not numbers here. The
 bounds that depend on the server's options (:class:`~transformerkit.serving.limits.Limits`)
-and on the model (its ``max_length``) are checked by the routes.
+and on the model (its ``max_length``) are checked by the routes. The translation and
+generation options are the fields of :mod:`transformerkit.decoding.options`, the same as the
+command line's flags and ``Run.translate``'s keywords.
 """
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from transformerkit.decoding.options import (
+    GenerationOptions,
+    SearchOptions,
+    fields_of,
+    optional,
+    value_type,
+)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _MODEL_FIELD = Field(None, description="the model's name (GET /models); default: the first")
 
 
-class TranslateRequest(BaseModel):
+def _option_fields(options_class, leave_out=()):
+    """Pydantic fields for the fields of ``options_class`` (``decoding/options.py``): the
+    same types, defaults, ranges, allowed values and meanings as the command line's flags."""
+    found = {}
+    for f in fields_of(options_class):
+        if f.name in leave_out:
+            continue
+        meta = f.metadata
+        kind = Literal[meta["choices"]] if meta["choices"] else value_type(f)
+        found[f.name] = (kind | None if optional(f) else kind,
+                         Field(f.default, ge=meta["minimum"], le=meta["maximum"],
+                               gt=meta["above"], description=meta["help"]))
+    return found
+
+
+class _TranslateFields(BaseModel):
     model_config = _STRICT
 
     texts: list[str] = Field(min_length=1, description="source sentences, one per item")
     model: str | None = _MODEL_FIELD
-    beam_size: int = Field(4, ge=1, description="1 = greedy search; more = beam search")
-    alpha: float = Field(0.6, ge=0.0, le=10.0, description="GNMT length penalty of beam search")
-    n_best: int = Field(1, ge=1, description="more than 1: also return the n best "
-                                             "translations with their scores")
-    max_new_tokens: int | None = Field(None, ge=1, description="longest translation in "
-                                                               "tokens (default: the model's)")
-    temperature: float | None = Field(None, ge=0.0, description="set: sample instead of "
-                                                                "searching (0 = greedy)")
-    top_k: int | None = Field(None, ge=1, description="sampling: draw from the k likeliest")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="sampling: nucleus mass")
-    seed: int | None = Field(None, ge=0, description="sampling: the same seed gives the same "
-                                                     "output")
+
+
+# every SearchOptions field but batch_size (the server batches requests itself, --max-batch-texts)
+TranslateRequest = create_model("TranslateRequest", __base__=_TranslateFields,
+                                 **_option_fields(SearchOptions, leave_out=("batch_size",)))
 
 
 class Hypothesis(BaseModel):
@@ -47,16 +65,15 @@ class TranslateResponse(BaseModel):
         None, description="with n_best > 1: per text, the n best, best first")
 
 
-class GenerateRequest(BaseModel):
+class _GenerateFields(BaseModel):
     model_config = _STRICT
 
     prompt: str = Field(min_length=1, description="text to continue")
     model: str | None = _MODEL_FIELD
-    max_new_tokens: int = Field(100, ge=1)
-    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
-    top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, description="the same seed gives the same text")
+
+
+GenerateRequest = create_model("GenerateRequest", __base__=_GenerateFields,
+                               **_option_fields(GenerationOptions))
 
 
 class GenerateResponse(BaseModel):

@@ -1,0 +1,215 @@
+"""The search and sampling options, each declared once: its type, default, check and meaning.
+
+:class:`SearchOptions` is how ``translate`` turns source sentences into target sentences
+(greedy search, beam search, or sampling); :class:`GenerationOptions` how a GPT continues a
+prompt. Everything that takes these options is derived from the declarations here, so an
+option has one default everywhere:
+
+- the ``translate``/``generate``/``evaluate`` command-line flags (:func:`flag_name`,
+  ``cli/parser.py``);
+- the keywords of ``Run.translate`` / ``Run.generate`` (:func:`from_keywords`);
+- the request bodies of the HTTP server (``serving/schemas.py`` builds its pydantic models
+  from :func:`fields_of`);
+- the CTranslate2 runtime (``export/runtime.py``), which maps each option to its own argument.
+
+Building an instance checks every value (a ``TypeError`` or ``ValueError`` naming the
+option): ints are ints (not bools), numbers are finite, each value is in its range.
+
+Plain Python, no Keras: the command line builds its parser from this module.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+STOPPING_RULES = ("early", "exact")
+
+
+def option(default, *, help, minimum=None, maximum=None, above=None, choices=None, flag=None,
+           label=None):
+    """A field with its ``default``, one line of ``help``, its allowed range (``minimum`` /
+    ``maximum`` inclusive, ``above`` exclusive; a float with a ``maximum`` needs a lower
+    bound too) or ``choices``, its command-line ``flag`` when that is not ``--`` + the name
+    with dashes, and the ``label`` its errors call it by (default: its name)."""
+    return field(default=default, metadata=dict(help=help, minimum=minimum, maximum=maximum,
+                                                above=above, choices=choices, flag=flag,
+                                                label=label))
+
+
+def value_type(f):
+    """``int`` for a field declared ``int | None``, and so on."""
+    return f.type.__args__[0] if hasattr(f.type, "__args__") else f.type
+
+
+def optional(f):
+    """Whether a field may be None (declared ``X | None``)."""
+    return hasattr(f.type, "__args__") and type(None) in f.type.__args__
+
+
+def check_field(f, value):
+    """``value`` of field ``f`` checked and normalised (an int as ``float`` where a number is
+    expected); a clear ``TypeError``/``ValueError`` naming the option otherwise."""
+    meta, kind = f.metadata, value_type(f)
+    name = meta["label"] or f.name
+    if value is None:
+        if optional(f):
+            return None
+        raise TypeError(f"{name} must be {_describe(kind)}, got None")
+    if kind in (str, bool) and not isinstance(value, kind) \
+            or kind not in (str, bool) and (isinstance(value, bool) or not _is_a(value, kind)):
+        raise TypeError(f"{name} must be {_describe(kind)}, got {type(value).__name__} "
+                        f"{value!r:.40}")
+    if kind in (int, float):
+        value = kind(value)
+    low, high, above = meta["minimum"], meta["maximum"], meta["above"]
+    if kind is float and (not math.isfinite(value) or low is not None and value < low) \
+            and high is None:
+        raise ValueError(f"{name} must be a finite number >= {low or 0:g}, got {value}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, meta['choices']))}; "
+                         f"got {value!r}")
+    if kind is float and (not math.isfinite(value) or low is not None and value < low
+                          or high is not None and value > high
+                          or above is not None and not value > above):
+        interval = f"{'(' if above is not None else '['}{above if above is not None else low:g}"
+        raise ValueError(f"{name} must be in {interval}, {high:g}], got {value}")
+    if kind is int and low is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def _is_a(value, kind):
+    import numbers
+
+    if kind is int:
+        return isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, kind)
+
+
+def _describe(kind):
+    return {int: "an int", float: "a number", str: "a string", bool: "True or False"}[kind]
+
+
+class _Checked:
+    """Checks every field on construction (``__post_init__``) and offers :meth:`replace`."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, check_field(f, getattr(self, f.name)))
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions(_Checked):
+    """How a ``Transformer`` translates: beam search (``beam_size`` > 1), greedy search
+    (``beam_size`` 1) or sampling (``temperature`` set). Paper section 6.1: beam size 4,
+    length penalty 0.6."""
+
+    beam_size: int = option(4, minimum=1, flag="--beam",
+                            help="beam size; 1 = greedy search")
+    alpha: float = option(0.6, minimum=0.0, label="alpha (length penalty)",
+                          help="length penalty of beam search, GNMT ((5+len)/6)^alpha")
+    n_best: int = option(1, minimum=1, help="return the n best translations with their scores "
+                                            "(beam search; the beam widens to n)")
+    max_new_tokens: int | None = option(None, minimum=1, help="longest translation in tokens "
+                                                              "(none: the model's max_length)")
+    batch_size: int = option(64, minimum=1, help="sentences decoded together")
+    stopping: str = option("early", choices=STOPPING_RULES,
+                           help="when a sentence's beam search ends: early = once beam_size "
+                                "hypotheses have ended (CTranslate2's and Hugging Face's "
+                                "rule), exact = when no live beam can win")
+    max_len_a: float | None = option(1.2, minimum=0.0,
+                                     help="each output has at most max_len_a * source tokens "
+                                          "+ max_len_b tokens (none: no cap)")
+    max_len_b: int | None = option(10, minimum=0, help="see max_len_a (none: no cap)")
+    temperature: float | None = option(None, minimum=0.0,
+                                       help="sample instead of searching, at this temperature "
+                                            "(0 = greedy)")
+    top_k: int | None = option(None, minimum=1, help="sampling: draw from the k likeliest "
+                                                     "tokens")
+    top_p: float | None = option(None, above=0.0, maximum=1.0,
+                                 help="sampling: draw from the smallest set of tokens of this "
+                                      "probability mass (nucleus)")
+    seed: int | None = option(None, help="sampling: the same seed gives the same output")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.temperature is not None and self.n_best > 1:
+            raise ValueError(f"n_best={self.n_best} lists come from beam search; sampling "
+                             "(temperature set) gives one translation per text")
+        a, b = self.max_len_a, self.max_len_b
+        if (a is not None or b is not None) and (a or 0.0) + (b or 0) < 1:
+            raise ValueError(f"max_len_a={a} with max_len_b={b} allow no output token; "
+                             "their sum must be at least 1 (both none: no cap)")
+
+    @property
+    def width(self):
+        """Hypotheses a beam search keeps: ``max(beam_size, n_best)``."""
+        return max(self.beam_size, self.n_best)
+
+    @property
+    def samples(self):
+        """Whether this is sampling (``temperature`` set) rather than a search."""
+        return self.temperature is not None
+
+    @property
+    def searches_beams(self):
+        """Whether this is a beam search (more than one hypothesis) rather than greedy."""
+        return not self.samples and self.width > 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationOptions(_Checked):
+    """How a ``GPT`` continues a prompt: sampling at ``temperature`` (0 = greedy)."""
+
+    max_new_tokens: int | None = option(200, minimum=1,
+                                        help="tokens to generate (none: until the context "
+                                             "is full)")
+    temperature: float = option(1.0, minimum=0.0, help="sampling temperature; 0 = greedy")
+    top_k: int | None = option(None, minimum=1, help="draw from the k likeliest tokens")
+    top_p: float | None = option(None, above=0.0, maximum=1.0,
+                                 help="draw from the smallest set of tokens of this "
+                                      "probability mass (nucleus)")
+    seed: int | None = option(None, help="the same seed gives the same text")
+    stop_at_eos: bool = option(True, help="stop at the end-of-text token")
+
+
+def fields_of(options_class):
+    """The declared fields of :class:`SearchOptions` or :class:`GenerationOptions`."""
+    return dataclasses.fields(options_class)
+
+
+def flag_name(f):
+    """The command-line flag of field ``f``: ``--beam`` for ``beam_size``, else
+    ``--max-new-tokens`` for ``max_new_tokens``."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def from_keywords(options_class, keywords, what):
+    """``options_class(**keywords)``, with an unknown keyword named as an error of ``what``
+    (``"translate()"``) and the options it does take."""
+    names = {f.name for f in dataclasses.fields(options_class)}
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        raise TypeError(f"{what} got unknown option(s) {', '.join(unknown)}; the options are "
+                        f"{', '.join(sorted(names))}")
+    return options_class(**keywords)
+
+
+def resolve(options_class, options, keywords, what):
+    """The options a call runs with: ``options`` (an instance of ``options_class``, or None
+    for the declared defaults) with ``keywords`` (field names) replacing its values; an
+    unknown keyword or a value out of range is a clear error naming ``what``."""
+    if options is None:
+        return from_keywords(options_class, keywords, what)
+    if not isinstance(options, options_class):
+        raise TypeError(f"{what}: options must be a {options_class.__name__}, got "
+                        f"{type(options).__name__}")
+    if not keywords:
+        return options
+    return from_keywords(options_class, {**dataclasses.asdict(options), **keywords}, what)
