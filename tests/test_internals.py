@@ -1,5 +1,10 @@
 """The private-API registry (``transformerkit.internals``), the shortcuts' switch
-(``transformerkit.fastpath``) and the import that changes nothing process-wide."""
+(``transformerkit.fastpath``) and the import that changes nothing process-wide.
+
+Tolerances (``tests/tolerances.py``): the fused Adam and Keras' Adam are two float32 paths
+of formulas that differ by the placement of epsilon, computed in float64 here
+(:func:`adam_paths_atol`).
+"""
 
 import subprocess
 import sys
@@ -9,6 +14,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tolerances as tol
 
 from transformerkit import fastpath, internals
 
@@ -38,6 +44,38 @@ def test_a_missing_internal_is_none_with_one_warning(monkeypatch):
         assert internals.available("gone_members") is False
 
 
+ADAM_START = np.linspace(-1, 1, 12).reshape(3, 4)
+ADAM_RATE, ADAM_DECAY, ADAM_STEPS = 0.1, 0.1, 3
+
+
+def adam_paths_atol():
+    """The fused update against Keras' on the test's gradients (constant, clipped to a
+    global norm of 1): Keras' formula adds epsilon to sqrt(v) before the bias correction,
+    the fused one after (``training/optimizers.Adam``), a difference computed in float64;
+    plus each path's roundings per step: the clipping (a sum of 12 squares, sqrt, division,
+    product, twice in m / sqrt(v)), m and v, the step's powers, sqrt, divisions and
+    products on a step of ``lr`` (m_hat / sqrt(v_hat) = 1 for a constant gradient), and
+    ``gamma(3) |w|`` for the weight decay and the subtraction (|w| <= |w_0| + 1: three
+    steps of 0.1)."""
+    beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7  # Keras' defaults
+    results = []
+    for epsilon_hat in (False, True):
+        w, m, v = ADAM_START.copy(), 0.0, 0.0
+        for t in range(1, ADAM_STEPS + 1):
+            g = 1 / np.sqrt(12)  # every entry of (step + 1) * ones((3, 4)), clipped
+            w = w - ADAM_RATE * ADAM_DECAY * w
+            m, v = beta_1 * m + (1 - beta_1) * g, beta_2 * v + (1 - beta_2) * g * g
+            correction = np.sqrt(1 - beta_2 ** t)
+            denominator = ((np.sqrt(v) + epsilon) / correction if epsilon_hat
+                           else np.sqrt(v) / correction + epsilon)
+            w = w - ADAM_RATE / (1 - beta_1 ** t) * m / denominator
+        results.append(w)
+    roundings = 2 * (12 + 1 + tol.ELEMENTWISE_ULPS + 2) + 4 * ADAM_STEPS + (
+        3 * tol.ELEMENTWISE_ULPS + 6)
+    step = ADAM_RATE * tol.gamma(roundings) + tol.gamma(3) * (np.abs(ADAM_START) + 1)
+    return np.abs(results[0] - results[1]) + 2 * ADAM_STEPS * step
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the fused update is PyTorch's")
 def test_adam_without_its_fused_kernel_falls_back_to_keras(monkeypatch):
     """A release without ``torch._fused_adamw_`` takes Keras' own update (a warning, no crash),
@@ -46,9 +84,9 @@ def test_adam_without_its_fused_kernel_falls_back_to_keras(monkeypatch):
 
     def trained():
         keras.utils.set_random_seed(0)
-        variable = keras.Variable(np.linspace(-1, 1, 12).reshape(3, 4).astype("float32"))
-        optimizer = Adam(0.1, weight_decay=0.1, global_clipnorm=1.0)
-        for step in range(3):
+        variable = keras.Variable(ADAM_START.astype("float32"))
+        optimizer = Adam(ADAM_RATE, weight_decay=ADAM_DECAY, global_clipnorm=1.0)
+        for step in range(ADAM_STEPS):
             grad = keras.ops.convert_to_tensor(np.full((3, 4), step + 1.0, "float32"))
             optimizer.apply([grad], [variable])
         return keras.ops.convert_to_numpy(variable), optimizer
@@ -58,7 +96,7 @@ def test_adam_without_its_fused_kernel_falls_back_to_keras(monkeypatch):
     monkeypatch.setattr(internals, "_found", {**internals._found, "fused_adamw_": None})
     plain, optimizer = trained()
     assert not optimizer._fused()
-    np.testing.assert_allclose(fused, plain, atol=1e-5)
+    tol.assert_within(fused, plain, adam_paths_atol())
 
 
 def test_the_switch_turns_every_shortcut_off(monkeypatch):
