@@ -109,16 +109,26 @@ def _plot_learning_rate(args):
     if steps is None and is_run and os.path.isfile(run.metrics):
         steps = run.read_metrics().get("steps")
     steps = steps or config["train"]["max_steps"]
+    assumed = ""
+    if not steps and config["train"]["optimizer"] == "paper":
+        # the warmup schedule does not depend on the run's length (a time budget leaves it
+        # open): show its warmup and three times as much decay
+        steps = 4 * config["train"]["warmup_steps"]
+        assumed = (f"; the config sets no length (train.max_steps), so {steps} steps = 4 x "
+                   "train.warmup_steps are shown: the paper schedule does not depend on the "
+                   "run's length (--steps N for another)")
     if not steps:
-        raise ValueError("--lr needs the run's length: give --steps N (the config sets no "
-                         "train.max_steps)")
+        raise ValueError("--lr needs the run's length: adamw_cosine decays until the run's "
+                         "last step, which the config does not fix (no train.max_steps; a "
+                         "time budget or the epochs' batches decide it); give --steps N, "
+                         "e.g. epochs x updates per epoch")
     rates = learning_rates(config, int(steps))
     default = (os.path.join(args.target, "learning_rate.png") if is_run else
                f"{os.path.splitext(os.path.basename(args.target))[0]}-lr.png")
     out = plot_learning_rate(list(rates), args.out or default,
                              title=f"{args.target}: learning rate ({config['train']['optimizer']})")
     peak = int(rates.argmax())
-    echo(f"wrote {out} ({len(rates)} steps, peak {rates[peak]:.3g} at step {peak + 1})")
+    echo(f"wrote {out} ({len(rates)} steps, peak {rates[peak]:.3g} at step {peak + 1}){assumed}")
     return 0
 
 
