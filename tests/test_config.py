@@ -15,11 +15,11 @@ def test_defaults_and_overrides(tmp_path):
     path = write(tmp_path, "model:\n  d_model: 64\n  num_heads: 4\ntrain:\n  epochs: 2\n")
     config = load_config(path, ["train.epochs=5", "model.norm_position=pre",
                                 "train.time_budget=10m", "data.lowercase=true"])
-    assert config["model"]["d_model"] == 64
-    assert config["train"]["epochs"] == 5
-    assert config["model"]["norm_position"] == "pre"
-    assert config["data"]["lowercase"] is True
-    assert config["data"]["tokens_per_batch"] == 4096  # default filled in
+    assert config.model["d_model"] == 64
+    assert config.train.epochs == 5
+    assert config.model["norm_position"] == "pre"
+    assert config.data.lowercase is True
+    assert config.data.tokens_per_batch == 4096  # default filled in
 
 
 @pytest.mark.parametrize("text, match", [
@@ -56,8 +56,8 @@ def test_bad_overrides(item, match):
 
 def test_int_accepted_for_float_key():
     config = resolve({"train": {"label_smoothing": 0}})
-    assert config["train"]["label_smoothing"] == 0.0
-    assert isinstance(config["train"]["label_smoothing"], float)
+    assert config.train.label_smoothing == 0.0
+    assert isinstance(config.train.label_smoothing, float)
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1.5h", 5400),

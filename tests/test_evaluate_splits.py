@@ -29,7 +29,8 @@ def run_dir(tmp_path_factory):
                            + GERMAN[6] + "\n")
     test_target.write_text(" ".join(ENGLISH[:3]) + "\n" + " ".join(ENGLISH[3:5]) + "\n"
                            + ENGLISH[6] + "\n")
-    config["data"].update(test_source=str(test_source), test_target=str(test_target))
+    config = config.replace(data={"test_source": str(test_source),
+                                  "test_target": str(test_target)})
     out = folder / "run"
     train(config, str(out))
     return out

@@ -130,7 +130,7 @@ def test_encode_batch_flat_equals_encode_batch(kind):
 
 
 def _files_config(entries, **data):
-    return resolve({"data": {"dataset": "files", "train_files": entries, **data}})["data"]
+    return resolve({"data": {"dataset": "files", "train_files": entries, **data}}).data
 
 
 def test_train_files_entries_become_specs(tmp_path):

@@ -62,9 +62,9 @@ class PreparedData:
 def prepare_data(config, run_dir, reuse_tokenizers=False):
     """Load the corpus, train (or reload) tokenizers into ``run_dir``, build the datasets."""
     run = RunDirectory(run_dir)
-    if config["model"]["type"] == "gpt":
+    if config.model["type"] == "gpt":
         return _prepare_language_model(config, run, reuse_tokenizers)
-    if config["model"]["type"] == "encoder":
+    if config.model["type"] == "encoder":
         return _prepare_classification(config, run, reuse_tokenizers)
     return _prepare_translation(config, run, reuse_tokenizers)
 
@@ -73,15 +73,15 @@ def _shared_vocab(config):
     """One vocabulary for source and target? An earlier run's or one tokenizer file's
     layout when ``data.tokenizer`` names one, ``model.embeddings.shared`` when vectors are
     named, else ``data.shared_vocab`` (always with ``tie_embeddings: all``)."""
-    tie_all = config["model"]["tie_embeddings"] == "all"
-    reused = reused_tokenizer_files(config["data"]["tokenizer"])
-    files = vectors.embedding_files(config["model"]["embeddings"])
+    tie_all = config.model["tie_embeddings"] == "all"
+    reused = reused_tokenizer_files(config.data.tokenizer)
+    files = vectors.embedding_files(config.model["embeddings"])
     shared = (len(reused) == 1 if reused else "shared" in files if files
-              else config["data"]["shared_vocab"] or tie_all)
+              else config.data.shared_vocab or tie_all)
     if tie_all and not shared:
         raise ValueError(
             "model.tie_embeddings: all needs one vocabulary, but " +
-            (f"data.tokenizer {config['data']['tokenizer']!r} has separate source and target "
+            (f"data.tokenizer {config.data.tokenizer!r} has separate source and target "
              "tokenizers" if reused else "model.embeddings names source/target vectors; "
              "name one vectors file as model.embeddings.shared"))
     return shared
@@ -118,7 +118,7 @@ def reused_tokenizer_files(value):
 
 
 def _max_length(config):
-    return config["data"]["max_length"] or config["model"]["max_length"]
+    return config.data.max_length or config.model["max_length"]
 
 
 TOKENIZER_CACHE = "tokenizers"  # CACHE_ROOT/tokenizers/<key>/: trained tokenizers
@@ -132,27 +132,27 @@ def corpus_specs(data, split):
     "test2016", which "test" means there) for the file-based datasets (multi30k, parallel,
     tsv, files); None for a "val" or "test" split the config names no files for. Raises
     ValueError naming the key for a missing or malformed entry."""
-    kind, reading = data["dataset"], _reading_options(data)
+    kind, reading = data.dataset, _reading_options(data)
     if kind == "multi30k":
-        folder = corpora.resolve_data_dir(data["data_dir"]) / "multi30k"
-        corpora.check_languages(data["source_lang"], data["target_lang"], corpora.LANGS)
+        folder = corpora.resolve_data_dir(data.data_dir) / "multi30k"
+        corpora.check_languages(data.source_lang, data.target_lang, corpora.LANGS)
         split = "test2016" if split == "test" else split
         paths = [corpora.multi30k_file(split, lang, folder)
-                 for lang in (data["source_lang"], data["target_lang"])]
+                 for lang in (data.source_lang, data.target_lang)]
         return [CorpusSpec("text", tuple(paths))]
     if kind == "parallel":
-        src, tgt = data[f"{split}_source"], data[f"{split}_target"]
+        src, tgt = getattr(data, f"{split}_source"), getattr(data, f"{split}_target")
         if src is None or tgt is None:
             return _missing(split, "data.dataset=parallel needs data.train_source and "
                                    "data.train_target")
         return [CorpusSpec("text", (src, tgt))]
     if kind == "tsv":
-        path = data[f"{split}_tsv"]
+        path = getattr(data, f"{split}_tsv")
         if path is None:
             return _missing(split, "data.dataset=tsv needs data.train_tsv")
         return [CorpusSpec("tsv", (path,), **_only(reading, "tsv"))]
     if kind == "files":
-        entries = data.get(f"{split}_files")
+        entries = getattr(data, f"{split}_files")
         if not entries:
             return _missing(split, "data.dataset=files needs data.train_files: a list of "
                                    "corpora (paths, or {path|source+target, format, ...})")
@@ -169,9 +169,8 @@ def _missing(split, message):
 
 
 def _reading_options(data):
-    defaults = {"source_column": 0, "target_column": 1, "header": False,
-                "source_key": "source", "target_key": "target"}
-    return {key: data.get(key, default) for key, default in defaults.items()}
+    keys = ("source_column", "target_column", "header", "source_key", "target_key")
+    return {key: getattr(data, key) for key in keys}
 
 
 def _only(reading, fmt):
@@ -223,9 +222,9 @@ def _entry_spec(entry, reading, where):
 def load_pairs(data, split):
     """(sources, targets) lists of ``split`` ("train", "val" or "test") for the configured
     dataset; None for a "val" or "test" split the config names no files for."""
-    if data["dataset"] == "ted_hrlr":
+    if data.dataset == "ted_hrlr":
         return corpora.load_ted_hrlr("validation" if split == "val" else split,
-                                     f"{data['source_lang']}_to_{data['target_lang']}")
+                                     f"{data.source_lang}_to_{data.target_lang}")
     specs = corpus_specs(data, split)
     return None if specs is None else sources.read_pairs(specs)
 
@@ -235,10 +234,10 @@ def _limit(pairs, n):
 
 
 def _make_tokenizer(data, texts):
-    kind = data["tokenizer"]
+    kind = data.tokenizer
     if kind in SUBWORD_KINDS:
-        return SubwordTokenizer.train(texts, kind=kind, vocab_size=data["vocab_size"],
-                                      lowercase=data["lowercase"])
+        return SubwordTokenizer.train(texts, kind=kind, vocab_size=data.vocab_size,
+                                      lowercase=data.lowercase)
     if kind == "char":
         return CharTokenizer.train(texts)
     reused = reused_tokenizer_files(kind)
@@ -254,9 +253,9 @@ class _TrainCorpus:
     """The training corpus of a config: how to stream it and what identifies it."""
 
     def __init__(self, data, cache_root):
-        self.limit = data["train_limit"]
-        if data["dataset"] == "ted_hrlr":
-            pair = f"{data['source_lang']}_to_{data['target_lang']}"
+        self.limit = data.train_limit
+        if data.dataset == "ted_hrlr":
+            pair = f"{data.source_lang}_to_{data.target_lang}"
             self.specs, self._pairs = None, _limit(corpora.load_ted_hrlr("train", pair),
                                                    self.limit)
             self.key = {"tfds": f"ted_hrlr_translate/{pair}", "limit": self.limit}
@@ -289,24 +288,24 @@ def _tokenizers(config, run, reuse, corpus, cache_root):
     shared = _shared_vocab(config)
     source_path, target_path = run.tokenizer_paths(shared)
     paths = [source_path] if shared else [source_path, target_path]
-    data = config["data"]
-    files = vectors.embedding_files(config["model"]["embeddings"])
-    reused = reused_tokenizer_files(data["tokenizer"])
+    data = config.data
+    files = vectors.embedding_files(config.model["embeddings"])
+    reused = reused_tokenizer_files(data.tokenizer)
     if files and reused:
         raise ValueError("model.embeddings builds the vocabulary from its vectors files; "
-                         f"data.tokenizer {data['tokenizer']!r} names another one: use one")
+                         f"data.tokenizer {data.tokenizer!r} names another one: use one")
     if reused:
         for origin, path in zip(reused, paths, strict=True):
             load_tokenizer(origin).save(path)  # checked on the way
     elif len(files) < len(paths):  # a side without vectors
-        if data["tokenizer"] in (*SUBWORD_KINDS, "char"):
-            _cached_or_trained(data, config["train"]["seed"], shared, corpus, cache_root,
+        if data.tokenizer in (*SUBWORD_KINDS, "char"):
+            _cached_or_trained(data, config.train.seed, shared, corpus, cache_root,
                                paths)
         else:
             for path in paths:
                 _make_tokenizer(data, []).save(path)
     sides = ["shared"] if shared else ["source", "target"]
-    read = {side: _vectors_tokenizer(files[side], data["lowercase"], path)
+    read = {side: _vectors_tokenizer(files[side], data.lowercase, path)
             for side, path in zip(sides, paths, strict=True) if side in files}
     loaded = [load_tokenizer(path) for path in paths]
     matrices = {side: vectors.aligned_matrix(read[side], tokenizer)
@@ -319,7 +318,7 @@ def _tokenizers(config, run, reuse, corpus, cache_root):
 
 def _check_widths(config, matrices):
     """Refuse vectors whose width is not model.d_model before any corpus is encoded."""
-    d_model = config["model"]["d_model"]
+    d_model = config.model["d_model"]
     for side, matrix in matrices.items():
         check_embedding_matrix(side, matrix, len(matrix), d_model or matrix.shape[1])
 
@@ -338,9 +337,9 @@ def _vectors_tokenizer(entry, lowercase, path):
 def _cached_or_trained(data, seed, shared, corpus, cache_root, paths):
     """Copy the tokenizer(s) trained on this corpus with these settings from the cache into
     ``paths``, or train them on a seeded random sample of ``data.tokenizer_sample`` pairs."""
-    parts = {"corpus": corpus.key, "kind": data["tokenizer"], "vocab_size": data["vocab_size"],
-             "lowercase": data["lowercase"], "shared": shared,
-             "sample": data["tokenizer_sample"], "seed": seed}
+    parts = {"corpus": corpus.key, "kind": data.tokenizer, "vocab_size": data.vocab_size,
+             "lowercase": data.lowercase, "shared": shared,
+             "sample": data.tokenizer_sample, "seed": seed}
     folder = os.path.join(cache_root, TOKENIZER_CACHE, token_cache.key_of(parts))
     cached = [os.path.join(folder, os.path.basename(p)) for p in paths]
     if all(os.path.isfile(p) for p in cached):
@@ -355,7 +354,7 @@ def _cached_or_trained(data, seed, shared, corpus, cache_root, paths):
             log.warning("cached tokenizer in %s is unusable (%s); training it again", folder,
                         err)
     pairs, reports = corpus.read()
-    sample = sources.reservoir_sample(pairs, data["tokenizer_sample"], seed)
+    sample = sources.reservoir_sample(pairs, data.tokenizer_sample, seed)
     for report in reports:
         report.check_usable()
     source_texts, target_texts = [s for s, _ in sample], [t for _, t in sample]
@@ -368,26 +367,26 @@ def _cached_or_trained(data, seed, shared, corpus, cache_root, paths):
 
 
 def _cache_root(data):
-    return os.path.expanduser(data.get("cache_dir") or token_cache.default_cache_root())
+    return os.path.expanduser(data.cache_dir or token_cache.default_cache_root())
 
 
 def _batching(data, seed):
-    pad = data["pad_to_multiple"]
+    pad = data.pad_to_multiple
     if pad is None:  # compiled backends recompile per shape: fewer shapes there
         import keras
 
         pad = 1 if keras.backend.backend() == "torch" else 8
-    common = dict(seed=seed, bucket=data["bucket"], pad_to_multiple=pad)
-    if data["batch_size"] is not None:
-        return dict(batch_size=data["batch_size"], **common)
-    return dict(tokens_per_batch=data["tokens_per_batch"], **common)
+    common = dict(seed=seed, bucket=data.bucket, pad_to_multiple=pad)
+    if data.batch_size is not None:
+        return dict(batch_size=data.batch_size, **common)
+    return dict(tokens_per_batch=data.tokens_per_batch, **common)
 
 
 def _prepare_translation(config, run, reuse):
     """Tokenizers and batches of a translation corpus, through the token cache: the
     training pairs are streamed (never held as Python lists), encoded once into
     memory-mapped arrays and batched from those."""
-    data, seed = config["data"], config["train"]["seed"]
+    data, seed = config.data, config.train.seed
     cache_root = _cache_root(data)
     os.makedirs(cache_root, exist_ok=True)
     started = time.monotonic()
@@ -417,7 +416,7 @@ def _prepare_translation(config, run, reuse):
             "tokenizer_seconds": round(tokenizers_ready - started, 2),
             "token_cache_seconds": round(encoded - tokenizers_ready, 2)}
     val_pairs = load_pairs(data, "val")
-    val_src, val_tgt = _limit(val_pairs, data["val_limit"]) if val_pairs else ([], [])
+    val_src, val_tgt = _limit(val_pairs, data.val_limit) if val_pairs else ([], [])
     val = None
     if val_src:  # validation sets are small: encoded in memory
         val_encoded = encode_pairs(val_src, val_tgt, source_tok, target_tok, max_length)
@@ -430,10 +429,10 @@ def _text_path(data):
     """``data.text`` as given if it exists, else relative to the data directory
     (``data.data_dir`` / ``$TRANSFORMERKIT_DATA``), so configs can say
     ``tinyshakespeare/input.txt``."""
-    path = data["text"]
+    path = data.text
     if os.path.isfile(path) or os.path.isabs(path):
         return path
-    in_data_dir = os.path.join(corpora.resolve_data_dir(data["data_dir"]), path)
+    in_data_dir = os.path.join(corpora.resolve_data_dir(data.data_dir), path)
     if os.path.isfile(in_data_dir):
         return in_data_dir
     raise FileNotFoundError(f"data.text: no such file {path!r} (looked in the current "
@@ -441,22 +440,22 @@ def _text_path(data):
 
 
 def _prepare_language_model(config, run, reuse):
-    data, seed = config["data"], config["train"]["seed"]
-    if data["dataset"] != "text" or not data["text"]:
+    data, seed = config.data, config.train.seed
+    if data.dataset != "text" or not data.text:
         raise ValueError("model.type=gpt trains on data.dataset=text with data.text=PATH")
     text = corpora.load_text(_text_path(data))
-    train_text, val_text = split_train_val(text, data["val_fraction"])
+    train_text, val_text = split_train_val(text, data.val_fraction)
     tokenizer, matrices = _one_tokenizer(
         config, run, reuse,
-        lambda: train_text.splitlines() if data["tokenizer"] != "char" else [train_text])
-    block = data["block_size"]
-    if block > config["model"]["max_length"]:
+        lambda: train_text.splitlines() if data.tokenizer != "char" else [train_text])
+    block = data.block_size
+    if block > config.model["max_length"]:
         raise ValueError(f"data.block_size={block} exceeds model.max_length="
-                         f"{config['model']['max_length']}")
+                         f"{config.model['max_length']}")
     train_ids = np.asarray(tokenizer.encode(train_text), dtype="int32")
     val_ids = np.asarray(tokenizer.encode(val_text), dtype="int32")
-    batch = data["batch_size"] or 12
-    steps = data["steps_per_epoch"] or max(1, len(train_ids) // (block * batch))
+    batch = data.batch_size or 12
+    steps = data.steps_per_epoch or max(1, len(train_ids) // (block * batch))
     train = LanguageModelBatches(train_ids, block, batch, steps_per_epoch=steps, seed=seed)
     val = LanguageModelBatches(val_ids, block, batch, steps_per_epoch=max(1, min(20, steps // 5)),
                                seed=seed + 1)
@@ -470,24 +469,24 @@ def _one_tokenizer(config, run, reuse, texts):
     reloaded (``reuse``), built from ``model.embeddings.shared``'s vectors, copied from
     ``data.tokenizer`` (a file, a run, a Hugging Face folder) or trained on ``texts()``.
     -> ``(tokenizer, {"source": matrix} or {})``."""
-    data, kind = config["data"], config["model"]["type"]
+    data, kind = config.data, config.model["type"]
     path, _ = run.tokenizer_paths(shared=True)
-    files = vectors.embedding_files(config["model"]["embeddings"])
+    files = vectors.embedding_files(config.model["embeddings"])
     if set(files) - {"shared"}:
         raise ValueError(f"model.type {kind} has one vocabulary: name its vectors file as "
                          "model.embeddings.shared")
     if reuse:
         return load_tokenizer(path), {}
     if files:
-        if reused_tokenizer_files(data["tokenizer"]):
+        if reused_tokenizer_files(data.tokenizer):
             raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
-                             f"data.tokenizer {data['tokenizer']!r} names another one: use one")
-        read = _vectors_tokenizer(files["shared"], data["lowercase"], path)
+                             f"data.tokenizer {data.tokenizer!r} names another one: use one")
+        read = _vectors_tokenizer(files["shared"], data.lowercase, path)
         tokenizer = load_tokenizer(path)
         matrices = {"source": vectors.aligned_matrix(read, tokenizer)}
         _check_widths(config, matrices)
         return tokenizer, matrices
-    tokenizer = _make_tokenizer(data, texts() if data["tokenizer"] in (*SUBWORD_KINDS, "char")
+    tokenizer = _make_tokenizer(data, texts() if data.tokenizer in (*SUBWORD_KINDS, "char")
                                 else [])
     tokenizer.save(path)
     return load_tokenizer(path), {}
@@ -505,12 +504,12 @@ def _prepare_classification(config, run, reuse):
     (:func:`_one_tokenizer`). Texts are read into memory (a classifier's corpora are small
     next to a translation corpus) and cut to the length limit, as BERT does, never dropped.
     """
-    data, model, seed = config["data"], config["model"], config["train"]["seed"]
-    if data["dataset"] not in _CLASSIFICATION_DATASETS:
+    data, model, seed = config.data, config.model, config.train.seed
+    if data.dataset not in _CLASSIFICATION_DATASETS:
         raise ValueError("an encoder classifier reads data.dataset "
                          f"{', '.join(_CLASSIFICATION_DATASETS)} (a text and its label per "
-                         f"line), not {data['dataset']!r}")
-    texts, names = _limit(load_pairs(data, "train"), data["train_limit"])
+                         f"line), not {data.dataset!r}")
+    texts, names = _limit(load_pairs(data, "train"), data.train_limit)
     names = [name.strip() for name in names]
     if reuse:
         labels = run.read_labels()
@@ -534,7 +533,7 @@ def _prepare_classification(config, run, reuse):
     else:
         tokenizer, matrices = _one_tokenizer(
             config, run, reuse,
-            lambda: sources.reservoir_sample(texts, data["tokenizer_sample"], seed))
+            lambda: sources.reservoir_sample(texts, data.tokenizer_sample, seed))
     train_encoded = encode_texts(texts, tokenizer, max_length,
                                  _label_ids(names, labels, "training"))
     train = ClassificationBatches(train_encoded, shuffle=True, **_batching(data, seed))
@@ -543,7 +542,7 @@ def _prepare_classification(config, run, reuse):
     val_pairs = load_pairs(data, "val")
     val_texts, val_names, val = [], [], None
     if val_pairs:
-        val_texts, val_names = _limit(val_pairs, data["val_limit"])
+        val_texts, val_names = _limit(val_pairs, data.val_limit)
         val_names = [name.strip() for name in val_names]
         val_encoded = encode_texts(val_texts, tokenizer, max_length,
                                    _label_ids(val_names, labels, "validation"))
