@@ -18,6 +18,7 @@ written twice silently.
 Plain Python, no Keras: the CLI reads these to print the config.
 """
 
+import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field, fields
@@ -106,7 +107,8 @@ def _check_range(name, value, meta):
 
 
 class _Section:
-    """Checks every field on construction; :meth:`to_dict` / :meth:`replace`."""
+    """Checks every field on construction (a :class:`ConfigError` naming ``section.key``);
+    :meth:`to_dict` and :meth:`replace`."""
 
     SECTION = ""  # the YAML section's name
 
@@ -123,6 +125,11 @@ class _Section:
     def to_dict(self):
         """``{key: value}`` of every key, as ``config.yaml`` holds the section."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (checked again; the checks across keys are
+        :meth:`RunConfig.replace`'s)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,6 +324,7 @@ class TrainOptions(_Section):
                                                     "start of the validation text)")
     sample_max_tokens: int | None = option(
         None, minimum=1, decoding="GenerationOptions.max_new_tokens",
+        differs="null defers to decode_max_length, then to generate's own default",
         help="GPT: tokens generated per sample (null: decode_max_length, else generate's "
              "default)")
     sample_temperature: float = option(
