@@ -75,7 +75,7 @@ def test_model_loads_and_matches_saved_config(trained_run):
     out, _ = trained_run
     model = load_model(out / "model.keras")
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert model.d_model == config.model["d_model"] == 32
+    assert model.d_model == config["model"]["d_model"] == 32
     assert model.tie_embeddings == "all"
 
 

@@ -114,7 +114,7 @@ def evaluation_data(args, run):
         raise ValueError("--split test2016 is Multi30k's; this run's test split is --split "
                          "test")
     else:
-        from transformerkit.training.data_setup import load_pairs
+        from transformerkit.training.corpus_specs import load_pairs
 
         pairs = load_pairs(data, split)
         if pairs is None:
