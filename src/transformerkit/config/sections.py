@@ -15,9 +15,13 @@ names that field in ``decoding=`` and, where its default differs, says why in ``
 ``tests/test_config.py`` checks the pairs against the decoding options, so no default is
 written twice silently.
 
-Plain Python, no Keras: the CLI reads these to print the config.
+They live in the ``config`` package (level 2 of ``tests/test_layout.py``), not in
+``training/`` (level 3): ``config`` parses YAML into them and must not import upward, while
+the trainer, the data setup, the monitors, the reports and the CLI (levels 3 and 5) import
+them downward. Plain Python, no Keras: the CLI reads these to print the config.
 """
 
+import copy
 import dataclasses
 import math
 import typing
@@ -123,8 +127,9 @@ class _Section:
         return [f.name for f in fields(cls)]
 
     def to_dict(self):
-        """``{key: value}`` of every key, as ``config.yaml`` holds the section."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """``{key: value}`` of every key, as ``config.yaml`` holds the section (a copy: its
+        lists are not this object's)."""
+        return copy.deepcopy({f.name: getattr(self, f.name) for f in fields(self)})
 
     def replace(self, **changes):
         """A copy with ``changes`` (checked again; the checks across keys are
