@@ -66,8 +66,8 @@ def score(run_dir, beams, max_sentences=None, checkpoint="model"):
     from transformerkit.evaluation import corpus_scores, tutorial_bleu
 
     run = transformerkit.load(run_dir, checkpoint=checkpoint)
-    data = run.config["data"]
-    sources, references = load_multi30k("test2016", data["source_lang"], data["target_lang"],
+    data = run.config.data
+    sources, references = load_multi30k("test2016", data.source_lang, data.target_lang,
                                         data_dir=common.data_dir())
     sources, references = sources[:max_sentences], references[:max_sentences]
     results = []

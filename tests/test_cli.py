@@ -211,8 +211,8 @@ def test_train_took_its_options_in_any_order(runs):
     """The fixture trained with options before (translation) and after (GPT) the config."""
     for name in ("translation", "gpt"):
         config = load_config(str(runs[name] / "config.yaml"))
-        assert config["train"]["max_steps"] == 2
-    assert load_config(str(runs["translation"] / "config.yaml"))["train"]["epochs"] == 1
+        assert config.train.max_steps == 2
+    assert load_config(str(runs["translation"] / "config.yaml")).train.epochs == 1
 
 
 # -- --version ---------------------------------------------------------------------------------

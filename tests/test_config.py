@@ -15,11 +15,11 @@ def test_defaults_and_overrides(tmp_path):
     path = write(tmp_path, "model:\n  d_model: 64\n  num_heads: 4\ntrain:\n  epochs: 2\n")
     config = load_config(path, ["train.epochs=5", "model.norm_position=pre",
                                 "train.time_budget=10m", "data.lowercase=true"])
-    assert config["model"]["d_model"] == 64
-    assert config["train"]["epochs"] == 5
-    assert config["model"]["norm_position"] == "pre"
-    assert config["data"]["lowercase"] is True
-    assert config["data"]["tokens_per_batch"] == 4096  # default filled in
+    assert config.model["d_model"] == 64
+    assert config.train.epochs == 5
+    assert config.model["norm_position"] == "pre"
+    assert config.data.lowercase is True
+    assert config.data.tokens_per_batch == 4096  # default filled in
 
 
 @pytest.mark.parametrize("text, match", [
@@ -56,8 +56,8 @@ def test_bad_overrides(item, match):
 
 def test_int_accepted_for_float_key():
     config = resolve({"train": {"label_smoothing": 0}})
-    assert config["train"]["label_smoothing"] == 0.0
-    assert isinstance(config["train"]["label_smoothing"], float)
+    assert config.train.label_smoothing == 0.0
+    assert isinstance(config.train.label_smoothing, float)
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1.5h", 5400),
@@ -120,3 +120,100 @@ def test_describe_is_yaml_that_loads_back(tmp_path, raw):
     text = describe(config, "test")
     assert text.startswith("# transformerkit configuration: test\n")
     assert load_config(write(tmp_path, text)) == config
+
+
+# -- the typed sections ------------------------------------------------------------------------
+
+def test_the_data_and_train_keys_are_the_declared_fields():
+    """The schema, the defaults and ``transformerkit config`` list the dataclass fields;
+    a key may be null when declared ``X | None``: every key whose default is null, and a
+    few others whose help says what null means (``train.sample_top_k``: all tokens)."""
+    import dataclasses
+
+    from transformerkit.config import DataOptions, TrainOptions, defaults, schema
+    from transformerkit.config.sections import nullable
+
+    for section, options in (("data", DataOptions), ("train", TrainOptions)):
+        declared = dataclasses.fields(options)
+        assert list(schema()[section]) == [f.name for f in declared]
+        assert defaults()[section] == options().to_dict()
+        for f in declared:
+            assert nullable(f) or f.default is not None, f"{section}.{f.name}"
+            if nullable(f) and f.default is not None:
+                assert "null: " in f.metadata["help"], f"{section}.{f.name}"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"data": {"dataset": "wmt"}}, "data.dataset must be one of"),
+    ({"data": {"tokens_per_batch": 0}}, "data.tokens_per_batch must be positive, got 0"),
+    ({"data": {"val_fraction": 1.0}}, r"data.val_fraction must be in \(0, 1\), got 1.0"),
+    ({"data": {"train_files": "a.tsv"}}, "data.train_files must be a list"),
+    ({"train": {"samples": -1}}, "train.samples must be >= 0, got -1"),
+    ({"train": {"beta_2": 1.0}}, r"train.beta_2 must be in \(0, 1\), got 1.0"),
+    ({"train": {"sample_top_p": 0}}, r"train.sample_top_p must be in \(0, 1\], got 0.0"),
+    ({"train": {"label_smoothing": float("nan")}}, r"label_smoothing must be in \[0, 1\)"),
+    ({"train": {"lr_scale": -2}}, "train.lr_scale must be positive, got -2.0"),
+    ({"train": {"sample_unit": "batch"}}, "train.sample_unit must be one of"),
+    ({"train": {"epochs": None}}, "train.epochs must be an integer, got nothing"),
+])
+def test_types_ranges_and_choices_come_from_the_declarations(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(raw, "c.yaml")
+
+
+def test_a_run_config_is_typed_frozen_and_round_trips(tmp_path):
+    import dataclasses
+
+    import yaml
+
+    from transformerkit.config import RunConfig, TrainOptions, save_config
+
+    config = load_config(None, ["train.epochs=3", "model.d_model=64", "data.vocab_size=500"])
+    assert isinstance(config.train, TrainOptions) and config.train.epochs == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.train.epochs = 4
+    with pytest.raises(TypeError, match="read-only"):
+        config.model["d_model"] = 32
+    save_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(saved) == ["model", "data", "train"] and saved["train"]["epochs"] == 3
+    assert load_config(str(tmp_path / "config.yaml")) == config
+    assert RunConfig.from_dict(config.to_dict()) == config
+    changed = config.replace(train={"epochs": 5}, model={"dropout": 0.0})
+    assert (changed.train.epochs, changed.model["dropout"], config.train.epochs) == (5, 0.0, 3)
+    with pytest.raises(ConfigError, match="checkpoints_to_keep >= 5"):  # checked again
+        config.replace(train={"average_last": 5})
+
+
+def test_a_config_yaml_of_an_earlier_run_loads(tmp_path):
+    """Runs saved their config as plain YAML sections; one without the keys added since
+    (``data.data_dir`` not recorded) loads with the defaults."""
+    text = ("model:\n  type: transformer\n  d_model: 32\n  num_heads: 2\n"
+            "data:\n  dataset: multi30k\n  data_dir: null\n  tokenizer: bpe\n"
+            "train:\n  epochs: 2\n  sample_unit: epoch\n")
+    config = load_config(write(tmp_path, text))
+    assert config.data.data_dir is None and config.model["d_model"] == 32
+    assert config.train.epochs == 2
+
+
+def test_train_keys_that_are_decoding_options_share_their_defaults_or_say_why():
+    """A ``train:`` key naming a field of ``decoding/options.py`` (``decoding=``) has that
+    field's default, or declares why not (``differs=``, also said in its help)."""
+    import dataclasses
+
+    from transformerkit.config import TrainOptions
+    from transformerkit.decoding import options as decoding
+
+    paired = [f for f in dataclasses.fields(TrainOptions) if f.metadata["decoding"]]
+    assert {f.name for f in paired} >= {"sample_temperature", "sample_top_k", "sample_top_p",
+                                        "eval_beam_size", "decode_max_length"}
+    for f in paired:
+        owner, name = f.metadata["decoding"].split(".")
+        theirs = next(g for g in dataclasses.fields(getattr(decoding, owner))
+                      if g.name == name)
+        if f.default != theirs.default:
+            assert f.metadata["differs"], f"train.{f.name} differs from {owner}.{name}"
+            assert "generate" in f.metadata["help"] or "translate's" in f.metadata["help"], \
+                f"train.{f.name}: its help says how it differs"
+        else:
+            assert not f.metadata["differs"], f.name

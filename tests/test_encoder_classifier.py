@@ -327,7 +327,7 @@ def test_embed_equals_the_pooled_hidden_states(classifier_run, tmp_path, monkeyp
 def test_resume_reads_the_labels_back(tmp_path):
     config = classifier_config(tmp_path, epochs=1, checkpoint_every=2)
     train(config, tmp_path / "run")
-    config["train"]["epochs"] = 2
+    config = config.replace(train={"epochs": 2})
     metrics = train(config, tmp_path / "run", resume=True)
     assert metrics["classes"] == 3
     assert load(tmp_path / "run").labels == ["mid", "neg", "pos"]
@@ -337,15 +337,15 @@ def test_bad_classifier_configs_are_clear_errors(tmp_path):
     config = classifier_config(tmp_path)
     one_label = tmp_path / "one.tsv"
     one_label.write_text("text\tlabel\na dog\tpos\nthe cat\tpos\n")
-    bad = {**config, "data": {**config["data"], "train_tsv": str(one_label), "val_tsv": None}}
+    bad = config.replace(data={"train_tsv": str(one_label), "val_tsv": None})
     with pytest.raises(ValueError, match="at least 2"):
         train(bad, tmp_path / "one")
     unseen = tmp_path / "unseen.tsv"
     unseen.write_text("label\ttext\nzzz\ta dog\n")
-    bad = {**config, "data": {**config["data"], "val_tsv": str(unseen)}}
+    bad = config.replace(data={"val_tsv": str(unseen)})
     with pytest.raises(ValueError, match=r"label\(s\) \['zzz'\]"):
         train(bad, tmp_path / "unseen")
-    bad = {**config, "model": {**config["model"], "num_classes": 5}}
+    bad = config.replace(model={"num_classes": 5})
     with pytest.raises(ValueError, match="num_classes=5"):
         train(bad, tmp_path / "classes")
     with pytest.raises(ConfigError, match="bleu_every"):
@@ -354,7 +354,7 @@ def test_bad_classifier_configs_are_clear_errors(tmp_path):
         load_config(None, ["train.early_stopping_metric=val_accuracy"])
     with pytest.raises(ConfigError, match="model.pretrained"):
         load_config(None, ["model.pretrained=/x"])
-    multi30k = {**config, "data": {**config["data"], "dataset": "multi30k"}}
+    multi30k = config.replace(data={"dataset": "multi30k"})
     with pytest.raises(ValueError, match="encoder classifier reads"):
         train(multi30k, tmp_path / "m30k")
 
@@ -392,8 +392,7 @@ def test_fine_tune_from_a_pretrained_folder(tmp_path):
     transformers.BertModel(config).eval().save_pretrained(str(folder))
 
     run_config = classifier_config(tmp_path, epochs=1, learning_rate=1e-12)
-    run_config["model"]["pretrained"] = str(folder)
-    run_config["model"]["pooling"] = "cls"
+    run_config = run_config.replace(model={"pretrained": str(folder), "pooling": "cls"})
     metrics = train(run_config, tmp_path / "run")
     run = load(tmp_path / "run")
     assert metrics["classes"] == 3 and run.model.num_layers == 2 and run.model.d_model == 16

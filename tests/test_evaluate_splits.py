@@ -29,7 +29,8 @@ def run_dir(tmp_path_factory):
                            + GERMAN[6] + "\n")
     test_target.write_text(" ".join(ENGLISH[:3]) + "\n" + " ".join(ENGLISH[3:5]) + "\n"
                            + ENGLISH[6] + "\n")
-    config["data"].update(test_source=str(test_source), test_target=str(test_target))
+    config = config.replace(data={"test_source": str(test_source),
+                                  "test_target": str(test_target)})
     out = folder / "run"
     train(config, str(out))
     return out
@@ -84,3 +85,84 @@ def test_translate_scores_prints_each_translations_log_probability(run_dir, caps
         atol = PRINTED + len(target) * tol.chain_atol(roundings, size, paths=2)
         tol.assert_within(float(printed), expected, atol)
     assert main(["translate", str(run_dir), "--scores", "--n-best", "2", texts[0]]) == 2
+
+
+# -- where evaluate reads a run's data ----------------------------------------------------------
+
+def _multi30k_folder(folder, sentences):
+    """A data directory in Multi30k's layout (``multi30k/{train,val,test2016}.{de,en}``) of
+    number words: ``sentences`` validation pairs, so each folder is told by its count."""
+    from tiny_run import write_corpus
+
+    corpus = folder / "multi30k"
+    corpus.mkdir(parents=True)
+    source, target = write_corpus(corpus, pairs=24)
+    for split in ("val", "test2016"):
+        (corpus / f"{split}.de").write_text("\n".join(GERMAN[:sentences]) + "\n")
+        (corpus / f"{split}.en").write_text("\n".join(ENGLISH[:sentences]) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_multi30k_run(tmp_path_factory):
+    """A run of ``data.dataset: multi30k`` trained from a local data directory named by
+    ``$TRANSFORMERKIT_DATA`` (its validation split: 3 pairs)."""
+    folder = tmp_path_factory.mktemp("local-data")
+    data = _multi30k_folder(folder / "data", 3)
+    config = tiny_config(folder, epochs=1, max_steps=1).replace(
+        data={"dataset": "multi30k", "train_source": None, "train_target": None})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSFORMERKIT_DATA", str(data))
+        train(config, str(folder / "run"))
+    return folder / "run", data
+
+
+def _no_download(monkeypatch):
+    from transformerkit.data import corpora
+
+    def refuse(url, *args, **kwargs):
+        raise AssertionError(f"tried to download {url}")
+
+    monkeypatch.setattr(corpora, "download_verified", refuse)
+
+
+def _evaluated(run_dir, *flags):
+    assert main(["evaluate", str(run_dir), "--split", "val", "--beam", "1", *flags]) == 0
+    return json.loads((run_dir / "metrics.json").read_text())["evaluate"]["val"]["sentences"]
+
+
+def test_a_run_records_the_absolute_data_directory_it_read(local_multi30k_run):
+    run_dir, data = local_multi30k_run
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["data"]["data_dir"] == str(data.resolve())
+
+
+def test_evaluate_reads_the_runs_recorded_data_without_the_variable(local_multi30k_run,
+                                                                    monkeypatch, capsys):
+    run_dir, _ = local_multi30k_run
+    monkeypatch.delenv("TRANSFORMERKIT_DATA", raising=False)
+    _no_download(monkeypatch)
+    assert _evaluated(run_dir) == 3
+    assert "val: 3 sentences" in capsys.readouterr().out
+
+
+def test_data_dir_flag_then_variable_then_the_recorded_directory(local_multi30k_run,
+                                                                 monkeypatch, tmp_path):
+    """``--data-dir`` > ``$TRANSFORMERKIT_DATA`` > the run's recorded directory."""
+    from transformerkit.cli.common import evaluation_data_dir
+    from transformerkit.config import load_config
+
+    run_dir, recorded = local_multi30k_run
+    _no_download(monkeypatch)
+    by_variable = _multi30k_folder(tmp_path / "variable", 2)
+    by_flag = _multi30k_folder(tmp_path / "flag", 1)
+    monkeypatch.setenv("TRANSFORMERKIT_DATA", str(by_variable))
+    assert _evaluated(run_dir) == 2
+    assert _evaluated(run_dir, "--data-dir", str(by_flag)) == 1
+    data = load_config(str(run_dir / "config.yaml")).data
+    assert evaluation_data_dir("x", data) == "x"
+    assert evaluation_data_dir(None, data) == str(by_variable)
+    monkeypatch.delenv("TRANSFORMERKIT_DATA")
+    assert evaluation_data_dir(None, data) == str(recorded.resolve())
+    old = data.replace(data_dir=None)  # a run trained before runs recorded their data
+    assert evaluation_data_dir(None, old) is None

@@ -33,6 +33,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 import transformerkit  # noqa: E402
 from transformerkit import cli  # noqa: E402
 from transformerkit.api import Run  # noqa: E402
+from transformerkit.config import resolve  # noqa: E402
 from transformerkit.data.pipeline import pad_batch  # noqa: E402
 from transformerkit.data.tokenizers import CharTokenizer  # noqa: E402
 from transformerkit.decoding import greedy_translate  # noqa: E402
@@ -360,7 +361,7 @@ def test_gpt_run_generates_with_ctranslate2(tmp_path):
     model = randomized(GPT(TOKENIZER.vocab_size, num_layers=1, d_model=16, num_heads=2,
                            d_ff=32, max_length=24), np.array([[5, 6]]))
     TOKENIZER.save(tmp_path / "tokenizer.json")
-    run = Run(model, {"model": {"type": "gpt"}}, TOKENIZER, TOKENIZER, str(tmp_path))
+    run = Run(model, resolve({"model": {"type": "gpt"}}), TOKENIZER, TOKENIZER, str(tmp_path))
     options = dict(max_new_tokens=10, temperature=0, stop_at_eos=False)
     theirs = run.generate("hello", engine="ctranslate2", **options)
     ours = run.generate("hello", **options)

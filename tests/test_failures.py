@@ -157,7 +157,7 @@ def test_resume_from_a_corrupt_newest_checkpoint_continues_from_the_previous(tmp
     train(config, run)
     os.remove(run / "model.keras")
     _truncate(run / "checkpoints" / "epoch-0002.keras")
-    config["train"]["epochs"] = 3
+    config = config.replace(train={"epochs": 3})
     with pytest.warns(RuntimeWarning, match="falling back to checkpoint .*epoch-0001"):
         metrics = train(config, run, resume=True)
     assert metrics["steps"] == 3 * 6  # 24 pairs in batches of 4: epochs 2 and 3 redone

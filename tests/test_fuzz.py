@@ -122,7 +122,7 @@ def test_config_resolve_any_mapping(record_property):
         except ConfigError as err:
             assert str(err)
             return
-        assert set(config) == {"model", "data", "train"}
+        assert set(config.to_dict()) == {"model", "data", "train"}
 
     raw = st.dictionaries(SECTIONS | st.integers(), st.dictionaries(KEYS | st.integers(),
                                                                    YAML_VALUES, max_size=4)

@@ -43,9 +43,9 @@ def to_numpy(x):
 @pytest.mark.parametrize("name", ["shakespeare_gpt", "shakespeare_gpt_bpe"])
 def test_shipped_configs_are_valid_gpt_configs(name):
     config = load_config(f"configs/{name}.yaml")
-    assert config["model"]["type"] == "gpt" and config["data"]["dataset"] == "text"
-    assert config["data"]["val_fraction"] == 0.1 and config["train"]["label_smoothing"] == 0.0
-    assert config["data"]["block_size"] <= config["model"]["max_length"]
+    assert config.model["type"] == "gpt" and config.data.dataset == "text"
+    assert config.data.val_fraction == 0.1 and config.train.label_smoothing == 0.0
+    assert config.data.block_size <= config.model["max_length"]
 
 
 def test_char_split_is_nanogpt_90_10_by_characters(data_dir, tmp_path):
@@ -63,7 +63,7 @@ def test_configured_gpt_is_causal():
     from transformerkit.models.factory import build_model
 
     config = load_config("configs/shakespeare_gpt.yaml")
-    model = build_model(config["model"], 69)
+    model = build_model(config.model, 69)
     rng = np.random.default_rng(0)
     ids = rng.integers(4, 69, size=(2, 64)).astype("int32")
     changed = ids.copy()

@@ -95,7 +95,7 @@ def test_embeddings_are_unscaled_by_default_and_a_choice_is_checked():
 
 
 def train_section(**keys):
-    return resolve({"train": keys})["train"]
+    return resolve({"train": keys}).train
 
 
 def test_train_optimizer_adamw_cosine_decays_to_the_last_step():
@@ -140,13 +140,13 @@ def test_gpt_only_model_keys_are_refused_for_other_models():
 
     model_cfg = resolve({"model": {"type": "transformer", "initialization": "gpt2", **SIZE}})
     with pytest.raises(ValueError, match="model.initialization applies to model.type gpt"):
-        build_model(model_cfg["model"], 30, 30)
+        build_model(model_cfg.model, 30, 30)
     model_cfg = resolve({"model": {"type": "transformer", "use_bias": False, **SIZE}})
     with pytest.raises(ValueError, match="model.use_bias applies to model.type gpt"):
-        build_model(model_cfg["model"], 30, 30)
+        build_model(model_cfg.model, 30, 30)
     gpt_cfg = resolve({"model": {"type": "gpt", "scale_embeddings": True, "use_bias": False,
                                  **SIZE}})
-    gpt = build_model(gpt_cfg["model"], 30)
+    gpt = build_model(gpt_cfg.model, 30)
     assert gpt.scale_embeddings is True and gpt.use_bias is False
 
 

@@ -28,9 +28,8 @@ from transformerkit.training.trainer import train
 
 
 def _config(folder, **train_keys):
-    config = tiny_config(folder, **train_keys)
-    config["model"]["dropout"] = 0.1  # so that the dropout RNG state matters on resume
-    return config
+    # dropout 0.1: so that the dropout RNG state matters on resume
+    return tiny_config(folder, **train_keys).replace(model={"dropout": 0.1})
 
 
 def _weights(path):
@@ -110,7 +109,7 @@ def test_average_errors(tmp_path):
     # a checkpoint of another model (another d_model) among them
     other = tmp_path / "other"
     config = _config(tmp_path, epochs=1)
-    config["model"]["d_model"], config["model"]["d_ff"] = 8, 16
+    config = config.replace(model={"d_model": 8, "d_ff": 16})
     train(config, other)
     os.replace(other / "checkpoints" / "epoch-0001.keras", run / "checkpoints" / "epoch-0003.keras")
     with pytest.raises(ValueError, match="shape"):
@@ -131,8 +130,8 @@ def test_early_stopping_stops_and_keeps_the_best(tmp_path):
     """A learning rate of 0 never improves val_loss after the first evaluation: patience 2
     stops after epoch 3 of 10."""
     config = _config(tmp_path, epochs=10, patience=2, learning_rate=1e-12)
-    config["data"].update(val_source=config["data"]["train_source"],
-                          val_target=config["data"]["train_target"])
+    config = config.replace(data={"val_source": config.data.train_source,
+                                  "val_target": config.data.train_target})
     metrics = train(config, tmp_path / "run")
     assert metrics["stopped_by"] == "early_stopping"
     state = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
@@ -156,16 +155,16 @@ def test_sigkill_inside_an_epoch_resumes_exactly(tmp_path):
     the final weights equal an uninterrupted run's."""
     source = tmp_path / "train.de"
     config = _config(tmp_path, epochs=2, checkpoint_every=1, checkpoints_to_keep=3)
-    config["data"]["train_limit"] = None
     # a corpus of 240 pairs: 60 batches per epoch
     from tiny_run import write_corpus
 
     src, tgt = write_corpus(tmp_path, pairs=240)
-    config["data"].update(train_source=src, train_target=tgt)
+    config = config.replace(data={"train_limit": None, "train_source": src,
+                                  "train_target": tgt})
     import yaml
 
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config.to_dict()))
     command = [sys.executable, "-m", "transformerkit.cli", "train", str(path)]
     straight = subprocess.run([*command, "--out", str(tmp_path / "straight")],
                               capture_output=True, text=True, timeout=300)

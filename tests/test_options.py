@@ -147,17 +147,17 @@ def test_pretrained_does_not_import_the_encoder():
 
 def test_build_model_takes_each_type_its_own_options():
     section = resolve({"model": {"type": "encoder", "pooling": "mean", "num_classes": 3,
-                                 "type_vocab_size": 2, **SMALL}})["model"]
+                                 "type_vocab_size": 2, **SMALL}}).model
     encoder = build_model(section, 30)
     assert (encoder.pooling, encoder.num_classes, encoder.type_vocab_size) == ("mean", 3, 2)
-    section = resolve({"model": {"type": "transformer", "pooling": "mean", **SMALL}})["model"]
+    section = resolve({"model": {"type": "transformer", "pooling": "mean", **SMALL}}).model
     with pytest.raises(ValueError, match="model.pooling applies to model.type encoder only, "
                                          "not 'transformer'"):
         build_model(section, 30, 30)
     section = resolve({"model": {"type": "transformer", "scale_embeddings": True, **SMALL}})
     with pytest.raises(ValueError, match="model.scale_embeddings applies to model.type gpt or "
                                          "encoder only"):
-        build_model(section["model"], 30, 30)
-    section = resolve({"model": {"type": "gpt", "norm_position": "post", **SMALL}})["model"]
+        build_model(section.model, 30, 30)
+    section = resolve({"model": {"type": "gpt", "norm_position": "post", **SMALL}}).model
     gpt = build_model(section, 30)
     assert (gpt.norm_position, gpt.activation, gpt.d_model) == ("post", "gelu", 8)

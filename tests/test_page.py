@@ -55,8 +55,8 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("page")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRANSFORMERKIT_MALLOC", "system")
-        config = tiny_config(folder, epochs=40)  # enough to translate a few number words
-        config["model"].update(d_model=32, d_ff=64)
+        # enough to translate a few number words
+        config = tiny_config(folder, epochs=40).replace(model={"d_model": 32, "d_ff": 64})
         train(config, folder / "numbers")
         text = folder / "text.txt"
         text.write_text((" ".join(GERMAN) + "\n") * 40)

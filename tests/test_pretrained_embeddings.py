@@ -64,7 +64,7 @@ def test_each_part_frozen_on_its_own():
 
 
 def test_factory_refuses_a_width_other_than_d_model():
-    config = resolve({"model": SMALL})["model"]
+    config = resolve({"model": SMALL}).model
     with pytest.raises(ValueError, match=r"width 6 but model.d_model is 8: set model.d_model: 6"):
         build_model(config, 20, 20, embeddings={"source": np.zeros((20, 6))})
     with pytest.raises(ValueError, match="has 19 rows but the target vocabulary has 20"):
@@ -155,7 +155,7 @@ def test_shared_pieces_vocabulary_with_tied_embeddings(tmp_path):
     for i in range(1, tokenizer.vocab_size):  # exact: the file's values, copied
         np.testing.assert_array_equal(matrix[i], table[tokenizer.id_to_token(i)])
     assert tokenizer.tokenize("ein one") == ["▁ein", "▁one"]
-    model = build_model(config["model"], tokenizer.vocab_size, tokenizer.vocab_size,
+    model = build_model(config.model, tokenizer.vocab_size, tokenizer.vocab_size,
                         embeddings=data.embeddings)
     model.build(None)
     np.testing.assert_array_equal(weights(model.target_embedding.embeddings)[1:],

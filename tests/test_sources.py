@@ -12,7 +12,7 @@ from transformerkit.config import resolve
 from transformerkit.data import sources
 from transformerkit.data.sources import CorpusSpec, ReadReport, iter_pairs, reservoir_sample
 from transformerkit.data.tokenizers import CharTokenizer, SubwordTokenizer
-from transformerkit.training import data_setup
+from transformerkit.training import data_setup, tokenizer_setup
 
 
 def _write(path, data):
@@ -130,7 +130,7 @@ def test_encode_batch_flat_equals_encode_batch(kind):
 
 
 def _files_config(entries, **data):
-    return resolve({"data": {"dataset": "files", "train_files": entries, **data}})["data"]
+    return resolve({"data": {"dataset": "files", "train_files": entries, **data}}).data
 
 
 def test_train_files_entries_become_specs(tmp_path):
@@ -167,8 +167,8 @@ def test_tokenizer_trains_on_a_bounded_sample(tmp_path, monkeypatch):
                                "shared_vocab": False, "batch_size": 8},
                       "model": {"max_length": 64}})
     seen = []
-    real = data_setup._make_tokenizer
-    monkeypatch.setattr(data_setup, "_make_tokenizer",
+    real = tokenizer_setup.make_tokenizer
+    monkeypatch.setattr(tokenizer_setup, "make_tokenizer",
                         lambda data, texts: seen.append(list(texts)) or real(data, texts))
     data_setup.prepare_data(config, tmp_path / "run")
     assert [len(texts) for texts in seen] == [40, 40]  # a sample of 40 pairs, each side

@@ -22,10 +22,10 @@ def test_ted_config_builds_the_tutorials_model():
     import keras
 
     config = load_config("configs/ted_pt_en.yaml")
-    model_cfg = config["model"]
+    model_cfg = config.model
     assert (model_cfg["num_layers"], model_cfg["d_model"], model_cfg["d_ff"],
             model_cfg["num_heads"]) == (4, 128, 512, 8)
-    assert config["train"]["label_smoothing"] == 0.0
+    assert config.train.label_smoothing == 0.0
     model = build_model(model_cfg, 50, 60)
     model.build(None)
     block = model.encoder_blocks[0]

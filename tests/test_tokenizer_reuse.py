@@ -16,8 +16,8 @@ from transformerkit.training.trainer import train
 def reuse_config(folder, tokenizer, **sections):
     """The tiny config with ``data.tokenizer`` set; ``sections`` update model/data keys."""
     config = tiny_config(folder)
-    raw = {"model": {k: v for k, v in config["model"].items() if v is not None},
-           "data": {**{k: v for k, v in config["data"].items() if v is not None},
+    raw = {"model": {k: v for k, v in config.model.items() if v is not None},
+           "data": {**{k: v for k, v in config.data.to_dict().items() if v is not None},
                     "tokenizer": tokenizer, "cache_dir": str(folder / "cache")},
            "train": {"epochs": 1, "verbose": 0, "samples": 0}}
     for section, keys in sections.items():

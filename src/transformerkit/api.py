@@ -41,11 +41,11 @@ def load(run_dir, checkpoint="model"):
     config = load_config(run.config)
     model = load_model(run.model_file(checkpoint), compile=False)
     source_path, target_path = run.tokenizer_paths(
-        shared=True if config["model"]["type"] == "gpt" else None)
+        shared=True if config.model["type"] == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
-    labels = run.read_labels() if config["model"]["type"] == "encoder" else None
+    labels = run.read_labels() if config.model["type"] == "encoder" else None
     return Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
 
 
@@ -53,8 +53,9 @@ class Run:
     """A trained model with its tokenizers and config.
 
     Attributes: ``model`` (a Keras ``Transformer``, ``GPT`` or ``Encoder``), ``config`` (the
-    resolved config dict), ``source_tokenizer``, ``target_tokenizer`` (the same object for a
-    shared vocabulary, a GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
+    resolved :class:`~transformerkit.config.RunConfig`: ``config.train.epochs``, ...),
+    ``source_tokenizer``, ``target_tokenizer`` (the same object for a shared vocabulary, a
+    GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
     "encoder"), ``labels`` (an encoder classifier's class names by class id, else None).
     """
 
@@ -65,7 +66,7 @@ class Run:
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.run_dir = run_dir
-        self.kind = config["model"]["type"]
+        self.kind = config.model["type"]
         self.labels = labels
 
     def __repr__(self):

@@ -1,6 +1,7 @@
 """What the commands share: loading a run, reading texts from arguments or stdin as valid
 Unicode, printing, the CTranslate2 engine and the search options."""
 
+import dataclasses
 import os
 import sys
 
@@ -93,7 +94,8 @@ def options_of(args, options_class):
 
 
 def evaluation_data(args, run):
-    """``(name, sources, references)`` from ``--source/--reference`` or a split."""
+    """``(name, sources, references)`` from ``--source/--reference`` or a split of the
+    run's data (read from :func:`evaluation_data_dir`)."""
     from transformerkit.data import corpora
 
     if args.source or args.reference:
@@ -101,19 +103,18 @@ def evaluation_data(args, run):
             raise ValueError("--source and --reference go together")
         sources, references = corpora.read_parallel(args.source, args.reference)
         return os.path.splitext(os.path.basename(args.source))[0], sources, references
-    data = dict(run.config["data"])
-    if args.data_dir:
-        data["data_dir"] = args.data_dir
-    split = args.split or ("test2016" if data["dataset"] == "multi30k" else "val")
-    if data["dataset"] == "multi30k":
+    data = run.config.data
+    data = dataclasses.replace(data, data_dir=evaluation_data_dir(args.data_dir, data))
+    split = args.split or ("test2016" if data.dataset == "multi30k" else "val")
+    if data.dataset == "multi30k":
         split = "test2016" if split == "test" else split
-        sources, references = corpora.load_multi30k(split, data["source_lang"],
-                                                    data["target_lang"], data["data_dir"])
+        sources, references = corpora.load_multi30k(split, data.source_lang, data.target_lang,
+                                                    data.data_dir)
     elif split == "test2016":
         raise ValueError("--split test2016 is Multi30k's; this run's test split is --split "
                          "test")
     else:
-        from transformerkit.training.data_setup import load_pairs
+        from transformerkit.training.corpus_specs import load_pairs
 
         pairs = load_pairs(data, split)
         if pairs is None:
@@ -123,3 +124,11 @@ def evaluation_data(args, run):
                              "--source and --reference")
         sources, references = pairs
     return split, sources, references
+
+
+def evaluation_data_dir(flag, data):
+    """The data directory ``evaluate`` reads a run's split from: ``--data-dir``, else
+    ``$TRANSFORMERKIT_DATA``, else the one the run recorded (``data.data_dir`` of its
+    ``config.yaml``: ``train`` writes there the absolute directory it read), else None (the
+    default cache, where Multi30k is downloaded)."""
+    return flag or os.environ.get("TRANSFORMERKIT_DATA") or data.data_dir

@@ -223,8 +223,9 @@ def _add_use_commands(command):
     evaluate.add_argument("--reference", help="file of reference translations (a classifier's "
                                               "labels), line by line with --source")
     evaluate.add_argument("--max-sentences", type=int, default=None)
-    evaluate.add_argument("--data-dir", help="data directory (default: the run's config, "
-                                             "else $TRANSFORMERKIT_DATA)")
+    evaluate.add_argument("--data-dir", help="data directory (default: $TRANSFORMERKIT_DATA, "
+                                             "else the one the run recorded, else the "
+                                             "cache)")
     evaluate.add_argument("--output", help="also write the translations to this file")
     options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "max_new_tokens",
                                            "batch_size", "stopping", "max_len_a", "max_len_b"))

@@ -56,8 +56,8 @@ def summary_command(args):
         model = load_model(RunDirectory(args.target).model, compile=False)
     else:
         config = load_config(args.target, args.overrides)
-        vocab = args.vocab_size or config["data"]["vocab_size"]
-        model = build_model(config["model"], vocab, vocab)
+        vocab = args.vocab_size or config.data.vocab_size
+        model = build_model(config.model, vocab, vocab)
     print(f"{type(model).__name__}")
     print(format_summary(parameter_summary(model)))
     if args.plot:
@@ -108,12 +108,12 @@ def _plot_learning_rate(args):
     steps = args.steps
     if steps is None and is_run and os.path.isfile(run.metrics):
         steps = run.read_metrics().get("steps")
-    steps = steps or config["train"]["max_steps"]
+    steps = steps or config.train.max_steps
     assumed = ""
-    if not steps and config["train"]["optimizer"] == "paper":
+    if not steps and config.train.optimizer == "paper":
         # the warmup schedule does not depend on the run's length (a time budget leaves it
         # open): show its warmup and three times as much decay
-        steps = 4 * config["train"]["warmup_steps"]
+        steps = 4 * config.train.warmup_steps
         assumed = (f"; the config sets no length (train.max_steps), so {steps} steps = 4 x "
                    "train.warmup_steps are shown: the paper schedule does not depend on the "
                    "run's length (--steps N for another)")
@@ -126,7 +126,7 @@ def _plot_learning_rate(args):
     default = (os.path.join(args.target, "learning_rate.png") if is_run else
                f"{os.path.splitext(os.path.basename(args.target))[0]}-lr.png")
     out = plot_learning_rate(list(rates), args.out or default,
-                             title=f"{args.target}: learning rate ({config['train']['optimizer']})")
+                             title=f"{args.target}: learning rate ({config.train.optimizer})")
     peak = int(rates.argmax())
     echo(f"wrote {out} ({len(rates)} steps, peak {rates[peak]:.3g} at step {peak + 1}){assumed}")
     return 0

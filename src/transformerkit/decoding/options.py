@@ -214,3 +214,40 @@ def resolve(options_class, options, keywords, what):
     if not keywords:
         return options
     return from_keywords(options_class, {**dataclasses.asdict(options), **keywords}, what)
+
+
+def markdown_reference(options_class):
+    """A Markdown table of ``options_class``'s fields: the command-line flag, the keyword
+    (``Run.translate`` / ``Run.generate``, the HTTP request field), the type with its
+    allowed values, the default and the meaning. ``docs/decoding.md`` embeds the tables of
+    :class:`SearchOptions` and :class:`GenerationOptions`, and a test checks that they are
+    this text, so the documentation says what the code declares."""
+    rows = ["| flag | keyword | type | default | meaning |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(options_class):
+        default = ("none" if f.default is None else str(f.default).lower()
+                   if isinstance(f.default, bool) else f.default)
+        flag = f"`{flag_name(f)}`"
+        if value_type(f) is bool:  # argparse's BooleanOptionalAction: --x / --no-x
+            flag += f", `--no-{flag_name(f)[2:]}`"
+        rows.append(f"| {flag} | `{f.name}` | {_allowed(f)} | `{default}` | "
+                    f"{f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
+
+
+def _allowed(f):
+    """``int >= 1``, ``number in (0, 1]``, ``early | exact``; ``, or none`` when None is
+    allowed."""
+    meta, kind = f.metadata, value_type(f)
+    if meta["choices"] is not None:
+        text = " \\| ".join(f"`{choice}`" for choice in meta["choices"])
+    else:
+        text = {int: "int", float: "number", str: "string", bool: "true/false"}[kind]
+        low, high, above = meta["minimum"], meta["maximum"], meta["above"]
+        if high is not None:
+            left = f"({above:g}" if above is not None else f"[{low:g}"
+            text += f" in {left}, {high:g}]"
+        elif above is not None:
+            text += f" > {above:g}"
+        elif low is not None:
+            text += f" >= {low:g}"
+    return text + (", or none" if optional(f) else "")

@@ -18,13 +18,13 @@ def run_summary(name, run, engine):
         with contextlib.suppress(OSError, ValueError):
             with open(RunDirectory(run.run_dir).metrics, encoding="utf-8") as f:
                 metrics = json.load(f)
-    data = run.config.get("data", {})
+    data = run.config.data
     return {"name": name, "kind": run.kind, "engine": engine,
             "parameters": int(run.model.count_params()),
             "max_length": int(run.model.max_length),
-            "model": {k: v for k, v in run.config["model"].items() if v is not None},
-            "data": {k: data.get(k) for k in ("dataset", "source_lang", "target_lang",
-                                              "tokenizer", "vocab_size") if data.get(k)},
+            "model": {k: v for k, v in run.config.model.items() if v is not None},
+            "data": {k: getattr(data, k) for k in ("dataset", "source_lang", "target_lang",
+                                                   "tokenizer", "vocab_size")},
             "metrics": metrics}
 
 

@@ -16,6 +16,7 @@ import os
 
 import keras
 
+from transformerkit.decoding.options import GenerationOptions
 from transformerkit.decoding.sampling import generate_text
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
@@ -116,14 +117,16 @@ def append_text(path, text):
 
 def sample_settings(config, data):
     """The GPT sampling options of the ``train:`` section: prompts, tokens, temperature,
-    top-k, top-p (``train.sample_*``); the prompt defaults to the validation text's start."""
-    train = config["train"]
-    prompts = train["sample_prompts"] or [data.val_sources[0][:32] if data.val_sources
+    top-k, top-p (``train.sample_*``); the prompt defaults to the validation text's start,
+    the length to ``train.decode_max_length``, else ``generate``'s default."""
+    train = config.train
+    prompts = train.sample_prompts or [data.val_sources[0][:32] if data.val_sources
                                           else "\n"]
     return dict(prompts=prompts,
-                max_new_tokens=train["sample_max_tokens"] or train["decode_max_length"] or 200,
-                temperature=train["sample_temperature"], top_k=train["sample_top_k"],
-                top_p=train["sample_top_p"])
+                max_new_tokens=(train.sample_max_tokens or train.decode_max_length
+                                or GenerationOptions().max_new_tokens),
+                temperature=train.sample_temperature, top_k=train.sample_top_k,
+                top_p=train.sample_top_p)
 
 
 class ValidationBLEU(keras.callbacks.Callback):
@@ -174,28 +177,28 @@ class ValidationBLEU(keras.callbacks.Callback):
 def build_monitors(config, data, run_dir=None):
     """The monitors the ``train:`` section asks for (``sample_every``, ``bleu_every``);
     samples are also appended to ``run_dir``'s ``samples.txt`` when it is given."""
-    train = config["train"]
+    train = config.train
     monitors = []
-    max_new = train["decode_max_length"]
-    if train["sample_every"]:
-        common = dict(every=train["sample_every"], unit=train["sample_unit"],
+    max_new = train.decode_max_length
+    if train.sample_every:
+        common = dict(every=train.sample_every, unit=train.sample_unit,
                       print_fn=log.info,
                       out=RunDirectory(run_dir).samples if run_dir is not None else None)
-        if config["model"]["type"] == "gpt":
+        if config.model["type"] == "gpt":
             settings = sample_settings(config, data)
             monitors.append(SampleMonitor(data.source_tokenizer,
-                                          prompt=settings.pop("prompts"), seed=train["seed"],
+                                          prompt=settings.pop("prompts"), seed=train.seed,
                                           **settings, **common))
-        elif config["model"]["type"] == "transformer" and data.val_sources:
-            count = max(1, min(train["samples"], 3))
+        elif config.model["type"] == "transformer" and data.val_sources:
+            count = max(1, min(train.samples, 3))
             monitors.append(SampleMonitor(data.source_tokenizer, data.target_tokenizer,
                                           sources=data.val_sources[:count],
                                           references=data.val_targets[:count],
                                           max_new_tokens=max_new, **common))
-    if train["bleu_every"] and config["model"]["type"] == "transformer" and data.val_sources:
+    if train.bleu_every and config.model["type"] == "transformer" and data.val_sources:
         monitors.append(ValidationBLEU(data.val_sources, data.val_targets,
                                        data.source_tokenizer, data.target_tokenizer,
-                                       every=train["bleu_every"],
-                                       max_sentences=train["bleu_max_sentences"],
+                                       every=train.bleu_every,
+                                       max_sentences=train.bleu_max_sentences,
                                        max_new_tokens=max_new))
     return monitors

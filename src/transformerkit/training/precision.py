@@ -15,11 +15,6 @@ import keras
 from transformerkit.config import PRECISIONS
 
 
-def precision_of(train_cfg):
-    """The dtype policy name of a ``train:`` config section."""
-    return "mixed_bfloat16" if train_cfg.get("mixed_precision") else train_cfg["precision"]
-
-
 @contextlib.contextmanager
 def precision_policy(name):
     """Set Keras' global dtype policy to ``name`` inside the block, then restore the old one

@@ -54,7 +54,7 @@ from transformerkit.training.losses import (
 )
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
-from transformerkit.training.precision import precision_of, precision_policy
+from transformerkit.training.precision import precision_policy
 from transformerkit.training.processes import GradientAllReduce
 from transformerkit.training.processes import setup as setup_processes
 from transformerkit.training.reports import write_final_reports
@@ -79,12 +79,13 @@ def train(config, run_dir, resume=False):
     """
     run = RunDirectory(run_dir)
     checkpoints = run.checkpoints
-    train_cfg = config["train"]
-    timeout = parse_duration(train_cfg["process_timeout"], "train.process_timeout")
+    config = config.with_data_dir_recorded()  # evaluate reads the run's data from there
+    train_cfg = config.train
+    timeout = parse_duration(train_cfg.process_timeout, "train.process_timeout")
     group = setup_processes(timeout)  # first: JAX processes join before JAX uses a device
-    dist = build_distribution(train_cfg["distribution"], train_cfg["devices"],
-                              train_cfg["model_parallel_size"], timeout)
-    if group.kind == "torch" and train_cfg["jit_compile"] is True:
+    dist = build_distribution(train_cfg.distribution, train_cfg.devices,
+                              train_cfg.model_parallel_size, timeout)
+    if group.kind == "torch" and train_cfg.jit_compile is True:
         raise ValueError("train.jit_compile: true is not supported with several PyTorch "
                          "processes (torchrun); set train.jit_compile: auto or false")
     if not group.is_main:  # rank 0 reports; the others only warn
@@ -93,9 +94,9 @@ def train(config, run_dir, resume=False):
         _check_run_dir(run, resume)
         if not resume:
             save_config(config, run.config)
-    keras.utils.set_random_seed(train_cfg["seed"])
+    keras.utils.set_random_seed(train_cfg.seed)
     try:
-        with precision_policy(precision_of(train_cfg)), \
+        with precision_policy(train_cfg.precision_policy), \
                 (dist.scope() if dist else contextlib.nullcontext()):
             return _train(config, run, checkpoints, resume, dist, group)
     finally:
@@ -118,14 +119,14 @@ def _prepare_data(config, run, resume, group):
 
 
 def _train(config, run, checkpoints, resume, dist, group):
-    train_cfg = config["train"]
+    train_cfg = config.train
     data = _prepare_data(config, run, resume, group)
     for key, value in data.info.items():
         log.info("%s: %s", key, value)
     # PyTorch processes: each rank its shard of every epoch's batches (JAX processes split
     # the rows of each global batch instead, training/distribution.py: DivisibleBatches)
     shards = (group.size, group.rank) if group.kind == "torch" else (1, 0)
-    batches = UpdateBatches(data.train, train_cfg["accumulate_steps"], 0, *shards)
+    batches = UpdateBatches(data.train, train_cfg.accumulate_steps, 0, *shards)
     monitor = _monitor(train_cfg, data)
 
     if not resume:
@@ -145,16 +146,16 @@ def _train(config, run, checkpoints, resume, dist, group):
                  initial_epoch, start_batch, state["step"])
     check_model_parallel_shapes(model, dist)
     if group.is_main:
-        check_disk_space(run.path, model, train_cfg["checkpoints_to_keep"])
+        check_disk_space(run.path, model, train_cfg.checkpoints_to_keep)
     if group.kind == "torch":
-        _join_torch_processes(model, group, train_cfg["seed"], resume)
+        _join_torch_processes(model, group, train_cfg.seed, resume)
 
-    stop = StopConditions(train_cfg["max_steps"], _seconds(train_cfg["time_budget"]))
+    stop = StopConditions(train_cfg.max_steps, _seconds(train_cfg.time_budget))
     non_finite = NonFiniteLoss()
-    checkpoint = RunCheckpoint(checkpoints, keep=train_cfg["checkpoints_to_keep"],
+    checkpoint = RunCheckpoint(checkpoints, keep=train_cfg.checkpoints_to_keep,
                                monitor=monitor, best=best, wait=wait,
-                               every=train_cfg["checkpoint_every"],
-                               patience=train_cfg["patience"], epoch_batches=len(batches),
+                               every=train_cfg.checkpoint_every,
+                               patience=train_cfg.patience, epoch_batches=len(batches),
                                resume_at=(initial_epoch, start_batch), group=group)
     together = StopTogether(group)
     main = group.is_main
@@ -180,7 +181,7 @@ def _train(config, run, checkpoints, resume, dist, group):
         data.train.set_epoch(first_epoch)
         result = model.fit(divisible(dataset, dist), validation_data=divisible(data.val, dist),
                            epochs=last_epoch, initial_epoch=first_epoch, callbacks=callbacks,
-                           shuffle=False, verbose=train_cfg["verbose"] if main else 0)
+                           shuffle=False, verbose=train_cfg.verbose if main else 0)
         for key, values in result.history.items():
             history.setdefault(key, []).extend(values)
 
@@ -190,7 +191,7 @@ def _train(config, run, checkpoints, resume, dist, group):
 
     if start_batch and initial_epoch < epochs:
         # the rest of the epoch the checkpoint stopped in, then the following epochs
-        fit(UpdateBatches(data.train, train_cfg["accumulate_steps"], start_batch, *shards),
+        fit(UpdateBatches(data.train, train_cfg.accumulate_steps, start_batch, *shards),
             initial_epoch, initial_epoch + 1)
         initial_epoch += 1
     if initial_epoch < epochs and not stopped():
@@ -210,26 +211,26 @@ def _train(config, run, checkpoints, resume, dist, group):
         "steps": optimizer_steps(model.optimizer),
         "stopped_by": ("early_stopping" if checkpoint.stopped_early
                        else stop.stopped_by or "epochs"),
-        "accumulate_steps": train_cfg["accumulate_steps"],
+        "accumulate_steps": train_cfg.accumulate_steps,
         **({"processes": group.size} if group.distributed else {}),
         **({"gradient_all_reduces": model.gradient_sync.calls,  # one per update
             "gradient_bytes_per_all_reduce": model.gradient_sync.bytes_per_call}
            if model.gradient_sync is not None else {}),
         **data.info,
     }
-    if train_cfg["patience"] is not None:
+    if train_cfg.patience is not None:
         summary.update(early_stopping_metric=monitor, early_stopping_best=checkpoint.best)
     summary.update({k: float(v[-1]) for k, v in history.items()})
     metrics = write_final_reports(model, data, config, run, summary)
-    if train_cfg["average_last"]:
+    if train_cfg.average_last:
         metrics = _evaluate_average(model, data, config, run, metrics)
     return metrics
 
 
 def _model_section(config, data):
-    """``config["model"]``; an encoder's as a classifier of the data's classes: pooling
+    """``config.model`` as a dict; an encoder's as a classifier of the data's classes: pooling
     ``mean`` unless set, ``num_classes`` from the labels (a different one set is an error)."""
-    model = dict(config["model"])
+    model = dict(config.model)
     if model["type"] != "encoder":
         return model
     classes = len(data.labels)
@@ -280,12 +281,12 @@ def _join_torch_processes(model, group, seed, resume):
 def _monitor(train_cfg, data):
     """The log key that picks ``best.keras`` and drives early stopping."""
     if data.val is None:
-        if train_cfg["patience"] is not None:
+        if train_cfg.patience is not None:
             raise ValueError("train.patience needs validation data (data.val_source/"
                              "val_target, data.val_tsv, ...): early stopping watches "
-                             f"{train_cfg['early_stopping_metric']}")
+                             f"{train_cfg.early_stopping_metric}")
         return "loss"
-    return train_cfg["early_stopping_metric"]
+    return train_cfg.early_stopping_metric
 
 
 def _evaluate_average(model, data, config, run, metrics):
@@ -293,7 +294,7 @@ def _evaluate_average(model, data, config, run, metrics):
     evaluate it like the final model; ``metrics.json`` gets its scores under ``averaged``
     (the final model's stay at the top level). A run with fewer checkpoints than asked for
     averages those it has (with a warning)."""
-    count = config["train"]["average_last"]
+    count = config.train.average_last
     available = len(run.checkpoints.epoch_names())
     if available < count:  # a short run: average what there is rather than fail at the end
         log.warning("train.average_last=%d but the run has %d checkpoint(s); averaging "
@@ -323,32 +324,33 @@ def compile_model(model, config, total_steps=None):
     ``train.accumulate_steps: k`` the optimizer updates once every k batches
     (:func:`~transformerkit.training.optimizers.with_accumulation`); its steps, the
     schedule, ``max_steps`` and ``checkpoint_every`` count updates."""
-    optimizer = with_accumulation(build_optimizer(model, config["train"], total_steps),
-                                  config["train"]["accumulate_steps"])
-    smoothing = config["train"]["label_smoothing"]
-    if config["model"]["type"] == "encoder":  # one class per text, every row counts
+    optimizer = with_accumulation(build_optimizer(model, config.train, total_steps),
+                                  config.train.accumulate_steps)
+    smoothing = config.train.label_smoothing
+    if config.model["type"] == "encoder":  # one class per text, every row counts
         loss = ClassificationCrossEntropy(smoothing)
         metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     else:
         loss, metrics = MaskedCrossEntropy(smoothing), [MaskedAccuracy()]
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
-                  jit_compile=config["train"]["jit_compile"])
+                  jit_compile=config.train.jit_compile)
 
 
 def build_optimizer(model, train_cfg, total_steps=None):
-    """The optimizer named by ``train_cfg["optimizer"]`` (see :func:`compile_model`)."""
-    beta_2, clip_norm = train_cfg["beta_2"], train_cfg["clip_norm"]
-    if train_cfg["optimizer"] == "adamw_cosine":
-        peak = train_cfg["learning_rate"] or 1e-3
-        minimum = train_cfg["min_learning_rate"] or peak / 10
-        decay_steps = int(total_steps or train_cfg["max_steps"] or 1)
-        return gpt_optimizer(peak, train_cfg["warmup_steps"], decay_steps, minimum,
-                             beta_2=beta_2 or 0.99, weight_decay=train_cfg["weight_decay"],
+    """The optimizer ``train_cfg.optimizer`` names (``train_cfg``: the ``train:`` section,
+    a :class:`~transformerkit.config.TrainOptions`; see :func:`compile_model`)."""
+    beta_2, clip_norm = train_cfg.beta_2, train_cfg.clip_norm
+    if train_cfg.optimizer == "adamw_cosine":
+        peak = train_cfg.learning_rate or 1e-3
+        minimum = train_cfg.min_learning_rate or peak / 10
+        decay_steps = int(total_steps or train_cfg.max_steps or 1)
+        return gpt_optimizer(peak, train_cfg.warmup_steps, decay_steps, minimum,
+                             beta_2=beta_2 or 0.99, weight_decay=train_cfg.weight_decay,
                              clip_norm=1.0 if clip_norm is None else clip_norm)
     extra = dict(beta_2=beta_2 or 0.98, global_clipnorm=clip_norm)
-    if train_cfg["learning_rate"] is not None:
-        return Adam(train_cfg["learning_rate"], beta_1=0.9, epsilon=1e-9, **extra)
-    return paper_optimizer(model.d_model, train_cfg["warmup_steps"], train_cfg["lr_scale"],
+    if train_cfg.learning_rate is not None:
+        return Adam(train_cfg.learning_rate, beta_1=0.9, epsilon=1e-9, **extra)
+    return paper_optimizer(model.d_model, train_cfg.warmup_steps, train_cfg.lr_scale,
                            **extra)
 
 
@@ -359,8 +361,8 @@ def learning_rates(config, steps):
     (where ``adamw_cosine`` ends its decay). ``transformerkit plot CONFIG --lr``."""
     if steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
-    width = types.SimpleNamespace(d_model=config["model"]["d_model"])  # all it reads
-    rate = build_optimizer(width, config["train"], steps).get_config()["learning_rate"]
+    width = types.SimpleNamespace(d_model=config.model["d_model"])  # all it reads
+    rate = build_optimizer(width, config.train, steps).get_config()["learning_rate"]
     if not isinstance(rate, dict):  # a constant train.learning_rate
         return np.full(steps, float(rate))
     schedule = keras.saving.deserialize_keras_object(rate)
@@ -413,9 +415,9 @@ def _seconds(budget):
 
 def _epochs(train_cfg, steps_per_epoch):  # steps: optimizer updates
     """``train.epochs``, raised if needed so that ``max_steps`` can be reached."""
-    epochs = train_cfg["epochs"]
-    if train_cfg["max_steps"] is not None:
-        epochs = max(epochs, math.ceil(train_cfg["max_steps"] / max(1, steps_per_epoch)))
+    epochs = train_cfg.epochs
+    if train_cfg.max_steps is not None:
+        epochs = max(epochs, math.ceil(train_cfg.max_steps / max(1, steps_per_epoch)))
     return epochs
 
 
@@ -423,7 +425,7 @@ def _total_steps(train_cfg, steps_per_epoch):
     """Optimizer steps the run will take (``max_steps`` or all its epochs): where
     ``adamw_cosine`` ends its decay."""
     total = _epochs(train_cfg, steps_per_epoch) * max(1, steps_per_epoch)
-    return min(total, train_cfg["max_steps"] or total)
+    return min(total, train_cfg.max_steps or total)
 
 
 def _tensorboard(run):
