@@ -31,6 +31,7 @@ from transformerkit.special_tokens import BOS_ID, EOS_ID
 from transformerkit.training.accumulation import UpdateBatches
 from transformerkit.training.losses import ClassificationCrossEntropy, classification_cross_entropy
 from transformerkit.training.optimizers import with_accumulation
+from transformerkit.training.step import attach_train_step
 from transformerkit.training.trainer import train
 
 CUES = {"pos": ["good", "great", "nice"], "neg": ["bad", "awful", "poor"],
@@ -183,6 +184,7 @@ def _one_update(batches, accumulate):
                     max_length=10, pooling="mean", num_classes=3)
     model.compile(optimizer=with_accumulation(keras.optimizers.SGD(0.5), accumulate),
                   loss=ClassificationCrossEntropy())
+    attach_train_step(model)
     model.fit(UpdateBatches(_Listed(batches), accumulate), epochs=1, shuffle=False, verbose=0)
     return model, [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
 
