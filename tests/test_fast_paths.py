@@ -183,9 +183,9 @@ def test_torch_loss_equals_the_keras_ops_loss(monkeypatch, label_smoothing):
 def test_lean_torch_train_step_equals_keras_train_step(kind):
     """The training step's PyTorch shortcut (``training/step.py: TrainStep``: one weight
     walk, gradients reset to None, the model called through ``call_sublayer``) must train
-    exactly as Keras' own ``train_step``: same losses and weights after several steps (a gradient that is not
-    reset accumulates and changes both), frozen weights untouched, a loss added in ``call``
-    counted once per step (not accumulated over steps)."""
+    exactly as Keras' own ``train_step``: same losses and weights after several steps (a
+    gradient that is not reset accumulates and changes both), frozen weights untouched, a
+    loss added in ``call`` counted once per step (not accumulated over steps)."""
     from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     class GPTWithActivityLoss(GPT):

@@ -30,12 +30,13 @@ def test_every_listed_internal_exists_in_the_tested_releases():
 
 def test_every_listed_private_attribute_exists_on_its_objects():
     """The private attributes read on instances (``internals._ATTRIBUTES``): those of a
-    compiled model, and those of an optimizer built with gradient accumulation."""
+    compiled model, and those of an Adam built with gradient accumulation."""
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
-    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+    optimizer = keras.optimizers.Adam(0.1, gradient_accumulation_steps=2)
     optimizer.build(model.trainable_variables)
-    owners = {"keras.Model": model, "keras.optimizers.Optimizer": optimizer}
+    owners = {"keras.Model": model, "keras.optimizers.Optimizer": optimizer,
+              "keras.optimizers.Adam": optimizer}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name, (owner, _) in internals._ATTRIBUTES.items():

@@ -21,8 +21,9 @@ internal                   used by, and why
 ``torch._fused_adamw_``    kernel per parameter group
 optimizer hooks            ``training/optimizers.py``, ``training/gpt_recipe.py``: the
                            overridden ``_clip_gradients``, ``_apply_weight_decay``,
-                           ``_backend_update_step``, ``_use_weight_decay`` and the
-                           moments ``_momentums`` / ``_velocities``
+                           ``_backend_update_step``, ``_use_weight_decay`` and a built
+                           Adam's moments ``_momentums`` / ``_velocities`` (without
+                           them, Keras' own update)
 model train-step parts     ``training/step.py``: ``Model._clear_losses``,
                            ``Model._compute_loss`` and a compiled model's
                            ``_loss_tracker`` (the pieces of Keras' own ``train_step``);
@@ -83,6 +84,8 @@ _ATTRIBUTES = {
     "accumulated_gradients": ("keras.optimizers.Optimizer", "_accumulated_gradients"),
     "micro_batches": ("keras.optimizers.Optimizer", "_iterations"),  # iterations: updates
     "variable_index": ("keras.optimizers.Optimizer", "_get_variable_index"),
+    "adam_momentums": ("keras.optimizers.Adam", "_momentums"),  # set by Adam.build
+    "adam_velocities": ("keras.optimizers.Adam", "_velocities"),
 }
 # what Keras' own train_step is made of, for the PyTorch shortcut of training/step.py
 TRAIN_STEP_PARTS = ("clear_losses", "compute_loss", "loss_tracker")
