@@ -21,7 +21,8 @@ from keras import ops
 
 from transformerkit.data.pipeline import pad_batch
 from transformerkit.decoding import beam_translate, greedy_translate, translate_texts
-from transformerkit.decoding.common import check_length_cap, length_caps, length_penalty
+from transformerkit.decoding.common import length_caps, length_penalty
+from transformerkit.decoding.options import SearchOptions
 from transformerkit.models import Transformer
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -433,15 +434,17 @@ def test_bad_length_caps_and_stopping_rules_are_clear_errors(a, b, error, messag
         beam_translate(model, SOURCES, stopping="greedy")
 
 
-@pytest.mark.parametrize("a, b, message", [
-    (-1.0, 5, "max_len_a must be a finite number >= 0"),
-    ("x", 5, "max_len_a must be a number"),
-    (1.0, 2.5, "max_len_b must be an integer >= 0"),
+@pytest.mark.parametrize("a, b, error, message", [
+    (-1.0, 5, ValueError, "max_len_a must be a finite number >= 0"),
+    ("x", 5, TypeError, "max_len_a must be a number"),
+    (1.0, 2.5, TypeError, "max_len_b must be an int"),
+    (0.0, 0, ValueError, "allow no output token"),
 ])
-def test_the_cap_of_the_length_caps_is_checked(a, b, message):
-    """``length_caps`` (which the CTranslate2 engine also uses) checks its own arguments."""
-    with pytest.raises(ValueError, match=message):
-        check_length_cap(a, b)
+def test_the_length_cap_is_checked_once_by_search_options(a, b, error, message):
+    """``length_caps`` (which the CTranslate2 engine also uses) takes the values of a
+    ``SearchOptions``, whose check is the only one of the cap."""
+    with pytest.raises(error, match=message):
+        SearchOptions(max_len_a=a, max_len_b=b)
 
 
 def test_text_translation_checks_its_search_options_before_decoding():

@@ -148,9 +148,9 @@ def test_tolerances_still_catch_attention_rounded_to_3_decimals(client, runs, mo
     """Planted bug: the server rounds attention weights to 3 decimals instead of 4."""
     from types import SimpleNamespace
 
-    from transformerkit.serving import app
+    from transformerkit.serving import model_routes
 
-    monkeypatch.setattr(app, "np", SimpleNamespace(
+    monkeypatch.setattr(model_routes, "np", SimpleNamespace(
         round=lambda weights, decimals: np.round(weights, decimals - 1)))
     tol.assert_caught(test_attention_equals_run_attention, client, runs)
 
@@ -288,6 +288,22 @@ def test_a_failing_model_call_is_an_error_and_the_server_goes_on(runs, monkeypat
         assert response.json()["error"] == message
         monkeypatch.undo()
         served(client)
+
+
+def test_two_apps_in_one_process_keep_their_own_runs_limits_and_batcher(runs):
+    """The routes are module-level (``serving/model_routes.py``, ``info_routes.py``); each
+    application's runs, limits and batcher come from its own state, set by ``create_app``."""
+    with TestClient(create_app({"numbers": runs["numbers"]}, Limits(max_texts=1))) as one, \
+            TestClient(create_app({"poet": runs["poet"]})) as two:
+        assert one.get("/health").json()["models"] == ["numbers"]
+        assert two.get("/models").json()["default"] == "poet"
+        refused = one.post("/translate", json={"texts": ["ein", "zwei"], "beam_size": 1})
+        assert refused.status_code == 422 and "at most 1 per request" in refused.json()["error"]
+        generated = two.post("/generate", json={"prompt": "ein", "max_new_tokens": 2,
+                                                "seed": 1})
+        assert generated.status_code == 200 and generated.json()["model"] == "poet"
+        assert one.get("/health").json()["batches"] == 0
+        assert two.get("/health").json()["batches"] == 1
 
 
 # -- batching, queue bound, timeout --------------------------------------------------------------

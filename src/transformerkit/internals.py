@@ -36,14 +36,13 @@ saving references          ``training/processes.py``: ``saving_lib.get_attr_skip
 oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_linear_weight``
                            packs a weight once into oneDNN's blocked layout for inference
                            and ``torch.ops.mkldnn._linear_pointwise`` multiplies by it (the
-                           kernels of PyTorch's own frozen-graph linear): products of 16-256
-                           rows by a 256 x 8000 matrix ran 1.3-3x faster than ``addmm`` on
-                           an AMD EPYC, decoding ~9% faster (``bench/decode.py``);
-                           ``Tensor._version`` tells when a packed weight is stale (without
-                           it the weights are packed on every call); ``_linear_pointwise``
-                           also computes the training step's large ``Dense`` products and
-                           their input gradients (``_OneDNNLinear``: the small Multi30k
-                           and the paper-base steps 0.94-0.96x the time with ``mm``)
+                           kernels of PyTorch's own frozen-graph linear), faster than
+                           ``addmm`` for decoding's products (docs/benchmarks.md,
+                           "Decoding"); ``Tensor._version`` tells when a packed weight is
+                           stale (without it the weights are packed on every call);
+                           ``_linear_pointwise`` also computes the training step's large
+                           ``Dense`` products and their input gradients (``_OneDNNLinear``,
+                           faster than ``mm`` there: docs/benchmarks.md, "Training step")
 optimizer accumulators     ``training/step.py: GradientAllReduce``: a built optimizer's
                            ``_accumulated_gradients``, ``_iterations`` (the micro-batch
                            count) and ``_get_variable_index``, to exchange gradients once

@@ -47,40 +47,19 @@ def check_max_new_tokens(max_new_tokens, limit, what="max_new_tokens"):
     return max_new_tokens
 
 
-def check_length_cap(max_len_a, max_len_b):
-    """``(max_len_a, max_len_b)`` checked: ``None, None`` (no cap relative to the source), or
-    a finite ``max_len_a >= 0`` and an int ``max_len_b >= 0`` with ``max_len_a + max_len_b >=
-    1`` (so even a one-token source may produce a token). Either one None means 0 for it."""
-    if max_len_a is None and max_len_b is None:
-        return None, None
-    a = 0.0 if max_len_a is None else max_len_a
-    b = 0 if max_len_b is None else max_len_b
-    try:
-        a = float(a)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_len_a must be a number >= 0, got {max_len_a!r}") from None
-    if not math.isfinite(a) or a < 0:
-        raise ValueError(f"max_len_a must be a finite number >= 0, got {max_len_a!r}")
-    if isinstance(b, float) and b.is_integer():
-        b = int(b)
-    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0:
-        raise ValueError(f"max_len_b must be an integer >= 0, got {max_len_b!r}")
-    if a + b < 1:
-        raise ValueError(f"max_len_a={a:g} and max_len_b={int(b)} allow no output token: the "
-                         "cap is max_len_a * source_len + max_len_b tokens; make it at least 1")
-    return a, int(b)
-
-
 def length_caps(source, max_new, max_len_a=None, max_len_b=None):
     """``(rows,)`` int32: the most tokens (EOS included) each sentence of ``(rows, len)``
     source ids may produce: ``min(max_new, floor(max_len_a * source_len + max_len_b))`` with
     ``source_len`` its real tokens (EOS included), as fairseq's ``--max-len-a/--max-len-b``;
-    just ``max_new`` when both are None. Arguments checked by :func:`check_length_cap`."""
-    a, b = check_length_cap(max_len_a, max_len_b)
+    just ``max_new`` when both are None, and either one None counts as 0. The values are
+    those of a :class:`~transformerkit.decoding.options.SearchOptions`, which checks them (a
+    finite ``max_len_a >= 0``, an int ``max_len_b >= 0``, a cap of at least one token)."""
     source = np.asarray(source)
     rows = source.shape[0]
-    if a is None:
+    if max_len_a is None and max_len_b is None:
         return np.full((rows,), max_new, dtype="int32")
+    a = 0.0 if max_len_a is None else float(max_len_a)
+    b = 0 if max_len_b is None else int(max_len_b)
     lengths = (source != PAD_ID).sum(axis=1)
     caps = np.floor(a * lengths + b + 1e-9).astype("int64")
     return np.clip(caps, 1, max_new).astype("int32")
@@ -204,7 +183,8 @@ def chunked_top_k(x, k, chunk=64):
     leftover columns) in full. Every value above the k-th largest lies in a chunk whose
     maximum is above it, and fewer than ``k`` chunks have such a maximum, so the top ``k``
     values are among those columns. Beam search takes the best ``2 * beam`` of
-    ``beam * vocab`` scores every step; a full ``top_k`` there costs ~3x more on CPU.
+    ``beam * vocab`` scores every step, where a full ``top_k`` is slow on CPU
+    (docs/benchmarks.md, "Decoding").
 
     Returns ``(values (rows, k), indices (rows, k) int32)``, largest first (ties in any
     order, as ``ops.top_k``).

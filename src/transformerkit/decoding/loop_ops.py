@@ -4,8 +4,8 @@ Beam search does its bookkeeping (which candidates survive, which hypotheses fin
 search is over) on small arrays, ``(sentences, 2 * beam)`` and ``(rows, width)``, about
 forty array calls per step. Inside a compiled JAX/TensorFlow loop those calls are traced
 once; in the eager PyTorch loop each ``keras.ops`` call pays its wrapper every step (input
-conversion, a symbolic-tensor check that walks its arguments) of ~20-40 µs, more than the
-arithmetic: 12% of a beam search to EOS on Multi30k. :func:`loop_ops` returns the namespace
+conversion, a symbolic-tensor check that walks its arguments) that costs more than the
+arithmetic (docs/benchmarks.md, "Decoding"). :func:`loop_ops` returns the namespace
 a loop computes with: ``keras.ops`` everywhere, and on eager PyTorch, where the
 :mod:`transformerkit.fastpath` shortcuts apply, :class:`TorchLoopOps`: the same functions
 with the same arguments and results, each one torch call. The loops are written once

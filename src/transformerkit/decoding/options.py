@@ -122,7 +122,8 @@ class SearchOptions(_Checked):
     stopping: str = option("early", choices=STOPPING_RULES,
                            help="when a sentence's beam search ends: early = once beam_size "
                                 "hypotheses have ended (CTranslate2's and Hugging Face's "
-                                "rule), exact = when no live beam can win")
+                                "rule), exact = when no live beam can win (keras engine "
+                                "only)")
     max_len_a: float | None = option(1.2, minimum=0.0,
                                      help="each output has at most max_len_a * source tokens "
                                           "+ max_len_b tokens (none: no cap)")

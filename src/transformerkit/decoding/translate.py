@@ -11,9 +11,14 @@ from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.sampling import sample_translate
 
 
-def check_text(text, what):
-    """Raise a clear ``ValueError`` if ``text`` holds lone surrogates (U+D800..U+DFFF: not
-    Unicode text; Python makes them from undecodable bytes), which no tokenizer can take."""
+def check_text(text, what, empty=None):
+    """Raise a clear ``ValueError`` naming ``what`` (``"text 3"``) if ``text`` holds lone
+    surrogates (U+D800..U+DFFF: not Unicode text; Python makes them from undecodable bytes),
+    which no tokenizer can take; with ``empty`` (what to tell the caller, ``"nothing to
+    translate"``), also if it is empty or only whitespace. The one check of both rules: the
+    decoders and the HTTP server call it."""
+    if empty is not None and not text.strip():
+        raise ValueError(f"{what} is empty: {empty}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
@@ -52,9 +57,7 @@ def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.60}")
-        if not text.strip():
-            raise ValueError(f"text {i} is empty: nothing to {task}")
-        check_text(text, f"text {i}")
+        check_text(text, f"text {i}", empty=f"nothing to {task}")
         ids = tokenizer.encode(text, add_bos=add_bos, add_eos=True)
         if len(ids) > max_length:
             too_long.append((i, len(ids)))

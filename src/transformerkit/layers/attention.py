@@ -98,9 +98,8 @@ def layer_outputs(output, scores=None, cache=None):
 
 # On eager PyTorch the explicit formula is faster than the fused kernel (CPU flash attention)
 # up to this many keys: the kernel pays a fixed cost per (batch, head) block that outweighs
-# the arithmetic of short sequences (``bench/kernels.py``; on a 2-core AMD EPYC, forward and
-# backward at 8 heads of 32: 0.35-0.54x the time at 11-21 keys, 0.64-0.8x at 31-48, 0.95x at
-# 64, 1.17-1.5x at 128-256; bench/results/kernels.md).
+# the arithmetic of short sequences (``bench/kernels.py``; the timings: docs/benchmarks.md,
+# "Kernel choices").
 EXPLICIT_MAX_KEYS = 64
 
 

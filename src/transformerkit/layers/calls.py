@@ -130,10 +130,9 @@ def linear(x, weights):
 
 # The training step's products of at least this many multiply-adds (rows x d_in x d_out) take
 # oneDNN's linear kernel for the forward product and the input gradient (:func:`linear`):
-# in-process A/B on a 2-core AMD EPYC, the small Multi30k Transformer's step (~4,000 rows,
-# products of 2^28-2^29) 0.94-0.95x the time, the paper-base step 0.96x; nanoGPT's CPU
-# recipe (768 rows, 2^23.6-2^25.6) 1.03x when forced, as the autograd function's Python
-# costs more than the kernel saves.
+# the Transformer steps' products (2^28 and more) gain from it, while for smaller ones, such
+# as nanoGPT's CPU recipe (2^23.6-2^25.6), the autograd function's Python costs more than the
+# kernel saves (the A/B: docs/benchmarks.md, "Training step").
 ONEDNN_TRAIN_MIN_MACS = 2 ** 27
 
 
@@ -149,8 +148,8 @@ if keras.backend.backend() == "torch":
     class _OneDNNLinear(torch.autograd.Function):
         """``x @ kernel + bias`` for ``x`` ``(rows, d_in)``, ``kernel`` ``(d_in, d_out)``: the
         product and the input gradient ``g @ kernel^T`` by oneDNN's linear kernel, the kernel
-        gradient ``x^T @ g`` by ``torch.mm`` (MKL's was the faster one for it; oneDNN's, fed
-        transposed copies, ran at half its speed). The same arithmetic as ``addmm``, to
+        gradient ``x^T @ g`` by ``torch.mm`` (MKL's was the faster one for it:
+        docs/benchmarks.md, "Training step"). The same arithmetic as ``addmm``, to
         round-off."""
 
         @staticmethod
@@ -262,11 +261,11 @@ def reshape(x, shape):
 
 
 # PyTorch's CPU softmax vectorises each row over 16 floats (AVX-512; 8 with AVX2) and runs
-# rows shorter than that through a scalar loop, 4-7x slower per element on a 2-core AMD EPYC
-# (attention over 4-15 keys: a decoder's first steps, short captions and their padding
-# buckets). Padded with -inf to 16 entries (exp(-inf) = 0: the same values), such rows take
-# the vectorised kernel: (2976, 11, 11) scores 3.15 -> 0.43 ms forward, 4.7 -> 1.0 ms forward
-# and backward (``bench/kernels.py``); rows of 1-3 entries are cheaper as they are.
+# rows shorter than that through a scalar loop, several times slower per element (attention
+# over 4-15 keys: a decoder's first steps, short captions and their padding buckets). Padded
+# with -inf to 16 entries (exp(-inf) = 0: the same values), such rows take the vectorised
+# kernel; rows of 1-3 entries are left as they are (``bench/kernels.py``; the timings:
+# docs/benchmarks.md, "Kernel choices").
 _SHORT_SOFTMAX = range(4, 16)
 
 

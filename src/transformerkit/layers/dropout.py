@@ -34,15 +34,15 @@ def keep_mask(x, rate):
     ``1 / (1 - rate)`` where an element is kept (probability ``1 - rate``), else 0.
 
     On CPU the random numbers are the bottleneck: ``torch.rand_like`` draws them one by one
-    from a Mersenne Twister (~3 ns each here), and building the mask from them costs as much
-    again. So a seed is drawn from PyTorch's global generator and NumPy's SFC64 generator
-    gives 32 random bits per element from it (~0.8 ns each): read as a uniform int32 ``s``,
+    from a Mersenne Twister, and building the mask from them costs as much again. So a seed
+    is drawn from PyTorch's global generator and NumPy's SFC64 generator, several times
+    faster per number, gives 32 random bits per element from it: read as a uniform int32 ``s``,
     an element is dropped when ``s < round(rate * 2**32) - 2**31`` (compared as float32,
     whose rounding is monotone: the rate is met to within ``2**-25``, as finely as the 24-bit
     floats of ``rand_like``), and kept ones are scaled by the inverse of the kept share. The
     comparison and scaling run as torch kernels on all threads. The same distribution as
-    ``torch.nn.functional.dropout``; 1.1 ms per million elements against 2.9 ms for
-    ``rand_like >= rate`` on a 2-core AMD EPYC (``bench/results/kernels.md``). Elsewhere (GPU)
+    ``torch.nn.functional.dropout``, in less time than ``rand_like >= rate``
+    (``bench/kernels.py``; the timings: docs/benchmarks.md, "Kernel choices"). Elsewhere (GPU)
     the mask is ``rand_like(x) >= rate`` scaled by ``1 / (1 - rate)``.
     """
     import torch

@@ -6,9 +6,14 @@
   call (a short collection window, a maximum batch size), one batch at a time on a worker
   thread, behind a bounded queue (429 when full) and a per-request timeout (503);
 - :mod:`~transformerkit.serving.schemas`: the request bodies (unknown fields are refused);
-- :mod:`~transformerkit.serving.app`: the routes (``/translate``, ``/generate``,
-  ``/attention``, ``/health``, ``/models``, the page at ``/``) over loaded
-  :class:`transformerkit.api.Run` objects;
+- :mod:`~transformerkit.serving.app`: :func:`~transformerkit.serving.app.create_app`, the
+  application over loaded :class:`transformerkit.api.Run` objects; its routes are in
+  :mod:`~transformerkit.serving.model_routes` (``/translate``, ``/generate``,
+  ``/attention``) and :mod:`~transformerkit.serving.info_routes` (the page at ``/``,
+  ``/health``, ``/models``), which find the runs (:mod:`~transformerkit.serving.registry`),
+  the batcher and the limits through :mod:`~transformerkit.serving.dependencies`, check
+  requests with :mod:`~transformerkit.serving.checks` and answer errors as
+  :mod:`~transformerkit.serving.errors` says;
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
 FastAPI and uvicorn are the ``serve`` extra (``pip install "keras-transformerkit[serve]"``);

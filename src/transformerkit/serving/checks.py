@@ -1,0 +1,77 @@
+"""The checks of a request that its body's types cannot say: each refusal a
+:class:`~.errors.RequestError` (422) naming the rule and how to meet it.
+
+The options' own rules (types, ranges, combinations) are those of
+:class:`~transformerkit.decoding.options.SearchOptions` and
+:class:`~transformerkit.decoding.options.GenerationOptions`, checked by building them; a text's
+emptiness and its Unicode by the decoders' ``check_text``. What is the server's own: the
+bounds of :class:`~.limits.Limits`, and a text longer than the model's ``max_length`` is
+refused, where the Python API would cut it with a warning.
+"""
+
+from transformerkit.decoding.options import GenerationOptions, SearchOptions
+from transformerkit.decoding.translate import check_text as decoders_check_text
+from transformerkit.serving.errors import RequestError
+
+
+def _options(options_class, fields):
+    try:
+        return options_class(**fields)
+    except (TypeError, ValueError) as err:
+        raise RequestError(422, str(err)) from None
+
+
+def check_max_new_tokens(value, limits):
+    if value is not None and value > limits.max_new_tokens:
+        raise RequestError(422, f"max_new_tokens={value} is more than this server allows "
+                                f"({limits.max_new_tokens}, --max-new-tokens)")
+
+
+def search_options(request, limits):
+    """The :class:`SearchOptions` of a ``TranslateRequest``, within ``limits`` (decoded in
+    batches of up to ``max_batch_texts``)."""
+    check_max_new_tokens(request.max_new_tokens, limits)
+    fields = request.model_dump(exclude={"texts", "model"})
+    if fields["temperature"] is None:  # sampling's options mean nothing to a search
+        fields.update(top_k=None, top_p=None, seed=None)
+    options = _options(SearchOptions, {"batch_size": limits.max_batch_texts, **fields})
+    if options.width > limits.max_beam_size:
+        raise RequestError(422, f"beam_size / n_best {options.width} is more than this "
+                                f"server allows ({limits.max_beam_size}, --max-beam-size)")
+    return options
+
+
+def generation_options(request, limits):
+    """The :class:`GenerationOptions` of a ``GenerateRequest``, within ``limits``."""
+    check_max_new_tokens(request.max_new_tokens, limits)
+    return _options(GenerationOptions, request.model_dump(exclude={"prompt", "model"}))
+
+
+def check_texts(texts, run, limits):
+    """The ``texts`` of a ``/translate`` request: few enough, each one checked."""
+    if len(texts) > limits.max_texts:
+        raise RequestError(422, f"{len(texts)} texts; this server takes at most "
+                                f"{limits.max_texts} per request (--max-texts)")
+    for i, text in enumerate(texts):
+        check_text(text, f"text {i}", run, limits)
+
+
+def check_text(text, what, run, limits, target=False):
+    """Refuse an empty (unless ``target``: a translation may be empty) or non-Unicode text,
+    one of more than ``limits.max_chars`` characters, and, for a Transformer, one of more
+    tokens than the model's ``max_length`` (a GPT keeps the end of a long prompt)."""
+    try:
+        decoders_check_text(text, what, empty=None if target else "send some text")
+    except ValueError as err:
+        raise RequestError(422, str(err)) from None
+    if len(text) > limits.max_chars:
+        raise RequestError(422, f"{what} has {len(text)} characters; this server takes at "
+                                f"most {limits.max_chars} (--max-chars)")
+    if run.kind != "transformer":
+        return
+    tokenizer = run.target_tokenizer if target else run.source_tokenizer
+    tokens = len(tokenizer.encode(text)) + 1  # + the end (source) or start (target) token
+    if tokens > run.model.max_length:
+        raise RequestError(422, f"{what} has {tokens} tokens (with the "
+                                f"{'start' if target else 'end'} token); the model takes "
+                                f"at most {run.model.max_length}: split it")

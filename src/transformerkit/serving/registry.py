@@ -1,0 +1,62 @@
+"""The runs a server serves: :class:`RunRegistry`, looked up by name (``"model"`` in a
+request; none: the first), each with the summary ``GET /models`` shows."""
+
+import contextlib
+import json
+
+from transformerkit.serving.errors import RequestError
+
+ENGINES = ("keras", "ctranslate2")
+
+
+def run_summary(name, run, engine):
+    """What ``GET /models`` says of one run: kind, size, config summary, metrics."""
+    from transformerkit.run_directory import RunDirectory
+
+    metrics = {}
+    if run.run_dir is not None:
+        with contextlib.suppress(OSError, ValueError):
+            with open(RunDirectory(run.run_dir).metrics, encoding="utf-8") as f:
+                metrics = json.load(f)
+    data = run.config.get("data", {})
+    return {"name": name, "kind": run.kind, "engine": engine,
+            "parameters": int(run.model.count_params()),
+            "max_length": int(run.model.max_length),
+            "model": {k: v for k, v in run.config["model"].items() if v is not None},
+            "data": {k: data.get(k) for k in ("dataset", "source_lang", "target_lang",
+                                              "tokenizer", "vocab_size") if data.get(k)},
+            "metrics": metrics}
+
+
+class RunRegistry:
+    """``runs`` (``{name: transformerkit.api.Run}``, the first the default) and the
+    ``engine`` ("keras" or "ctranslate2") their translations and generations run on."""
+
+    def __init__(self, runs, engine="keras"):
+        if not runs:
+            raise ValueError("create_app needs at least one run")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.runs = dict(runs)
+        self.engine = engine
+        self.default = next(iter(self.runs))
+        self.summaries = [run_summary(name, run, engine) for name, run in self.runs.items()]
+
+    @property
+    def names(self):
+        return list(self.runs)
+
+    def pick(self, name, kind, route):
+        """``(name, run)`` of the requested model (None: the default); a 404 for an unknown
+        name, a 422 for a run of another kind than ``kind`` (None takes any kind)."""
+        if name is None:
+            name = self.default
+        if name not in self.runs:
+            raise RequestError(404, f"no model named {name!r}; this server has: "
+                                    f"{', '.join(self.runs)} (GET /models)")
+        run = self.runs[name]
+        if kind is not None and run.kind != kind:
+            other = "/generate" if run.kind == "gpt" else "/translate"
+            raise RequestError(422, f"model {name!r} is a {run.kind} run; {route} needs a "
+                                    f"{kind} run (use {other})")
+        return name, run
