@@ -4,7 +4,7 @@
 Usage: ``python accumulation_probe.py OUT.npz``. Builds a tiny Transformer (no dropout),
 trains a copy for two updates of ``k = 3`` accumulated micro-batches of different sizes and
 real-token counts (``train.accumulate_steps`` machinery: ``UpdateBatches``,
-``with_accumulation``, ``TransformerBase.compute_loss``) and another copy for two updates
+``with_accumulation``, ``TrainStep.compute_loss``) and another copy for two updates
 on the same pairs as two large batches, and saves both weights, the optimizer steps and the
 masked accuracies.
 """
