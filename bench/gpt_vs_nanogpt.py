@@ -211,7 +211,7 @@ def ours_model(recipe, vocab_size, iters, jit=False):
     """Our GPT with nanoGPT's architecture and optimizer for ``recipe``, compiled (the
     schedule spans ``iters`` iterations)."""
     from transformerkit.models import GPT
-    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step
     from transformerkit.training.gpt_recipe import gpt_optimizer
 
     model = GPT(vocab_size, num_layers=recipe["n_layer"], d_model=recipe["n_embd"],
@@ -221,6 +221,7 @@ def ours_model(recipe, vocab_size, iters, jit=False):
     model.compile(optimizer=gpt_optimizer(LEARNING_RATE, WARMUP, iters, MIN_LR, beta_2=BETA2,
                                           weight_decay=WEIGHT_DECAY, clip_norm=GRAD_CLIP),
                   loss=MaskedCrossEntropy(0.0), jit_compile=bool(jit))
+    attach_train_step(model)
     return model
 
 

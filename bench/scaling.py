@@ -5,8 +5,8 @@ on CPU), interleaved, ``--steps`` optimizer steps each (checkpoints, BLEU and sa
 Tokens/s = steps x data.tokens_per_batch (a batch's token budget, per process) x processes /
 ``train_seconds`` of ``metrics.json`` (the ``fit`` time: data preparation and the start of
 the processes are not in it). Bytes all-reduced per step = the float32 gradient of every
-trainable weight (what ``GradientAllReduce`` sums once per step). The machine may be shared:
-the JSON records the load average before each run.
+trainable weight (what ``training/step.py: GradientAllReduce`` sums once per step). The
+machine may be shared: the JSON records the load average before each run.
 
     python bench/scaling.py --steps 40 --rounds 1
 """

@@ -49,7 +49,7 @@ def keras_model(size, precision="float32"):
     import keras
 
     from transformerkit.models import Transformer
-    from transformerkit.training import MaskedCrossEntropy, paper_optimizer
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step, paper_optimizer
 
     spec = SMALL if size == "small" else BASE
     keras.utils.set_random_seed(0)
@@ -59,6 +59,7 @@ def keras_model(size, precision="float32"):
                         max_length=256, tie_embeddings="all")
     model.compile(optimizer=paper_optimizer(spec["d_model"], 4000),
                   loss=MaskedCrossEntropy(label_smoothing=0.1))
+    attach_train_step(model)
 
     def step(batch):
         source, decoder_input, labels = batch
@@ -80,7 +81,7 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
     batches = common.multi30k_batches(num_batches)
     model, step = keras_model(size, precision)
     # transformerkit's PyTorch step projects to the vocabulary at the real label positions
-    # only (models/base.py: _real_label_positions); count the products it computes
+    # only (training/step.py: TrainStep.real_label_positions); count the products it computes
     labels_only = fastpath.applies() and model.takes_logit_positions
     return _time_steps(step, batches, repeats, spec, keras.backend.backend(), np,
                        output_on_labels_only=labels_only)

@@ -4,7 +4,7 @@
 Usage: ``python accumulation_probe.py OUT.npz``. Builds a tiny Transformer (no dropout),
 trains a copy for two updates of ``k = 3`` accumulated micro-batches of different sizes and
 real-token counts (``train.accumulate_steps`` machinery: ``UpdateBatches``,
-``with_accumulation``, ``TransformerBase.compute_loss``) and another copy for two updates
+``with_accumulation``, ``TrainStep.compute_loss``) and another copy for two updates
 on the same pairs as two large batches, and saves both weights, the optimizer steps and the
 masked accuracies.
 """
@@ -20,6 +20,7 @@ from transformerkit.training.accumulation import UpdateBatches
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy
 from transformerkit.training.optimizers import optimizer_steps, with_accumulation
 from transformerkit.training.schedules import paper_optimizer
+from transformerkit.training.step import attach_train_step
 
 VOCAB, K = 20, 3
 
@@ -114,6 +115,7 @@ def compute(token_weighted=True):
             model = fresh_model(micro[0], initial)
             model.compile(optimizer=with_accumulation(make(), steps),
                           loss=MaskedCrossEntropy(0.1), metrics=[MaskedAccuracy()])
+            attach_train_step(model)
             data = UpdateBatches(Batches(batches), steps)
             if not token_weighted and steps > 1:
                 data = PlainMean(data)

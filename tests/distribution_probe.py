@@ -20,7 +20,7 @@ import numpy as np
 from tiny_run import tiny_config
 
 from transformerkit.models import Transformer
-from transformerkit.training import MaskedCrossEntropy
+from transformerkit.training import MaskedCrossEntropy, attach_train_step
 from transformerkit.training.distribution import batch_multiple, build_distribution, divisible
 from transformerkit.training.trainer import train
 
@@ -55,6 +55,7 @@ def train_steps(kind, initial_weights):
         model = Transformer(40, 40, num_layers=1, d_model=16, num_heads=2, d_ff=32,
                             dropout=0.0, max_length=12, name="t")
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedCrossEntropy(0.1))
+        attach_train_step(model)
         data = divisible(Batches(), dist)
         model(data[0][0])
         if initial_weights is not None:

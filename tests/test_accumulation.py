@@ -32,7 +32,7 @@ from accumulation_probe import VOCAB, K, batch, compute, fresh_model, make_pairs
 from conftest import BACKENDS
 
 from transformerkit import fastpath
-from transformerkit.models.base import TransformerBase
+from transformerkit.training.step import TrainStep
 
 PROBE = os.path.join(os.path.dirname(__file__), "accumulation_probe.py")
 # Keras' TensorFlow Adam squares the values of an embedding's IndexedSlices gradient before
@@ -129,14 +129,15 @@ def test_tolerances_still_catch_an_update_token_count_off_by_one(monkeypatch):
     """The update's token count N taken as N + 1: each micro-batch's loss weight
     ``k n_i / N`` too small by 1/(N + 1), so the accumulated update is (1 - 1/(N + 1)) of
     the large batch's."""
-    compute_loss = TransformerBase.compute_loss
+    compute_loss = TrainStep.compute_loss
 
-    def off_by_one(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    def off_by_one(self, model, x=None, y=None, y_pred=None, sample_weight=None,
+                   training=True):
         if sample_weight is not None:
             sample_weight = sample_weight + 1.0
-        return compute_loss(self, x, y, y_pred, sample_weight, training=training)
+        return compute_loss(self, model, x, y, y_pred, sample_weight, training=training)
 
-    monkeypatch.setattr(TransformerBase, "compute_loss", off_by_one)
+    monkeypatch.setattr(TrainStep, "compute_loss", off_by_one)
     tol.assert_caught(test_accumulation_on_the_default_backend, monkeypatch, True)
 
 

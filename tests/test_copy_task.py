@@ -9,7 +9,12 @@ import keras
 import numpy as np
 
 from transformerkit.models import Transformer
-from transformerkit.training import MaskedAccuracy, MaskedCrossEntropy, masked_cross_entropy
+from transformerkit.training import (
+    MaskedAccuracy,
+    MaskedCrossEntropy,
+    attach_train_step,
+    masked_cross_entropy,
+)
 
 VOCAB, MAX_LEN, START, END = 13, 8, 1, 2  # ids 3..12 are the symbols to copy
 
@@ -56,6 +61,7 @@ def test_transformer_learns_to_copy():
     schedule = keras.optimizers.schedules.CosineDecay(3e-3, STEPS)
     model.compile(optimizer=keras.optimizers.Adam(schedule), loss=MaskedCrossEntropy(),
                   metrics=[MaskedAccuracy()])
+    attach_train_step(model)
     held_out = copy_batch(rng, 64)
     before = float(keras.ops.convert_to_numpy(
         masked_cross_entropy(held_out[2], model(held_out[:2]))))

@@ -31,7 +31,7 @@ from tiny_run import tiny_config
 
 from transformerkit.config import ConfigError, resolve
 from transformerkit.models import Transformer
-from transformerkit.training import MaskedCrossEntropy
+from transformerkit.training import MaskedCrossEntropy, attach_train_step
 from transformerkit.training.distribution import (
     DivisibleBatches,
     build_distribution,
@@ -148,6 +148,7 @@ def test_mixed_bfloat16_trains_with_float32_softmax_logits_and_loss(rng, monkeyp
         model = Transformer(20, 20, num_layers=1, d_model=32, num_heads=4, d_ff=64,
                             dropout=0.0, max_length=8)
         model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=MaskedCrossEntropy())
+        attach_train_step(model)
         batches = list(_copy_batches(rng))
         losses = [float(model.train_on_batch(*b)) for b in batches * 5]
         (source, target), labels = batches[0]

@@ -26,11 +26,11 @@ from transformerkit.data.pipeline import ClassificationBatches, encode_texts
 from transformerkit.data.tokenizers import CharTokenizer
 from transformerkit.evaluation import classification_scores
 from transformerkit.models import Encoder
-from transformerkit.models.base import TransformerBase
 from transformerkit.special_tokens import BOS_ID, EOS_ID
 from transformerkit.training.accumulation import UpdateBatches
 from transformerkit.training.losses import ClassificationCrossEntropy, classification_cross_entropy
 from transformerkit.training.optimizers import with_accumulation
+from transformerkit.training.step import TrainStep, attach_train_step
 from transformerkit.training.trainer import train
 
 CUES = {"pos": ["good", "great", "nice"], "neg": ["bad", "awful", "poor"],
@@ -183,6 +183,7 @@ def _one_update(batches, accumulate):
                     max_length=10, pooling="mean", num_classes=3)
     model.compile(optimizer=with_accumulation(keras.optimizers.SGD(0.5), accumulate),
                   loss=ClassificationCrossEntropy())
+    attach_train_step(model)
     model.fit(UpdateBatches(_Listed(batches), accumulate), epochs=1, shuffle=False, verbose=0)
     return model, [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
 
@@ -205,10 +206,11 @@ def test_tolerances_still_catch_a_plain_mean_of_micro_batches(monkeypatch):
     """Each micro-batch's loss unweighted (Keras' accumulation alone): a row of the batch
     of 3 weighs 1/6 in the update instead of 1/8."""
 
-    def unweighted(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        return keras.Model.compute_loss(self, x, y, y_pred, None, training=training)
+    def unweighted(self, model, x=None, y=None, y_pred=None, sample_weight=None,
+                   training=True):
+        return keras.Model.compute_loss(model, x, y, y_pred, None, training=training)
 
-    monkeypatch.setattr(TransformerBase, "compute_loss", unweighted)
+    monkeypatch.setattr(TrainStep, "compute_loss", unweighted)
     tol.assert_caught(test_accumulation_counts_rows_so_it_equals_the_large_batch)
 
 

@@ -181,12 +181,12 @@ def test_torch_loss_equals_the_keras_ops_loss(monkeypatch, label_smoothing):
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the lean step is PyTorch's")
 @pytest.mark.parametrize("kind", ["gpt", "transformer"])
 def test_lean_torch_train_step_equals_keras_train_step(kind):
-    """``TransformerBase.train_step`` on PyTorch (one weight walk, gradients reset to None,
-    the model called through ``call_sublayer``) must train exactly as Keras' own
-    ``train_step``: same losses and weights after several steps (a gradient that is not
-    reset accumulates and changes both), frozen weights untouched, a loss added in ``call``
-    counted once per step (not accumulated over steps)."""
-    from transformerkit.training import MaskedCrossEntropy
+    """The training step's PyTorch shortcut (``training/step.py: TrainStep``: one weight
+    walk, gradients reset to None, the model called through ``call_sublayer``) must train
+    exactly as Keras' own ``train_step``: same losses and weights after several steps (a
+    gradient that is not reset accumulates and changes both), frozen weights untouched, a
+    loss added in ``call`` counted once per step (not accumulated over steps)."""
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     class GPTWithActivityLoss(GPT):
         def call(self, *args, **kwargs):
@@ -206,6 +206,7 @@ def test_lean_torch_train_step_equals_keras_train_step(kind):
             data = ((source, target[:, :-1]), target[:, 1:])
         model.compile(optimizer=keras.optimizers.Adam(1e-2, global_clipnorm=1.0),
                       loss=MaskedCrossEntropy(0.1))
+        attach_train_step(model)
         model(data[0])
         frozen = model.token_embedding if kind == "gpt" else model.source_embedding
         frozen.trainable = False
@@ -236,7 +237,7 @@ def test_train_step_on_real_label_positions_equals_full_logits(kind):
     the full logits (SGD, so that no optimizer normalisation magnifies round-off); the
     shortcut is taken on batches with padding only, and not when a metric that counts
     padding positions is compiled."""
-    from transformerkit.training import MaskedAccuracy, MaskedCrossEntropy
+    from transformerkit.training import MaskedAccuracy, MaskedCrossEntropy, attach_train_step
 
     def make(metrics):
         keras.utils.set_random_seed(7)
@@ -251,6 +252,7 @@ def test_train_step_on_real_label_positions_equals_full_logits(kind):
             data = ((source, target[:, :-1]), target[:, 1:])
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss=MaskedCrossEntropy(0.1),
                       metrics=metrics)
+        attach_train_step(model)
         model(data[0])
         return model, tuple(keras.tree.map_structure(keras.ops.convert_to_tensor, data))
 
@@ -311,13 +313,14 @@ def test_onednn_training_products_train_as_the_plain_products(monkeypatch):
     ``tolerances.sgd_weights_atol``); the products themselves are checked against float64
     in tests/test_decode_steps.py."""
     from transformerkit.layers import calls
-    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     def run(threshold):
         monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", threshold)
         keras.utils.set_random_seed(3)
         model = Transformer(30, 30, **SMALL)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss=MaskedCrossEntropy(0.1))
+        attach_train_step(model)
         source, target = ids(4, 9, 30, 8, pad_from=6), ids(4, 8, 30, 9, pad_from=5)
         losses = [float(model.train_on_batch((source, target[:, :-1]), target[:, 1:]))
                   for _ in range(3)]

@@ -30,6 +30,7 @@ from transformerkit.data import load_hf_tokenizer  # noqa: E402
 from transformerkit.models import Encoder  # noqa: E402
 from transformerkit.models import encoder as encoder_module  # noqa: E402
 from transformerkit.models.pretrained import CheckpointError  # noqa: E402
+from transformerkit.training import attach_train_step  # noqa: E402
 
 TEXTS = ["A dog runs through the snow.", "Hello world",
          "The quick brown fox jumps over the lazy dog, again and again."]
@@ -140,6 +141,7 @@ def test_minilm_classifier_fine_tunes_with_fit(minilm):
                                     attention_dropout=0.0)
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    attach_train_step(model)
     before = model.evaluate(ids, labels, verbose=0)
     model.fit(ids, labels, batch_size=8, epochs=4, verbose=0)
     after = model.evaluate(ids, labels, verbose=0)

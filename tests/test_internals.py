@@ -28,6 +28,32 @@ def test_every_listed_internal_exists_in_the_tested_releases():
         assert internals.available(name), name
 
 
+def test_every_listed_private_attribute_exists_on_its_objects():
+    """The private attributes read on instances (``internals._ATTRIBUTES``): those of a
+    compiled model, and those of an Adam built with gradient accumulation."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    optimizer = keras.optimizers.Adam(0.1, gradient_accumulation_steps=2)
+    optimizer.build(model.trainable_variables)
+    owners = {"keras.Model": model, "keras.optimizers.Optimizer": optimizer,
+              "keras.optimizers.Adam": optimizer}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, (owner, _) in internals._ATTRIBUTES.items():
+            assert internals.attribute(owners[owner], name) is not None, name
+
+
+def test_a_missing_private_attribute_is_none_with_one_warning(monkeypatch):
+    monkeypatch.setitem(internals._ATTRIBUTES, "gone", ("keras.Model", "_no_such_attribute"))
+    monkeypatch.setattr(internals, "_found", {})
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.warns(RuntimeWarning, match="keras.Model._no_such_attribute is missing"):
+        assert internals.attribute(model, "gone") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        assert internals.attribute(model, "gone") is None
+
+
 def test_a_missing_internal_is_none_with_one_warning(monkeypatch):
     monkeypatch.setitem(internals._FUNCTIONS, "gone", ("keras", "_no_such_function"))
     monkeypatch.setitem(internals._MEMBERS, "gone_members",

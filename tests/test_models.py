@@ -9,7 +9,7 @@ import tolerances as tol
 from reference import to_numpy
 
 from transformerkit.models import GPT, Encoder, Transformer
-from transformerkit.training import masked_cross_entropy, parameter_summary
+from transformerkit.training import attach_train_step, masked_cross_entropy, parameter_summary
 
 SOURCE = np.array([[4, 5, 6, 7, 8, 9], [10, 11, 12, 0, 0, 0], [13, 0, 0, 0, 0, 0]])
 TARGET = np.array([[1, 2, 3, 4, 5], [1, 6, 7, 0, 0], [1, 8, 9, 10, 0]])
@@ -302,6 +302,7 @@ LEARNING_RATE = 1e-2
 def _train_one_step(model, inputs, labels):
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE),
                   loss=lambda y, p: masked_cross_entropy(y, p))
+    attach_train_step(model)
     model.train_on_batch(inputs, labels)
 
 
@@ -359,6 +360,7 @@ def test_frozen_pretrained_gpt_and_encoder_embeddings(rng):
     classifier = to_numpy(encoder.classifier.kernel)
     encoder.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    attach_train_step(encoder)
     encoder.train_on_batch(ids, np.array([0, 1]))
     np.testing.assert_array_equal(to_numpy(encoder.token_embedding.embeddings), matrix)
     assert _trained(encoder.classifier.kernel, classifier)

@@ -284,7 +284,7 @@ FIT_SCRIPT = textwrap.dedent("""
     from transformerkit.data import (SubwordTokenizer, TranslationBatches, encode_pairs,
                                      load_multi30k)
     from transformerkit.models import Transformer
-    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     state, served = {"keras_epoch": None}, []
 
@@ -307,6 +307,7 @@ FIT_SCRIPT = textwrap.dedent("""
     model = Transformer(source_tok.vocab_size, target_tok.vocab_size, num_layers=1,
                         d_model=16, num_heads=2, d_ff=32, max_length=64)
     model.compile(optimizer="adam", loss=MaskedCrossEntropy())
+    attach_train_step(model)
     history = model.fit(batches, epochs=2, shuffle=False, verbose=0,
                         callbacks=[Recorder()])  # no EpochSync: plain fit lines up
     print("RESULT" + json.dumps({

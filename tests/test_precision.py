@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformerkit.models import Transformer
-from transformerkit.training import MaskedCrossEntropy
+from transformerkit.training import MaskedCrossEntropy, attach_train_step
 from transformerkit.training.precision import precision_policy
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
@@ -49,6 +49,7 @@ def _model(precision, weights=None, optimizer=None):
             model.set_weights(weights)
         model.compile(optimizer=optimizer or keras.optimizers.SGD(0.5),
                       loss=MaskedCrossEntropy())
+        attach_train_step(model)
     return model
 
 

@@ -19,7 +19,12 @@ from reference import to_numpy
 
 from transformerkit.layers.embeddings import TokenEmbedding
 from transformerkit.models import GPT, Encoder, Transformer
-from transformerkit.training import MaskedAccuracy, MaskedCrossEntropy, paper_optimizer
+from transformerkit.training import (
+    MaskedAccuracy,
+    MaskedCrossEntropy,
+    attach_train_step,
+    paper_optimizer,
+)
 
 SOURCE = np.array([[4, 5, 6, 7], [8, 9, 0, 0]])
 TARGET = np.array([[1, 2, 3], [1, 5, 0]])
@@ -95,6 +100,7 @@ def test_compiled_model_round_trip_keeps_loss_metric_and_schedule(tmp_path):
     model = make()
     model.compile(optimizer=paper_optimizer(8, warmup_steps=10),
                   loss=MaskedCrossEntropy(label_smoothing=0.1), metrics=[MaskedAccuracy()])
+    attach_train_step(model)
     labels = np.roll(IDS, -1, axis=1)
     model.fit(IDS, labels, epochs=2, verbose=0)
     model.save(tmp_path / "compiled.keras")

@@ -220,11 +220,12 @@ def trained_model():
     labels = source.copy()
     target_input = np.concatenate([np.full((n, 1), BOS_ID, "int32"), source[:, :-1]], axis=1)
     target_input[labels == PAD_ID] = PAD_ID
-    from transformerkit.training import MaskedCrossEntropy
+    from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     model = Transformer(vocab, vocab, num_layers=1, d_model=32, num_heads=4, d_ff=64,
                         dropout=0.0, max_length=16)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=MaskedCrossEntropy())
+    attach_train_step(model)
     model.fit((source, target_input), labels, batch_size=64, epochs=1, verbose=0)
     return model, source[:24]
 

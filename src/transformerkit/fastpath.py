@@ -20,7 +20,7 @@ one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
                                (``step`` methods next to ``call``)
 search-loop bookkeeping        ``decoding/loop_ops.py`` (``keras.ops`` or torch)
 masked cross-entropy           ``training/losses.py``
-train step                     ``models/base.py: TransformerBase.train_step``
+train step                     ``training/step.py: TrainStep`` (beside Keras' step)
 fused Adam / AdamW, clipping   ``training/optimizers.py``
 =============================  ===============================================
 

@@ -4,7 +4,9 @@ The shortcuts of :mod:`transformerkit.fastpath` reach a few internals for which 
 PyTorch have no public equivalent. They were tested with the versions in :data:`TESTED`
 (``pyproject.toml`` pins Keras to that minor version). Each is looked up here when first
 needed; if an installed release lacks one, :func:`available` says so with a one-time
-warning and the caller takes the plain Keras path instead of crashing.
+warning and the caller takes the plain Keras path instead of crashing. Private attributes
+of Keras objects (a compiled model's loss tracker, a built optimizer's accumulators) are
+read through :func:`attribute`, which answers None (and warns once) where one is missing.
 
 =========================  ===========================================================
 internal                   used by, and why
@@ -19,10 +21,13 @@ internal                   used by, and why
 ``torch._fused_adamw_``    kernel per parameter group
 optimizer hooks            ``training/optimizers.py``, ``training/gpt_recipe.py``: the
                            overridden ``_clip_gradients``, ``_apply_weight_decay``,
-                           ``_backend_update_step``, ``_use_weight_decay`` and the
-                           moments ``_momentums`` / ``_velocities``
-model train-step parts     ``models/base.py``: ``_clear_losses``, ``_compute_loss``,
-                           ``_loss_tracker`` (the pieces of Keras' own ``train_step``)
+                           ``_backend_update_step``, ``_use_weight_decay`` and a built
+                           Adam's moments ``_momentums`` / ``_velocities`` (without
+                           them, Keras' own update)
+model train-step parts     ``training/step.py``: ``Model._clear_losses``,
+                           ``Model._compute_loss`` and a compiled model's
+                           ``_loss_tracker`` (the pieces of Keras' own ``train_step``);
+                           without them the step is Keras' own
 saving references          ``training/processes.py``: ``saving_lib.get_attr_skipset``
                            and ``global_state.set_global_attribute``, to build the
                            objects ``model.save`` compares against before several JAX
@@ -38,10 +43,11 @@ oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_line
                            ``_linear_pointwise`` also computes the training step's large
                            ``Dense`` products and their input gradients (``_OneDNNLinear``,
                            faster than ``mm`` there: docs/benchmarks.md, "Training step")
-optimizer accumulators     ``training/processes.py``: ``_accumulated_gradients`` and
-                           ``_iterations`` (the micro-batch count; built per optimizer,
-                           looked up on the instance; without them each micro-batch's
-                           gradient is all-reduced), ``_trainable_variables``
+optimizer accumulators     ``training/step.py: GradientAllReduce``: a built optimizer's
+                           ``_accumulated_gradients``, ``_iterations`` (the micro-batch
+                           count) and ``_get_variable_index``, to exchange gradients once
+                           per update (without them each micro-batch's gradient is
+                           all-reduced, with the same result)
 =========================  ===========================================================
 """
 
@@ -68,8 +74,20 @@ _MEMBERS = {
     "optimizer_hooks": ("keras", "optimizers.Adam",
                         ("_clip_gradients", "_apply_weight_decay", "_backend_update_step",
                          "_use_weight_decay", "_get_variable_index")),
-    "model_train_step": ("keras", "Model", ("_clear_losses", "_compute_loss")),
 }
+# name -> (the Keras class whose instances have it, private attribute), read by attribute()
+_ATTRIBUTES = {
+    "clear_losses": ("keras.Model", "_clear_losses"),
+    "compute_loss": ("keras.Model", "_compute_loss"),
+    "loss_tracker": ("keras.Model", "_loss_tracker"),  # set by Model.__init__
+    "accumulated_gradients": ("keras.optimizers.Optimizer", "_accumulated_gradients"),
+    "micro_batches": ("keras.optimizers.Optimizer", "_iterations"),  # iterations: updates
+    "variable_index": ("keras.optimizers.Optimizer", "_get_variable_index"),
+    "adam_momentums": ("keras.optimizers.Adam", "_momentums"),  # set by Adam.build
+    "adam_velocities": ("keras.optimizers.Adam", "_velocities"),
+}
+# what Keras' own train_step is made of, for the PyTorch shortcut of training/step.py
+TRAIN_STEP_PARTS = ("clear_losses", "compute_loss", "loss_tracker")
 _found = {}
 
 
@@ -104,6 +122,16 @@ def available(name):
         if missing:
             _warn(", ".join(f"{module}.{path}.{m}" for m in missing))
     return _found[name]
+
+
+def attribute(owner, name):
+    """The private attribute ``name`` (a key of ``_ATTRIBUTES``) of the Keras object
+    ``owner`` (bound, for a method), or None when ``owner`` lacks it; warns once per name."""
+    value = getattr(owner, _ATTRIBUTES[name][1], None)
+    if value is None and ("attribute", name) not in _found:
+        _found["attribute", name] = False
+        _warn(".".join(_ATTRIBUTES[name]))
+    return value
 
 
 def _warn(what):

@@ -7,7 +7,7 @@ import math
 import keras
 import numpy as np
 
-from transformerkit import fastpath, internals
+from transformerkit import fastpath
 from transformerkit.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -25,7 +25,6 @@ from transformerkit.layers.calls import (
     normalize,
 )
 from transformerkit.layers.dropout import apply_dropout
-from transformerkit.special_tokens import PAD_ID
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 # The options a block takes: the arguments of EncoderBlock (DecoderBlock passes them on).
@@ -101,132 +100,41 @@ class TransformerBase(keras.Model):
     """Shared constructor checks and building blocks of ``Transformer``, ``GPT``, ``Encoder``."""
 
     use_bias = True  # projection biases and LayerNorm offsets (a GPT may turn them off)
-    # The switch of multi-process data parallel training on PyTorch: None (one process), or
-    # a callable ``grads -> grads`` averaging the gradients over the processes with a
-    # ``replicas`` count (``training/processes.py: GradientAllReduce``, set by ``train``).
-    gradient_sync = None
-
-    def train_step(self, *args):
-        """One optimisation step on a batch: what ``model.fit`` calls for every batch.
-
-        The step is Keras' ``Trainer.train_step``: forward pass, the compiled loss
-        (:class:`transformerkit.training.MaskedCrossEntropy`, plus any layer losses),
-        backward pass, ``optimizer.apply`` (:class:`transformerkit.training.Adam`), loss
-        tracker and metrics. On eager PyTorch (a shortcut, :mod:`transformerkit.fastpath`) it
-        is the same step with less Python around it: the trainable weights are listed once,
-        their gradients reset to None before the backward pass (what ``zero_grad`` does),
-        and the model is called through :func:`~transformerkit.layers.calls.call_sublayer`
-        after clearing the previous call's losses (what the outermost ``__call__`` does);
-        loss, loss scaling, optimizer, tracker and metrics are Keras' own objects, so every
-        number is the same (``tests/test_fast_paths.py``). Under ``jit_compile``
-        (``torch.compile``), on JAX and TensorFlow, and with the shortcuts off it is Keras'
-        ``train_step`` (JAX's takes ``(state, data)``, the others ``(data)``).
-        """
-        sync = self.gradient_sync
-        if not (fastpath.applies() and not self.jit_compile and self.optimizer is not None
-                and internals.available("model_train_step")) or not self.trainable_weights:
-            if sync is None:
-                return super().train_step(*args)
-            with sync.wrap_apply(self.optimizer):  # Keras' step calls optimizer.apply
-                return super().train_step(*args)
-        weights = self.trainable_weights
-        import torch
-
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(*args)
-        self._clear_losses()
-        positions = self._real_label_positions(y, sample_weight)
-        if positions is None:
-            y_pred = call_sublayer(self, x, training=True)
-        else:  # logits, loss and metrics of the real tokens only: (1, n, vocab), (1, n)
-            y_pred = call_sublayer(self, x, training=True, logit_positions=positions)[None]
-            y = torch.as_tensor(y).reshape(1, -1)[:, positions]
-        for variable in weights:
-            variable.value.grad = None
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=True)
-        batch_size = next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
-        self._loss_tracker.update_state(loss, sample_weight=batch_size)
-        self.optimizer.scale_loss(loss).backward()
-        with torch.no_grad():
-            grads = [v.value.grad for v in weights]
-            self.optimizer.apply(grads if sync is None else sync(grads, weights, self.optimizer),
-                                 weights)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
     # Models whose ``call`` takes ``logit_positions`` (the logits of some positions only).
     takes_logit_positions = False
 
-    def _real_label_positions(self, y, sample_weight):
-        """For the train step on PyTorch: the flat positions ``(n,)`` of the real
-        (non-padding) labels of a ``(batch, len)`` batch that has padding, when the loss and
-        every metric ignore padding positions (their ``ignores_padding`` attribute:
-        ``MaskedCrossEntropy``, ``MaskedAccuracy``): then the output projection, the loss
-        and the metrics need those positions only (the projection is a third of a small
-        Transformer's products; Multi30k's length-bucketed batches are ~7% padding). None
-        where that does not hold, or the batch has no padding."""
-        if not self.takes_logit_positions or sample_weight is not None \
-                or not getattr(self.loss, "ignores_padding", False):
-            return None
-        for metric in self.metrics:
-            if metric is self._loss_tracker:
-                continue
-            inner = getattr(metric, "metrics", None)  # Keras' container of compiled metrics
-            if inner is not None and not metric.built:
-                return None  # not built yet: which metrics it holds is not known
-            if not all(getattr(m, "ignores_padding", False)
-                       for m in (inner if inner is not None else [metric])):
-                return None
-        import torch
+    # -- Training hooks. Keras' ``fit`` calls ``train_step`` on the model, and Keras' own
+    # step calls ``compute_loss`` and ``compute_metrics``; all three hand the call to the
+    # step attached as ``training_step`` (``transformerkit.training.step.TrainStep``, by
+    # ``attach_train_step``), which owns the update. The model keeps the architecture.
 
-        labels = torch.as_tensor(y)
-        if labels.dim() != 2 or labels.is_floating_point():
-            return None
-        real = labels.reshape(-1) != PAD_ID
-        return None if bool(real.all()) else real.nonzero().squeeze(1)
+    training_step = None
 
-    def _accumulation_steps(self):
-        """How many micro-batch gradients are averaged into one update, when more than one:
-        ``k`` when the optimizer accumulates gradients over k micro-batches, times the
-        number of processes whose gradients :attr:`gradient_sync` averages; else None."""
-        optimizer = getattr(self, "optimizer", None)
-        steps = getattr(optimizer, "gradient_accumulation_steps", None) or 1
-        steps *= getattr(self.gradient_sync, "replicas", 1)
-        return steps if steps > 1 else None
+    def train_step(self, *args):
+        """One optimisation step on a batch: ``self.training_step.train_step(self, *args)``
+        (``training/step.py``). Raises ``RuntimeError`` when no step is attached."""
+        if self.training_step is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.fit needs a training step: call "
+                "transformerkit.training.attach_train_step(model) after model.compile "
+                "(transformerkit train does)")
+        return self.training_step.train_step(self, *args)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Keras' ``compute_loss``; with gradient accumulation, one micro-batch's share of
-        its update's loss.
-
-        With ``gradient_accumulation_steps = k`` Keras' optimizer updates with the plain mean
-        of k micro-batch gradients (and with P processes, :attr:`gradient_sync` averages
-        over the P ranks too: k is then k * P, ``N`` counts all ranks' tokens). The
-        token-normalized loss of one large batch made of those micro-batches has the
-        gradient ``sum_i n_i g_i / N`` (``n_i`` real target tokens of micro-batch i,
-        ``N = sum_i n_i``; for a classifier, whose labels are ``(rows,)``, ``n_i`` counts
-        rows), so each micro-batch's loss ``L_i`` is
-        scaled to ``k * n_i / N * L_i``, whose mean over the k micro-batches is the large
-        batch's loss. ``N`` travels with every micro-batch as its ``sample_weight``, a
-        ``(rows,)`` array all equal to ``N``
-        (:class:`transformerkit.training.accumulation.UpdateBatches` adds it); a batch
-        without one (validation) gets the plain loss.
-        """
-        steps = self._accumulation_steps()
-        if not steps or sample_weight is None:
+        """Keras' ``compute_loss``, or the attached step's (weighted for gradient
+        accumulation, see ``TrainStep.compute_loss``)."""
+        if self.training_step is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        loss = super().compute_loss(x, y, y_pred, None, training=training)
-        if len(y.shape) == 1:  # one class label per row (sequence classification): n_i rows
-            tokens = keras.ops.cast(keras.ops.shape(y)[0], "float32")
-        else:
-            tokens = keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y, PAD_ID), "float32"))
-        update_tokens = keras.ops.max(keras.ops.cast(sample_weight, "float32"))
-        return loss * (tokens * float(steps) / keras.ops.maximum(update_tokens, 1.0))
+        return self.training_step.compute_loss(self, x, y, y_pred, sample_weight,
+                                               training=training)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        """Keras' ``compute_metrics``; with gradient accumulation the ``sample_weight`` is the
-        update's token count (see :meth:`compute_loss`), not a weight: metrics get none."""
-        if self._accumulation_steps():
-            sample_weight = None
-        return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        """Keras' ``compute_metrics``, or the attached step's (see
+        ``TrainStep.compute_metrics``)."""
+        if self.training_step is None:
+            return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return self.training_step.compute_metrics(self, x, y, y_pred,
+                                                  sample_weight=sample_weight)
 
     def _set_options(self, options):
         """Keep ``options`` (a validated dataclass of :mod:`transformerkit.models.options`)

@@ -130,7 +130,7 @@ class Transformer(TransformerBase):
             cache_index: position of ``target_ids[:, 0]`` (int or scalar tensor).
             logit_positions: None, or ``(n,)`` int positions in the flattened ``(batch *
                 target_len)`` positions: the logits of those only, ``(n, target_vocab)``
-                (the training step's loss on real tokens; see ``TransformerBase.train_step``).
+                (the training step's loss on real tokens; see ``training/step.py``).
 
         Returns logits, then per-layer score dicts if asked, then the updated caches.
         """

@@ -8,10 +8,10 @@ with ``len``, ``[i]`` and ``set_epoch``) and
 - with ``accumulate_steps = k > 1`` serves the batches in groups of k consecutive batches,
   one optimizer update each (``train.accumulate_steps``), each batch with the number of
   real target tokens (a classifier's: rows) of its whole group as ``sample_weight``
-  (``(rows,)`` float32, all equal), which ``TransformerBase.compute_loss`` needs to weight
-  the batch's gradient by its tokens. An epoch serves ``len // k * k`` batches: the last
-  ``len % k`` batches of an epoch's order, which is reshuffled every epoch, are left out so
-  that every update has exactly k batches;
+  (``(rows,)`` float32, all equal), which ``TrainStep.compute_loss`` (``training/step.py``)
+  needs to weight the batch's gradient by its tokens. An epoch serves ``len // k * k``
+  batches: the last ``len % k`` batches of an epoch's order, which is reshuffled every
+  epoch, are left out so that every update has exactly k batches;
 - with ``start = s`` serves the epoch from its batch ``s`` on (``len - s`` batches): the rest
   of an epoch a mid-epoch checkpoint stopped in (``train.checkpoint_every``, ``--resume``);
 - with ``replicas = P > 1`` (P processes training data-parallel, ``replica`` = this rank r)
@@ -97,6 +97,6 @@ class UpdateBatches(keras.utils.PyDataset):
 
 def loss_units(labels):
     """The terms a batch's loss averages over: its real (non-padding) target tokens, or its
-    rows for ``(rows,)`` class labels (``TransformerBase.compute_loss`` counts the same)."""
+    rows for ``(rows,)`` class labels (``TrainStep.compute_loss`` counts the same)."""
     labels = np.asarray(labels)
     return len(labels) if labels.ndim == 1 else int(np.count_nonzero(labels != PAD_ID))

@@ -102,7 +102,8 @@ class MaskedCrossEntropy(keras.losses.Loss):
     return logits without a Keras mask, so ``Loss.__call__`` adds no second masking.
     """
 
-    ignores_padding = True  # padding positions may be left out of y_true and y_pred
+    # padding positions may be left out of y_true and y_pred (training/step.py reads it)
+    ignores_padding = True
 
     def __init__(self, label_smoothing=0.0, name="masked_cross_entropy", **kwargs):
         _check_label_smoothing(label_smoothing)  # at construction, not at the first batch
@@ -122,7 +123,8 @@ class MaskedAccuracy(keras.metrics.Metric):
     """Fraction of real (non-padding) tokens whose arg-max prediction equals the label,
     counted over all tokens seen since the last reset (not an average of batch averages)."""
 
-    ignores_padding = True  # padding positions may be left out of y_true and y_pred
+    # padding positions may be left out of y_true and y_pred (training/step.py reads it)
+    ignores_padding = True
 
     def __init__(self, name="masked_accuracy", **kwargs):
         super().__init__(name=name, **kwargs)

@@ -32,7 +32,9 @@ class Adam(keras.optimizers.Adam):
 
     def _fused(self):
         return (fastpath.applies() and not self.amsgrad and not _compiling()
-                and all(internals.available(name) for name in _FUSED_NEEDS))
+                and all(internals.available(name) for name in _FUSED_NEEDS)
+                and None not in (internals.attribute(self, "adam_momentums"),
+                                 internals.attribute(self, "adam_velocities")))
 
     def _clip_gradients(self, grads):
         if not (self._fused() and self.global_clipnorm and not self.clipnorm
@@ -84,7 +86,9 @@ class Adam(keras.optimizers.Adam):
         (a layer frozen or unfrozen) or a rebuilt optimizer makes a new plan."""
         decays = self.weight_decay is not None and float(self.weight_decay) > 0
         cached = self.__dict__.get("_fused_plan")
-        if cached is not None and cached[1] is self._momentums and cached[2] == decays \
+        momentums = internals.attribute(self, "adam_momentums")
+        velocities = internals.attribute(self, "adam_velocities")
+        if cached is not None and cached[1] is momentums and cached[2] == decays \
                 and len(cached[0]) == len(variables) \
                 and all(a is b for a, b in zip(cached[0], variables, strict=True)):
             return cached[3]
@@ -95,10 +99,10 @@ class Adam(keras.optimizers.Adam):
             if positions:
                 index = [self._get_variable_index(variables[i]) for i in positions]
                 groups.append((decayed, positions, [variables[i].value for i in positions],
-                               [self._momentums[j].value for j in index],
-                               [self._velocities[j].value for j in index]))
+                               [momentums[j].value for j in index],
+                               [velocities[j].value for j in index]))
         # a plain attribute, which Keras' attribute tracking does not see
-        self.__dict__["_fused_plan"] = (tuple(variables), self._momentums, decays, groups)
+        self.__dict__["_fused_plan"] = (tuple(variables), momentums, decays, groups)
         return groups
 
 
@@ -138,9 +142,10 @@ class UpdateCountSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def with_accumulation(optimizer, steps):
     """A copy of the (unbuilt) ``optimizer`` that applies one update every ``steps`` calls of
     ``apply`` (Keras' ``gradient_accumulation_steps``: the update uses the mean of the
-    ``steps`` gradients; ``TransformerBase.compute_loss`` weights each micro-batch's loss by
-    its share of the update's real tokens so that this mean is the token-weighted one), with
-    its learning-rate schedule counting updates (:class:`UpdateCountSchedule`).
+    ``steps`` gradients; ``TrainStep.compute_loss`` (``training/step.py``) weights each
+    micro-batch's loss by its share of the update's real tokens so that this mean is the
+    token-weighted one), with its learning-rate schedule counting updates
+    (:class:`UpdateCountSchedule`).
     ``steps`` 1 returns ``optimizer`` itself."""
     steps = int(steps)
     if steps == 1:

@@ -8,10 +8,8 @@ backend's own library (``torch.distributed`` with gloo on CPU and NCCL with CUDA
 that ends or shapes training (stop now, the early-stopping value, checkpoint state) is
 agreed through these collectives so that every rank takes the same step.
 
-:class:`GradientAllReduce` is the PyTorch gradient exchange: the gradients of all ranks,
-flattened into buckets of about 25 MB, summed with ``all_reduce`` and divided by N, before
-the optimizer step (what ``DistributedDataParallel`` does, here called from
-``TransformerBase.train_step`` because a Keras model is not driven through a DDP wrapper).
+:class:`~transformerkit.training.step.GradientAllReduce` (in ``training/step.py``, with the
+step that calls it) is the PyTorch gradient exchange over these processes.
 
 A collective that fails (a rank died, the network broke, a peer did not answer within
 ``train.process_timeout``) raises :class:`ProcessGroupError` (a ``ConnectionError``) that
@@ -36,7 +34,6 @@ from transformerkit import internals
 
 log = logging.getLogger("transformerkit")
 
-BUCKET_BYTES = 25 << 20  # DDP's default bucket size
 DEFAULT_TIMEOUT = 1800.0  # seconds; train.process_timeout's default (30m)
 JAX_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
                  "KERAS_DISTRIBUTION_PROCESS_ID")
@@ -74,7 +71,9 @@ class ProcessGroup:
     def distributed(self):
         return self.size > 1
 
-    def _fail(self, what, err):
+    def lost(self, what, err):
+        """The :class:`ProcessGroupError` to raise when the collective ``what`` failed with
+        ``err`` (a JAX process then skips its shutdown barrier)."""
         if self.kind == "jax":
             _skip_jax_shutdown()
         return ProcessGroupError(
@@ -112,7 +111,7 @@ class ProcessGroup:
         except ProcessGroupError:
             raise
         except Exception as err:  # noqa: BLE001 - any backend failure is a lost peer
-            raise self._fail(what, err) from err
+            raise self.lost(what, err) from err
 
     def any(self, flag, what="agreeing to stop"):
         """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
@@ -131,7 +130,7 @@ class ProcessGroup:
                 return box[0]
             return _jax_gather_objects(value)[0]
         except Exception as err:  # noqa: BLE001
-            raise self._fail(what, err) from err
+            raise self.lost(what, err) from err
 
     def gather(self, value, what="a gather"):
         """Every rank's JSON-like ``value``, as a list in rank order, on every rank."""
@@ -146,7 +145,7 @@ class ProcessGroup:
                 return out
             return _jax_gather_objects(value)
         except Exception as err:  # noqa: BLE001
-            raise self._fail(what, err) from err
+            raise self.lost(what, err) from err
 
     def barrier(self, what="a barrier"):
         """Wait until every rank gets here."""
@@ -383,113 +382,3 @@ def setup(timeout_seconds=DEFAULT_TIMEOUT):
     group = ProcessGroup(dist.get_rank(), dist.get_world_size(), "torch", timeout)
     log.info("process %d of %d (%s)", group.rank, group.size, dist.get_backend())
     return group
-
-
-class GradientAllReduce:
-    """Averages gradients over the ranks of ``group``: ``__call__(grads, variables,
-    optimizer) -> grads``, lists of torch tensors (None kept as None: every rank has the
-    same unused weights).
-
-    The gradients are concatenated into flat buckets of at most ``bucket_bytes`` (one
-    tensor larger than that is a bucket of its own), each summed with one ``all_reduce``
-    and divided by the number of ranks. ``replicas`` is that number (the models' token
-    weighting reads it); ``bytes_per_call`` the bytes of the last exchange's buckets,
-    ``calls`` the number of exchanges.
-
-    With gradient accumulation (``optimizer.gradient_accumulation_steps = k``) the ranks
-    exchange once per update, as DDP's ``no_sync`` does, not once per micro-batch: the
-    first k - 1 micro-batches accumulate locally, and on the k-th the sum of the local
-    accumulator and the gradient is averaged over the ranks and handed to the optimizer
-    minus the local accumulator, so that the optimizer's ``(accumulator + g) / k`` is the
-    average over ranks of each rank's sum. That reads the optimizer's accumulators
-    (``_accumulated_gradients``, see :mod:`transformerkit.internals`); without them every
-    micro-batch is exchanged, with the same result.
-    """
-
-    def __init__(self, group, bucket_bytes=BUCKET_BYTES):
-        self.group = group
-        self.replicas = group.size
-        self.bucket_bytes = int(bucket_bytes)
-        self.bytes_per_call = 0
-        self.calls = 0
-
-    def __call__(self, grads, variables=None, optimizer=None):
-        accumulated = _local_accumulators(optimizer, variables)
-        if accumulated is False:  # a micro-batch before the update: accumulate locally
-            return list(grads)
-        if accumulated is None:
-            return self._all_reduce(grads)
-        totals = self._all_reduce([None if g is None else g + a
-                                   for g, a in zip(grads, accumulated, strict=True)])
-        return [None if t is None else t - a for t, a in zip(totals, accumulated, strict=True)]
-
-    def _all_reduce(self, grads):
-        import torch
-        import torch.distributed as dist
-
-        self.calls += 1
-
-        present = [i for i, g in enumerate(grads) if g is not None]
-        out = list(grads)
-        buckets, current, size = [], [], 0
-        for i in present:
-            nbytes = grads[i].numel() * grads[i].element_size()
-            if current and size + nbytes > self.bucket_bytes:
-                buckets.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += nbytes
-        if current:
-            buckets.append(current)
-        self.bytes_per_call = 0
-        try:
-            for bucket in buckets:
-                flat = torch.cat([grads[i].reshape(-1) for i in bucket])
-                dist.all_reduce(flat)
-                flat.div_(self.replicas)
-                self.bytes_per_call += flat.numel() * flat.element_size()
-                offset = 0
-                for i in bucket:
-                    count = grads[i].numel()
-                    out[i] = flat[offset:offset + count].view_as(grads[i])
-                    offset += count
-        except Exception as err:  # noqa: BLE001
-            raise self.group._fail("the gradient all-reduce", err) from err
-        return out
-
-    def wrap_apply(self, optimizer):
-        """A context manager under which ``optimizer.apply(grads, variables)`` first averages
-        ``grads`` over the ranks (Keras' own PyTorch ``train_step`` calls it)."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def wrapped():
-            original = optimizer.apply
-
-            def apply(grads, trainable_variables=None):
-                variables = (optimizer._trainable_variables if trainable_variables is None
-                             else trainable_variables)
-                return original(self(list(grads), variables, optimizer), trainable_variables)
-
-            optimizer.apply = apply
-            try:
-                yield
-            finally:
-                del optimizer.apply  # the class's method again
-
-        return wrapped()
-
-
-def _local_accumulators(optimizer, variables):
-    """This rank's gradient accumulators of ``variables`` (torch tensors) when ``optimizer``
-    accumulates and its next ``apply`` is an update, False when it is a micro-batch before
-    one, None without accumulation (or without the private accumulators: then every
-    micro-batch is exchanged)."""
-    steps = getattr(optimizer, "gradient_accumulation_steps", None)
-    accumulators = getattr(optimizer, "_accumulated_gradients", None)
-    calls = getattr(optimizer, "_iterations", None)  # micro-batches so far (iterations: updates)
-    if not steps or steps < 2 or variables is None or not accumulators or calls is None:
-        return None
-    if (int(calls.value) + 1) % steps:
-        return False
-    return [accumulators[optimizer._get_variable_index(v)].value for v in variables]

@@ -1,13 +1,28 @@
 """``transformerkit train``: from a config to a complete run directory.
 
 Read top to bottom: prepare the run directory -> data and tokenizers -> model -> compile
-(masked loss, the paper's optimizer) -> ``model.fit`` with checkpoints -> final artefacts.
+(masked loss, the paper's optimizer) and attach the training step -> ``model.fit`` with
+checkpoints -> final artefacts.
 
-Where the gradient step is: ``model.fit`` calls, for every batch,
-``TransformerBase.train_step`` in ``models/base.py``: the forward pass (``call`` of
-``models/transformer.py`` or ``models/gpt.py``, built from ``layers/``), the loss
-(``training/losses.py: masked_cross_entropy``), the backward pass and the update
-(``training/optimizers.py: Adam``, or ``training/gpt_recipe.py`` for ``adamw_cosine``).
+The route from ``transformerkit train`` to the optimizer update, file by file (8 files;
+the data side, ``data/`` and ``training/accumulation.py``, only feeds it batches):
+
+1. ``cli/training.py: train_command``: the config, with ``--set``, -> :func:`train`;
+2. ``training/trainer.py`` (this file): :func:`train` -> ``_train``: the model, its
+   compilation (:func:`compile_model`), the step attached (``attach_train_step``) and
+   ``model.fit``;
+3. ``models/base.py: TransformerBase.train_step``: Keras' ``fit`` calls it for every batch;
+   it hands the batch to the attached step;
+4. ``training/step.py: TrainStep``: the whole update: forward pass, loss (weighted for
+   gradient accumulation), backward pass, the gradient exchange between processes
+   (``GradientAllReduce``), ``optimizer.apply``, loss tracker and metrics; Keras' own step
+   or its PyTorch shortcut, behind the one switch (``fastpath.py``);
+5. ``models/transformer.py`` (``gpt.py``, ``encoder.py``): ``call``, the forward pass,
+   built from ``layers/``;
+6. ``training/losses.py: MaskedCrossEntropy``: the loss;
+7. ``training/schedules.py: paper_optimizer``: the learning rate of each update;
+8. ``training/optimizers.py: Adam``: the update itself (``training/gpt_recipe.py`` for
+   ``adamw_cosine``).
 """
 
 import contextlib
@@ -55,10 +70,10 @@ from transformerkit.training.losses import (
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
 from transformerkit.training.precision import precision_policy
-from transformerkit.training.processes import GradientAllReduce
 from transformerkit.training.processes import setup as setup_processes
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
+from transformerkit.training.step import GradientAllReduce, attach_train_step
 from transformerkit.training.tensorboard import TensorBoardScalars
 
 log = logging.getLogger("transformerkit")
@@ -147,8 +162,9 @@ def _train(config, run, checkpoints, resume, dist, group):
     check_model_parallel_shapes(model, dist)
     if group.is_main:
         check_disk_space(run.path, model, train_cfg.checkpoints_to_keep)
+    step = attach_train_step(model)  # what model.fit runs for every batch
     if group.kind == "torch":
-        _join_torch_processes(model, group, train_cfg.seed, resume)
+        _join_torch_processes(model, step, group, train_cfg.seed, resume)
 
     stop = StopConditions(train_cfg.max_steps, _seconds(train_cfg.time_budget))
     non_finite = NonFiniteLoss()
@@ -213,9 +229,9 @@ def _train(config, run, checkpoints, resume, dist, group):
                        else stop.stopped_by or "epochs"),
         "accumulate_steps": train_cfg.accumulate_steps,
         **({"processes": group.size} if group.distributed else {}),
-        **({"gradient_all_reduces": model.gradient_sync.calls,  # one per update
-            "gradient_bytes_per_all_reduce": model.gradient_sync.bytes_per_call}
-           if model.gradient_sync is not None else {}),
+        **({"gradient_all_reduces": step.gradient_sync.calls,  # one per update
+            "gradient_bytes_per_all_reduce": step.gradient_sync.bytes_per_call}
+           if step.gradient_sync is not None else {}),
         **data.info,
     }
     if train_cfg.patience is not None:
@@ -261,11 +277,11 @@ def _rng_state(state, group):
     return per_rank[group.rank] if per_rank else state.get("global_rng")
 
 
-def _join_torch_processes(model, group, seed, resume):
+def _join_torch_processes(model, step, group, seed, resume):
     """Several PyTorch processes: start every rank from rank 0's weights (a new run; a
     resumed one loads the same checkpoint everywhere), give each rank its own dropout
     stream (torch's global generator, seeded by ``seed`` and the rank) and switch the
-    gradient all-reduce of ``TransformerBase.train_step`` on."""
+    gradient all-reduce of the training ``step`` on."""
     import torch
     import torch.distributed
 
@@ -275,7 +291,7 @@ def _join_torch_processes(model, group, seed, resume):
                 torch.distributed.broadcast(variable.value.data, src=0)
                 torch.autograd.graph.increment_version(variable.value)  # written via .data
         torch.manual_seed(seed * 1009 + group.rank)
-    model.gradient_sync = GradientAllReduce(group)
+    step.gradient_sync = GradientAllReduce(group)
 
 
 def _monitor(train_cfg, data):
