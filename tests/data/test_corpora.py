@@ -3,12 +3,11 @@
 import gzip
 import io
 import logging
-import os
-import pathlib
 import sys
 import urllib.error
 
 import pytest
+from paths import SHARED_DATA
 
 from transformerkit.data import corpora
 from transformerkit.data.corpora import (
@@ -23,8 +22,7 @@ from transformerkit.data.corpora import (
     resolve_data_dir,
 )
 
-SHARED = pathlib.Path(os.environ.get("TRANSFORMERKIT_DATA",
-                                     pathlib.Path(__file__).resolve().parents[2] / "shared/data"))
+SHARED = SHARED_DATA
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ blocks, the encode cache, and ``model.fit`` on all three backends."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from paths import SHARED_DATA
 
 from transformerkit.data.pipeline import (
     EncodedPairs,
@@ -24,8 +24,7 @@ from transformerkit.data.pipeline import (
 )
 from transformerkit.data.tokenizers import CharTokenizer
 
-DATA = pathlib.Path(os.environ.get("TRANSFORMERKIT_DATA",
-                                   pathlib.Path(__file__).resolve().parents[2] / "shared/data"))
+DATA = SHARED_DATA
 
 
 def random_pairs(n=500, seed=0, max_len=40):

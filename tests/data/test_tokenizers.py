@@ -1,14 +1,13 @@
 """Tokenizers: reserved ids, exact round trips, empty lines, save/load, clear errors."""
 
 import json
-import os
-import pathlib
 import unicodedata
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import SHARED_DATA
 
 from transformerkit.data.tokenizers import (
     BOS,
@@ -21,8 +20,7 @@ from transformerkit.data.tokenizers import (
     load_tokenizer,
 )
 
-DATA = pathlib.Path(os.environ.get("TRANSFORMERKIT_DATA",
-                                   pathlib.Path(__file__).resolve().parents[2] / "shared/data"))
+DATA = SHARED_DATA
 KINDS = ("bpe", "wordpiece", "unigram")
 
 # Held-out sentences: accents (de, fr, cs), emoji, CJK, punctuation, a double space.

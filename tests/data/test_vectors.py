@@ -5,6 +5,7 @@ import gzip
 
 import numpy as np
 import pytest
+from vectors_files import write_vectors
 
 from transformerkit.data.tokenizers import SubwordTokenizer, load_tokenizer
 from transformerkit.data.vectors import (
@@ -18,17 +19,6 @@ from transformerkit.special_tokens import SPECIAL_TOKENS, UNK_ID
 WORDS = ["the", "dog", "runs", ".", ",", "a", "cat"]
 PIECES = ["<unk>", "<s>", "</s>", "▁the", "▁d", "og", "s", "▁", "▁run", "o", "g", "t", "h",
           "e", "d", "r", "u", "n", "▁c", "at", "a", "c"]
-
-
-def write_vectors(path, tokens, dim=3, header=True, seed=0, opener=open):
-    """A text vectors file; returns ``{token: vector}`` as written (4 decimals)."""
-    rng = np.random.default_rng(seed)
-    table = {t: np.round(rng.normal(size=dim), 4).astype("float32") for t in tokens}
-    lines = [f"{len(tokens)} {dim}"] * header + [
-        t + " " + " ".join(f"{x:.4f}" for x in v) for t, v in table.items()]
-    with opener(path, "wt", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    return table
 
 
 @pytest.mark.parametrize("header", [True, False])

@@ -4,7 +4,7 @@ end tokens in a batch, bad input; and the same checks on JAX, TensorFlow and PyT
 Kinds of claims: logits and scores of two float32 computations (cached steps and full
 passes) agree within their rounding bound (``tests/tolerances.py``); ids of two searches
 whose kernels or shapes differ are equal except at a near-tie (the helpers of
-``test_search_stopping.py``); ids and scores of runs through the same kernels are exact.
+``tests/near_ties.py``); ids and scores of runs through the same kernels are exact.
 
 Run as a script (``python tests/test_decoding.py OUT.json``) this file is the per-backend
 probe of :func:`test_all_backends`: it builds small models and writes its checks as JSON.
@@ -20,13 +20,15 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
+from backends import BACKENDS, FAST_XLA_COMPILE
 from keras import ops
-from test_search_stopping import (
+from near_ties import (
     assert_same_hypotheses_or_near_tie,
     assert_same_ids_or_near_tie,
     next_logits_after,
     score_bound,
 )
+from paths import TESTS_DIR
 
 from transformerkit import fastpath
 from transformerkit.data.tokenizers import CharTokenizer
@@ -547,10 +549,10 @@ def probe():
 
 def stopping_and_caps_checks():
     """Beam search's two stopping rules with length caps equal the plain reference search of
-    ``test_search_stopping.py`` (the compiled loops freeze finished sentences; the eager one
+    ``tests/reference_search.py`` (the compiled loops freeze finished sentences; the eager one
     drops them), and greedy outputs keep to their caps."""
-    from test_search_stopping import SOURCES as MIXED
-    from test_search_stopping import check_against_reference, mixed_length_model
+    from reference_search import SOURCES as MIXED
+    from reference_search import check_against_reference, mixed_length_model
 
     from transformerkit.decoding.common import length_caps
 
@@ -572,16 +574,15 @@ def stopping_and_caps_checks():
     return results
 
 
-BACKENDS = ("jax", "tensorflow", "torch")
-
-
 @pytest.fixture(scope="module")
 def backend_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("decoding_probe")
-    fast_xla = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    # this file, run as a script, imports the helper modules of tests/ as the tests do
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
     processes = {}
     for backend in BACKENDS:
-        env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS=fast_xla)
+        env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS=FAST_XLA_COMPILE,
+                   PYTHONPATH=path)
         out = folder / f"{backend}.json"
         processes[backend] = (subprocess.Popen(
             [sys.executable, __file__, str(out)], env=env, stdout=subprocess.PIPE,

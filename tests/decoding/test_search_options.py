@@ -7,6 +7,7 @@ import inspect
 import math
 
 import pytest
+from paths import ROOT
 
 from transformerkit.decoding.options import (
     GenerationOptions,
@@ -156,10 +157,9 @@ def test_search_functions_have_no_defaults_of_their_own():
 @pytest.mark.parametrize("page", ["README.md", "docs/decoding.md"])
 def test_the_documented_defaults_are_the_declared_ones(page):
     """The search tables of the README and docs/decoding.md state the declared defaults."""
-    import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+    text = (ROOT / page).read_text(encoding="utf-8")
     rows = re.findall(r"^\| `--[a-z-]+` \(`([a-z_]+)`\) \| ([^|]+) \|", text, re.MULTILINE)
     assert len(rows) >= 4
     declared = {f.name: f.default for f in fields_of(SearchOptions)}

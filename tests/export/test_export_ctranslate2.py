@@ -10,7 +10,7 @@ positional table, each tying mode, LayerNorm epsilon, head width, GPT without bi
 CTranslate2 runs its own float32 kernels, so log-probabilities agree within two paths'
 rounding bound of a sum of token log-probabilities (``tests/tolerances.py``), and outputs
 are the same except at a near-tie of the Keras model's logits (the helpers of
-``test_search_stopping.py``); two CTranslate2 runs through the same kernels are exact.
+``tests/near_ties.py``); two CTranslate2 runs through the same kernels are exact.
 """
 
 import os
@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
-from test_search_stopping import (
+from near_ties import (
     assert_same_ids_or_near_tie,
     assert_same_texts_or_near_tie,
     next_logits_after,

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
-from test_search_stopping import (
+from near_ties import (
     assert_same_hypotheses_or_near_tie,
     assert_same_ids_or_near_tie,
     next_logits_after,

@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
-from backend_probe import model_inputs
-from conftest import BACKENDS, PROBE_MODELS, USER_BACKEND
+from backend_probe import PROBE_MODELS, model_inputs
+from backends import BACKENDS, USER_BACKEND
 from reference import to_numpy
 
 MODEL_NAMES = [entry["name"] for entry in PROBE_MODELS]

@@ -7,7 +7,7 @@ positions; the sequence-classification head is not imported (``num_classes`` is 
 unmappable configs and incomplete weights are named in the error.
 
 Tolerances (``tests/tolerances.py``): ours and ``transformers`` are two float32 paths with
-the same weights, each within the encoder's chain bound (``test_hf_encoder.hf_atol``:
+the same weights, each within the encoder's chain bound (``hf_checkpoints.hf_atol``:
 the embeddings' sum and LayerNorm, the post-norm blocks with their activation, the
 pooling). Mutations tried by hand against ``test_hidden_states_equal_transformers``: the
 checkpoint's tensors imported in float16 (caught, 6.8x its bound), GELU's tanh
@@ -20,13 +20,12 @@ import logging
 import numpy as np
 import pytest
 import tolerances as tol
+from hf_checkpoints import hf_atol, padded, to_numpy, write_folder
 
 import transformerkit  # noqa: F401  (picks the backend before keras is imported)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-
-from test_hf_encoder import hf_atol, padded, to_numpy, write_folder  # noqa: E402
 
 from transformerkit.models import Encoder  # noqa: E402
 from transformerkit.models.pretrained import CheckpointError, read_hf_weights  # noqa: E402

@@ -14,11 +14,11 @@ imports the checkpoint's tensors rounded to float16.
 """
 
 import importlib.util
-import json
 
 import numpy as np
 import pytest
 import tolerances as tol
+from hf_checkpoints import BERT_CONFIG, hf_atol, padded, to_numpy, write_folder
 
 import transformerkit  # noqa: F401  (picks the backend before keras is imported)
 
@@ -33,33 +33,6 @@ from transformerkit.models.pretrained import CheckpointError  # noqa: E402
 
 TEXTS = ["A dog runs through the snow.", "Hello world",
          "The quick brown fox jumps over the lazy dog, again and again."]
-
-
-def to_numpy(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def bert_roundings(encoder, length, pooled=0):
-    """Roundings of a BERT-style forward pass over ``length`` positions:
-    ``tolerances.model_roundings`` (the embedding sum of word, position and token type and
-    its LayerNorm, the post-norm blocks with their GELU) without the final LayerNorm and
-    output projection BERT lacks; ``pooled``: the mean over the positions (``length``, the
-    division) or the tanh pooler (``d_model``, the bias, tanh)."""
-    d = encoder.d_model
-    return (tol.model_roundings(encoder, target_len=length) - tol.layer_norm_roundings(d)
-            - d - 1 + pooled)
-
-
-def hf_atol(encoder, ids, expected, pooled=0):
-    """The bound of ours against ``transformers`` on ``ids``: two float32 paths."""
-    return tol.chain_atol(bert_roundings(encoder, ids.shape[1], pooled), expected, paths=2)
-
-
-def padded(rows):
-    batch = np.zeros((len(rows), max(map(len, rows))), "int32")
-    for i, row in enumerate(rows):
-        batch[i, : len(row)] = row
-    return batch
 
 
 def minilm_folder():
@@ -192,20 +165,6 @@ def test_tolerances_still_catch_weights_imported_in_float16(tmp_path, monkeypatc
 
 
 # -- errors -----------------------------------------------------------------------------------
-
-BERT_CONFIG = {"model_type": "bert", "vocab_size": 50, "hidden_size": 16,
-               "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 24,
-               "max_position_embeddings": 20, "type_vocab_size": 2, "hidden_act": "gelu"}
-
-
-def write_folder(folder, config=BERT_CONFIG, tensors=None):
-    folder.mkdir(parents=True, exist_ok=True)
-    if config is not None:
-        (folder / "config.json").write_text(json.dumps(config))
-    if tensors is not None:
-        safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
-    return folder
-
 
 def test_missing_folder_and_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint folder not found: .*nowhere"):

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 from tiny_run import GERMAN, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("fastapi")
 
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "serve_page.png"
+SCREENSHOT = ROOT / "docs" / "images" / "serve_page.png"
 
 
 def free_port():

@@ -9,7 +9,7 @@ the timeout (503) and the body limit (413) hold. The batcher is also tested on i
 Kinds of claims: an answer computed by the same call on the same batch as the API's is
 exact (text, scores); attention is exact up to the server's rounding to 4 decimals; where
 the server batches requests in another order (other rows), outputs are the same except at
-a near-tie (``test_search_stopping.assert_same_texts_or_near_tie``).
+a near-tie (``near_ties.assert_same_texts_or_near_tie``).
 """
 
 import asyncio
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tolerances as tol
-from test_search_stopping import assert_same_texts_or_near_tie
+from near_ties import assert_same_texts_or_near_tie
 from tiny_run import GERMAN, tiny_config
 
 pytest.importorskip("fastapi")

@@ -29,12 +29,13 @@ import numpy as np
 import pytest
 import tolerances as tol
 from accumulation_probe import VOCAB, K, batch, compute, fresh_model, make_pairs
-from conftest import BACKENDS
+from backends import BACKENDS
+from paths import TESTS_DIR
 
 from transformerkit import fastpath
 from transformerkit.models.base import TransformerBase
 
-PROBE = os.path.join(os.path.dirname(__file__), "accumulation_probe.py")
+PROBE = str(TESTS_DIR / "accumulation_probe.py")
 # Keras' TensorFlow Adam squares the values of an embedding's IndexedSlices gradient before
 # duplicate token ids are summed (ops.square on the slices), so its own large-batch step is
 # not the dense large-batch Adam step that torch and JAX take, and that the accumulated

@@ -26,7 +26,8 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
-from conftest import FAST_XLA_COMPILE, TESTS_DIR
+from backends import FAST_XLA_COMPILE
+from paths import TESTS_DIR
 from tiny_run import tiny_config
 
 from transformerkit.config import ConfigError, resolve

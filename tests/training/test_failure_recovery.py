@@ -17,7 +17,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-from conftest import TESTS_DIR
+from paths import TESTS_DIR
 from tiny_run import tiny_config
 
 from transformerkit.files import atomic_path

@@ -44,7 +44,7 @@ import time
 import numpy as np
 import pytest
 import yaml
-from conftest import FAST_XLA_COMPILE
+from backends import FAST_XLA_COMPILE
 from tiny_run import write_corpus
 
 LAUNCH_TIMEOUT = 240  # seconds one launch may take on a busy 2-core machine (JAX compiles)

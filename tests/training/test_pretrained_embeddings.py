@@ -7,8 +7,8 @@ import pathlib
 import keras
 import numpy as np
 import pytest
-from test_vectors import write_vectors
 from tiny_run import ENGLISH, GERMAN, write_corpus
+from vectors_files import write_vectors
 
 import transformerkit
 from transformerkit.config import ConfigError, resolve

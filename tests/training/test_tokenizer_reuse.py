@@ -4,8 +4,8 @@ vocabulary (the same ids), also on new data."""
 import filecmp
 
 import pytest
-from test_vectors import write_vectors
 from tiny_run import GERMAN, tiny_config
+from vectors_files import write_vectors
 
 from transformerkit.config import resolve
 from transformerkit.data.tokenizers import load_tokenizer
