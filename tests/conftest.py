@@ -33,6 +33,17 @@ if "TRANSFORMERKIT_CACHE" not in os.environ:
     import tempfile
 
     os.environ["TRANSFORMERKIT_CACHE"] = tempfile.mkdtemp(prefix="transformerkit-test-cache-")
+# What :func:`build_once` builds (trained runs shared by several test files) goes to one
+# folder for the whole test run, the same for every pytest-xdist worker; the process that
+# made it removes it at the end.
+if "TRANSFORMERKIT_TESTS_BUILT" not in os.environ:
+    import tempfile
+
+    os.environ["TRANSFORMERKIT_TESTS_BUILT"] = tempfile.mkdtemp(prefix="transformerkit-test-runs-")
+    _REMOVE_BUILT = True
+else:
+    _REMOVE_BUILT = False
+BUILT = Path(os.environ["TRANSFORMERKIT_TESTS_BUILT"])
 
 # Whether the caller chose the backend (xdist workers inherit the marker from the controller).
 if "KERAS_BACKEND" not in os.environ:
@@ -74,6 +85,51 @@ def pytest_terminal_summary(terminalreporter):
     if cases:
         terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases in {len(cases)} "
                                     "property tests")
+    built = [json.loads(path.read_text()) for path in sorted(BUILT.glob("*.built.json"))]
+    if built:
+        terminalreporter.write_line("built once for the whole run (build_once): " + ", ".join(
+            f"{b['name']} {b['seconds']:.1f} s ({b['by']})" for b in built))
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    """The shared data folder (``paths.SHARED_DATA``: ``$TRANSFORMERKIT_DATA``, else
+    ``../shared/data`` beside the checkout) as a string; fails, naming the variable, when it
+    lacks Multi30k or tiny Shakespeare."""
+    from paths import SHARED_DATA
+
+    for needed in ("multi30k/train.de", "tinyshakespeare/input.txt"):
+        if not (SHARED_DATA / needed).is_file():
+            pytest.fail(f"{needed} not found under {SHARED_DATA}; set TRANSFORMERKIT_DATA")
+    return str(SHARED_DATA.resolve())
+
+
+@pytest.fixture(scope="session")
+def build_once():
+    """``build_once(name, build) -> folder``: ``build(folder)`` runs once for the whole test
+    run, whichever test asks first, and every later call (from any test file, in any
+    pytest-xdist worker) gets the same finished folder. A file lock per name makes the other
+    workers wait for the first; a build that failed is retried in an emptied folder."""
+    import fcntl
+    import shutil
+    import time
+
+    def once(name, build):
+        folder = BUILT / name
+        with open(BUILT / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = BUILT / f"{name}.built.json"
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                start = time.monotonic()
+                build(folder)
+                done.write_text(json.dumps({
+                    "name": name, "seconds": time.monotonic() - start,
+                    "by": os.environ.get("PYTEST_XDIST_WORKER", "main process")}))
+        return folder
+
+    return once
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +196,10 @@ def _probe_dir(config):
 
 
 def pytest_unconfigure(config):
+    if _REMOVE_BUILT:
+        import shutil
+
+        shutil.rmtree(BUILT, ignore_errors=True)
     if "remove" in _probe_state:  # a single-process session: nobody else needs the probes
         import shutil
         import signal

@@ -1,12 +1,11 @@
 """``transformerkit.load`` and the CLI commands that use a trained run: translate (texts and
 streamed stdin, n-best), generate, evaluate, attention, plot; the training monitors.
 
-Two tiny runs are trained once per test session (a 1-layer de->en Transformer on 300
+Two tiny runs are trained once for the whole test run (a 1-layer de->en Transformer on 300
 Multi30k pairs with the sample and BLEU monitors on, and a 1-layer character GPT), shared
-by the pytest-xdist workers through a file lock.
+by the pytest-xdist workers (``build_once`` of ``conftest.py``).
 """
 
-import fcntl
 import json
 import os
 import struct
@@ -16,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import tolerances as tol
+from paths import SHARED_DATA
 
 TINY_TRANSLATION = [
     "data.train_limit=300", "data.val_limit=30", "data.vocab_size=400",
@@ -27,16 +27,8 @@ TINY_TRANSLATION = [
 ]
 
 
-def data_dir():
-    path = os.environ.get("TRANSFORMERKIT_DATA") or os.path.join(
-        os.path.dirname(__file__), "..", "..", "shared", "data")
-    if not os.path.isdir(os.path.join(path, "multi30k")):
-        pytest.fail(f"Multi30k not found under {path}; set TRANSFORMERKIT_DATA")
-    return os.path.abspath(path)
-
-
 def cli(*args, stdin=None, backend=None, check=True):
-    env = dict(os.environ, TRANSFORMERKIT_DATA=data_dir())
+    env = dict(os.environ, TRANSFORMERKIT_DATA=str(SHARED_DATA))
     if backend:
         env["KERAS_BACKEND"] = backend
     result = subprocess.run([sys.executable, "-m", "transformerkit.cli", *map(str, args)],
@@ -50,8 +42,8 @@ def sets(items):
     return [arg for item in items for arg in ("--set", item)]
 
 
-def gpt_config(folder):
-    text = os.path.join(data_dir(), "tinyshakespeare", "input.txt")
+def gpt_config(folder, data_dir):
+    text = os.path.join(data_dir, "tinyshakespeare", "input.txt")
     path = folder / "gpt.yaml"
     path.write_text(
         "model: {type: gpt, num_layers: 1, d_model: 32, num_heads: 4, d_ff: 64, "
@@ -63,24 +55,17 @@ def gpt_config(folder):
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory):
-    """``{"translation": dir, "gpt": dir, "train_log": str}``, trained once per session."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.getbasetemp().parent / "api_cli_runs"
-        folder.mkdir(exist_ok=True)
-    else:
-        folder = tmp_path_factory.mktemp("api_cli_runs")
-    with open(folder / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "done.json").exists():
-            translation = cli("train", "configs/multi30k_de_en.yaml", "--out",
-                              folder / "translation", *sets(TINY_TRANSLATION))
-            cli("train", gpt_config(folder), "--out", folder / "gpt")
-            (folder / "done.json").write_text(json.dumps(
-                {"train_log": translation.stdout + translation.stderr}))
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    log = json.loads((folder / "done.json").read_text())["train_log"]
-    return {"translation": folder / "translation", "gpt": folder / "gpt", "train_log": log}
+def runs(build_once, data_dir):
+    """``{"translation": dir, "gpt": dir, "train_log": str}``, trained once for the run."""
+    def build(folder):
+        translation = cli("train", "configs/multi30k_de_en.yaml", "--out",
+                          folder / "translation", *sets(TINY_TRANSLATION))
+        cli("train", gpt_config(folder, data_dir), "--out", folder / "gpt")
+        (folder / "train_log.txt").write_text(translation.stdout + translation.stderr)
+
+    folder = build_once("api_runs", build)
+    return {"translation": folder / "translation", "gpt": folder / "gpt",
+            "train_log": (folder / "train_log.txt").read_text()}
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """The page of ``transformerkit serve`` in a real browser (slow).
 
-Starts ``transformerkit serve`` (uvicorn) on 127.0.0.1 and a free port with two tiny runs
-trained here, drives headless Chromium (Debian's ``/usr/bin/chromium``; Playwright never
-downloads a browser here) through the page: a sentence is translated (the n-best list equals
-what the API answers), the cross-attention heatmaps are drawn (one canvas per head, painted,
-with the weight shown on hover), an empty input shows the server's error, and a GPT run
-generates text. The screenshot of the translated sentence is taken every time (into the
+Starts ``transformerkit serve`` (uvicorn) on 127.0.0.1 and a free port with the two tiny
+runs of ``conftest.py`` (trained once for the whole test run), drives headless Chromium
+(Debian's ``/usr/bin/chromium``; Playwright never downloads a browser here) through the
+page: a sentence is translated (the n-best list equals what the API answers), the
+cross-attention heatmaps are drawn (one canvas per head, painted, with the weight shown on
+hover), an empty input shows the server's error, and a GPT run generates text. The
+screenshot of the translated sentence is taken every time (into the
 test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT=1`` it replaces the
 README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
 """
@@ -20,7 +21,6 @@ import urllib.request
 
 import pytest
 from paths import ROOT
-from tiny_run import GERMAN, tiny_config
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -45,33 +45,16 @@ def get_json(url, body=None):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The URL of a running ``transformerkit serve`` on two tiny runs."""
-    from transformerkit.config import resolve
-    from transformerkit.training.trainer import train
-
+def server(run_dirs, tmp_path_factory):
+    """The URL of a running ``transformerkit serve`` on the two served runs (conftest.py)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
     folder = tmp_path_factory.mktemp("page")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRANSFORMERKIT_MALLOC", "system")
-        config = tiny_config(folder, epochs=40)  # enough to translate a few number words
-        config["model"].update(d_model=32, d_ff=64)
-        train(config, folder / "numbers")
-        text = folder / "text.txt"
-        text.write_text((" ".join(GERMAN) + "\n") * 40)
-        train(resolve({
-            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
-                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
-            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
-                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 10},
-            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
-            folder / "poet")
     port = free_port()
     log = open(folder / "serve.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "transformerkit.cli", "serve", str(folder / "numbers"),
-         str(folder / "poet"), "--port", str(port)],
+        [sys.executable, "-m", "transformerkit.cli", "serve", *map(str, run_dirs),
+         "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180

@@ -1,5 +1,6 @@
 """``transformerkit serve``: the HTTP API in-process (Starlette's TestClient over httpx) on
-two tiny runs trained here (a character de->en Transformer and a character GPT).
+the two tiny runs of ``conftest.py`` (a character de->en Transformer and a character GPT,
+trained once for the whole test run).
 
 Every answer is checked against the Python API (``Run.translate`` / ``generate`` /
 ``attention``) on the same run; every kind of bad input gets its 4xx JSON error and the next
@@ -21,14 +22,12 @@ import numpy as np
 import pytest
 import tolerances as tol
 from near_ties import assert_same_texts_or_near_tie
-from tiny_run import GERMAN, tiny_config
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import transformerkit  # noqa: E402
 from transformerkit import cli  # noqa: E402
-from transformerkit.config import resolve  # noqa: E402
 from transformerkit.serving.app import create_app  # noqa: E402
 from transformerkit.serving.batching import Batcher, QueueFull  # noqa: E402
 from transformerkit.serving.limits import Limits  # noqa: E402
@@ -36,26 +35,6 @@ from transformerkit.serving.server import load_runs, run_names  # noqa: E402
 
 SENTENCES = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun", "zehn ein",
              "zwei zwei drei vier", "acht"]
-
-
-@pytest.fixture(scope="module")
-def run_dirs(tmp_path_factory):
-    from transformerkit.training.trainer import train
-
-    folder = tmp_path_factory.mktemp("serving")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRANSFORMERKIT_MALLOC", "system")
-        train(tiny_config(folder, epochs=3), folder / "numbers")
-        text = folder / "text.txt"
-        text.write_text((" ".join(GERMAN) + "\n") * 40)
-        train(resolve({
-            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
-                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
-            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
-                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 5},
-            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
-            folder / "poet")
-    return folder / "numbers", folder / "poet"
 
 
 @pytest.fixture(scope="module")

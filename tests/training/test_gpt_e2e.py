@@ -25,15 +25,6 @@ TINY_GPT = ["model.num_layers=1", "model.d_model=32", "model.num_heads=4", "mode
             "train.sample_every=null", "train.verbose=0", "train.time_budget=null"]
 
 
-@pytest.fixture(scope="module")
-def data_dir():
-    path = os.environ.get("TRANSFORMERKIT_DATA") or os.path.join(
-        os.path.dirname(__file__), "..", "..", "shared", "data")
-    if not os.path.isfile(os.path.join(path, SHAKESPEARE)):
-        pytest.fail(f"tiny Shakespeare not found under {path}; set TRANSFORMERKIT_DATA")
-    return os.path.abspath(path)
-
-
 def to_numpy(x):
     import keras
 

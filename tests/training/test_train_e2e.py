@@ -20,16 +20,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def data_dir():
-    """The shared data folder: $TRANSFORMERKIT_DATA, else ../shared/data beside the repo."""
-    path = os.environ.get("TRANSFORMERKIT_DATA") or os.path.join(
-        os.path.dirname(__file__), "..", "..", "shared", "data")
-    if not os.path.isdir(os.path.join(path, "multi30k")):
-        pytest.fail(f"Multi30k not found under {path}; set TRANSFORMERKIT_DATA")
-    return os.path.abspath(path)
-
-
 def run_cli(args, env=None, **kwargs):
     command = [sys.executable, "-m", "transformerkit.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env or os.environ.copy(),
