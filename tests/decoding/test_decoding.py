@@ -6,7 +6,7 @@ passes) agree within their rounding bound (``tests/tolerances.py``); ids of two 
 whose kernels or shapes differ are equal except at a near-tie (the helpers of
 ``tests/near_ties.py``); ids and scores of runs through the same kernels are exact.
 
-Run as a script (``python tests/test_decoding.py OUT.json``) this file is the per-backend
+Run as a script (``python tests/decoding/test_decoding.py OUT.json``) this file is the per-backend
 probe of :func:`test_all_backends`: it builds small models and writes its checks as JSON.
 """
 

@@ -309,7 +309,7 @@ def test_onednn_training_products_train_as_the_plain_products(monkeypatch):
     threshold lowered to 0) give the losses and weights of the plain products, within the
     rounding of two float32 paths. SGD, as Adam's normalisation has no rounding bound (see
     ``tolerances.sgd_weights_atol``); the products themselves are checked against float64
-    in tests/test_decode_steps.py."""
+    in tests/layers/test_decode_steps.py."""
     from transformerkit.layers import calls
     from transformerkit.training import MaskedCrossEntropy
 

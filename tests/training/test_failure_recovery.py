@@ -1,7 +1,7 @@
 """Failures do not cost work: kills during checkpoint writes, corrupt files, NaN losses,
 unwritable or full disks, and loading in Keras safe mode (nothing pickled).
 
-(Exact resume after a SIGKILL between checkpoints is in ``tests/test_train_e2e.py``.)
+(Exact resume after a SIGKILL between checkpoints is in ``tests/training/test_train_e2e.py``.)
 """
 
 import json

@@ -6,7 +6,7 @@ wait has a timeout (``subprocess`` timeouts, ``train.process_timeout``) so nothi
 
 - 2 processes (rank r takes batches r, r + 2, ... of every epoch) end with the weights of
   one process trained with ``accumulate_steps: 2`` (batches 2u and 2u + 1 in update u,
-  token-weighted: ``tests/test_accumulation.py`` checks that against the large batch),
+  token-weighted: ``tests/training/test_accumulation.py`` checks that against the large batch),
   bit for bit: each rank computes its batch's gradient with the kernels the one process
   uses, the all-reduce's ``(g0 + g1) / 2`` is Keras' ``(g1 + accumulator) / 2`` (float32
   addition commutes), and the same Adam update follows.

@@ -118,7 +118,7 @@ class TransformerBase(keras.Model):
         and the model is called through :func:`~transformerkit.layers.calls.call_sublayer`
         after clearing the previous call's losses (what the outermost ``__call__`` does);
         loss, loss scaling, optimizer, tracker and metrics are Keras' own objects, so every
-        number is the same (``tests/test_fast_paths.py``). Under ``jit_compile``
+        number is the same (``tests/layers/test_fast_paths.py``). Under ``jit_compile``
         (``torch.compile``), on JAX and TensorFlow, and with the shortcuts off it is Keras'
         ``train_step`` (JAX's takes ``(state, data)``, the others ``(data)``).
         """
