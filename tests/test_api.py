@@ -1,5 +1,8 @@
 """``transformerkit.load`` and the CLI commands that use a trained run: translate (texts and
-streamed stdin, n-best), generate, evaluate, attention, plot; the training monitors.
+streamed stdin, n-best), generate, evaluate, attention, plot; the training monitors. What a
+trained run computes, through the API and through the commands that wrap it (in
+subprocesses, as a user runs them); how the command line reads its arguments is
+``tests/cli/test_parser.py``.
 
 Two tiny runs are trained once for the whole test run (a 1-layer de->en Transformer on 300
 Multi30k pairs with the sample and BLEU monitors on, and a 1-layer character GPT), shared

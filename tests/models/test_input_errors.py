@@ -1,4 +1,12 @@
-"""Bad input gets a clear error, raised where it enters, naming the problem and the value."""
+"""Bad arguments and inputs of the layers and models get a clear error, raised where they
+enter (the constructor or the call), naming the problem and the value.
+
+Bad values elsewhere: the run config in ``tests/test_config.py``, the command line in
+``tests/cli/test_parser.py``, the loss and schedule arguments in
+``tests/training/test_training_math.py``, random text in ``tests/test_fuzz.py``; failures
+that are not the caller's input (kills, corrupt files, full disks, NaN losses) in
+``tests/training/test_failure_recovery.py``.
+"""
 
 import numpy as np
 import pytest
@@ -12,7 +20,6 @@ from transformerkit.layers import (
     TokenEmbedding,
 )
 from transformerkit.models import GPT, Encoder, Transformer
-from transformerkit.training import MaskedCrossEntropy, TransformerSchedule, masked_cross_entropy
 
 SMALL = dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, max_length=6)
 
@@ -196,20 +203,3 @@ def test_transformer_inputs_must_be_a_pair():
         model({"src": np.array([[1]]), "target": np.array([[1]])})
     with pytest.raises(ValueError, match=r"expects inputs \(source_ids, target_input_ids\)"):
         model(np.array([[1, 2]]))
-
-
-# -- training arguments -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
-def test_label_smoothing_out_of_range(value):
-    labels, logits = np.array([[1, 2]]), np.zeros((1, 2, 4), "float32")
-    with pytest.raises(ValueError, match=rf"label_smoothing must be in \[0, 1\), got {value}"):
-        masked_cross_entropy(labels, logits, label_smoothing=value)
-    with pytest.raises(ValueError, match=rf"label_smoothing must be in \[0, 1\), got {value}"):
-        MaskedCrossEntropy(label_smoothing=value)
-
-
-def test_bad_warmup():
-    with pytest.raises(ValueError, match=r"warmup_steps must be >= 1, got 0"):
-        TransformerSchedule(512, warmup_steps=0)

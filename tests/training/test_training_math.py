@@ -234,3 +234,19 @@ def test_tolerances_still_catch_a_schedule_off_by_one_step(monkeypatch):
 
     monkeypatch.setattr(TransformerSchedule, "__call__", off_by_one)
     tol.assert_caught(test_schedule_matches_paper_formula, 100000)
+
+
+# -- bad arguments: clear errors naming the value ---------------------------------------------
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_label_smoothing_out_of_range(value):
+    labels, logits = np.array([[1, 2]]), np.zeros((1, 2, 4), "float32")
+    with pytest.raises(ValueError, match=rf"label_smoothing must be in \[0, 1\), got {value}"):
+        masked_cross_entropy(labels, logits, label_smoothing=value)
+    with pytest.raises(ValueError, match=rf"label_smoothing must be in \[0, 1\), got {value}"):
+        MaskedCrossEntropy(label_smoothing=value)
+
+
+def test_bad_warmup():
+    with pytest.raises(ValueError, match=r"warmup_steps must be >= 1, got 0"):
+        TransformerSchedule(512, warmup_steps=0)
