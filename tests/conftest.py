@@ -18,9 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:  # the helper modules, from tests in any folder
-    sys.path.insert(0, str(TESTS_DIR))
+if str(Path(__file__).resolve().parent) not in sys.path:  # the helpers, from any folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from paths import TESTS_DIR  # noqa: E402
 
 # Small models on a shared 2-core machine: one thread per process is faster and fair.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -101,7 +102,7 @@ def data_dir():
     for needed in ("multi30k/train.de", "tinyshakespeare/input.txt"):
         if not (SHARED_DATA / needed).is_file():
             pytest.fail(f"{needed} not found under {SHARED_DATA}; set TRANSFORMERKIT_DATA")
-    return str(SHARED_DATA.resolve())
+    return str(SHARED_DATA)
 
 
 @pytest.fixture(scope="session")

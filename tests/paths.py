@@ -10,4 +10,5 @@ from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
-SHARED_DATA = Path(os.environ.get("TRANSFORMERKIT_DATA") or ROOT.parent / "shared" / "data")
+SHARED_DATA = Path(os.environ.get("TRANSFORMERKIT_DATA")
+                   or ROOT.parent / "shared" / "data").resolve()
