@@ -25,10 +25,11 @@ demo: $(STAMP)
 	$(BIN)/transformerkit train configs/multi30k_de_en.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # the numerics tests again with every PyTorch shortcut off (transformerkit/fastpath.py)
-NUMERICS := tests/test_layers.py tests/test_masks.py tests/test_models.py \
-	tests/test_decoding.py tests/test_decode_steps.py tests/test_training_math.py \
-	tests/test_optimizers.py tests/test_fast_paths.py tests/test_gpt_options.py \
-	tests/test_search_stopping.py
+NUMERICS := tests/layers/test_layers.py tests/layers/test_masks.py \
+	tests/layers/test_decode_steps.py tests/layers/test_fast_paths.py \
+	tests/models/test_models.py tests/models/test_gpt_options.py \
+	tests/decoding/test_decoding.py tests/decoding/test_search_stopping.py \
+	tests/training/test_training_math.py tests/training/test_optimizers.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 -q

@@ -1,5 +1,5 @@
 """Gradient accumulation against one large batch on the backend of this process
-(``KERAS_BACKEND``): run by ``tests/test_accumulation.py`` once per backend.
+(``KERAS_BACKEND``): run by ``tests/training/test_accumulation.py`` once per backend.
 
 Usage: ``python accumulation_probe.py OUT.npz``. Builds a tiny Transformer (no dropout),
 trains a copy for two updates of ``k = 3`` accumulated micro-batches of different sizes and

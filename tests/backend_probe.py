@@ -45,6 +45,52 @@ from transformerkit.training import masked_cross_entropy  # noqa: E402
 MODEL_TYPES = {"transformer": Transformer, "gpt": GPT, "encoder": Encoder}
 
 
+# Small models with every option that changes the math somewhere. Names are explicit so
+# that variable paths are the same in every process.
+PROBE_MODELS = [
+    {"name": "transformer", "type": "transformer",
+     "config": {"source_vocab_size": 23, "target_vocab_size": 19, "num_layers": 2,
+                "d_model": 16, "num_heads": 2, "d_ff": 24, "dropout": 0.0, "max_length": 12,
+                "norm_position": "post", "activation": "relu", "positional": "sinusoidal",
+                "tie_embeddings": "none", "key_dim": 6, "value_dim": 5,
+                "name": "probe_transformer"}},
+    {"name": "transformer_tied", "type": "transformer",
+     "config": {"source_vocab_size": 21, "target_vocab_size": 21, "num_layers": 1,
+                "d_model": 12, "num_heads": 3, "d_ff": 20, "dropout": 0.0, "max_length": 12,
+                "norm_position": "pre", "activation": "gelu", "positional": "t2t",
+                "tie_embeddings": "all", "name": "probe_transformer_tied"}},
+    {"name": "gpt", "type": "gpt",
+     "config": {"vocab_size": 17, "num_layers": 2, "d_model": 16, "num_heads": 4, "d_ff": 32,
+                "dropout": 0.0, "max_length": 10, "tie_embeddings": "decoder",
+                "name": "probe_gpt"}},
+    {"name": "encoder", "type": "encoder",
+     "config": {"vocab_size": 25, "num_layers": 2, "d_model": 16, "num_heads": 2, "d_ff": 24,
+                "dropout": 0.0, "max_length": 12, "norm_position": "pre",
+                "activation": "gelu", "positional": "learned", "type_vocab_size": 2,
+                "embedding_norm": True, "pooling": "cls", "num_classes": 3,
+                "name": "probe_encoder"}},
+]
+
+
+def probe_inputs(rng):
+    """Padded integer inputs for each probe model (``{name: {input_name: array}}``)."""
+    def ids(vocab, lengths, width):
+        out = np.zeros((len(lengths), width), np.int32)
+        for row, n in enumerate(lengths):
+            out[row, :n] = rng.integers(1, vocab, size=n)
+        return out
+
+    return {
+        "transformer": {"source": ids(23, [7, 4, 1], 7), "target": ids(19, [6, 3, 5], 6),
+                        "labels": ids(19, [6, 2, 5], 6)},
+        "transformer_tied": {"source": ids(21, [5, 2], 5), "target": ids(21, [4, 4], 4),
+                             "labels": ids(21, [4, 3], 4)},
+        "gpt": {"ids": ids(17, [8, 5], 8), "labels": ids(17, [8, 4], 8)},
+        "encoder": {"ids": ids(25, [6, 3, 6], 6), "token_type_ids": ids(2, [6, 3, 6], 6),
+                    "class_weights": rng.normal(size=(3, 3)).astype(np.float32)},
+    }
+
+
 def build_model(entry):
     return MODEL_TYPES[entry["type"]](**entry["config"])
 

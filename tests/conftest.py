@@ -3,6 +3,13 @@
 In-process tests run on the default backend (PyTorch unless ``KERAS_BACKEND`` is set);
 cross-backend checks run ``tests/backend_probe.py`` once per backend in subprocesses,
 through the session fixture :func:`probe_results`.
+
+Layout: ``tests/`` mirrors ``src/transformerkit/`` (one folder per package; tests of the
+top-level modules here). Pytest imports test files with ``--import-mode=importlib``
+(pyproject.toml), so two folders may hold files of the same name and test files never
+import each other; what several tests share is a helper module in this folder
+(``tolerances.py``, ``reference.py``, ``tiny_run.py``, ``near_ties.py``, ...), importable
+from every folder because this file puts the folder on ``sys.path`` first.
 """
 
 import json
@@ -10,6 +17,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # the helpers, from any folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from paths import TESTS_DIR  # noqa: E402
 
 # Small models on a shared 2-core machine: one thread per process is faster and fair.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -22,12 +34,21 @@ if "TRANSFORMERKIT_CACHE" not in os.environ:
     import tempfile
 
     os.environ["TRANSFORMERKIT_CACHE"] = tempfile.mkdtemp(prefix="transformerkit-test-cache-")
+# What :func:`build_once` builds (trained runs shared by several test files) goes to one
+# folder for the whole test run, the same for every pytest-xdist worker; the process that
+# made it removes it at the end.
+if "TRANSFORMERKIT_TESTS_BUILT" not in os.environ:
+    import tempfile
+
+    os.environ["TRANSFORMERKIT_TESTS_BUILT"] = tempfile.mkdtemp(prefix="transformerkit-test-runs-")
+    _REMOVE_BUILT = True
+else:
+    _REMOVE_BUILT = False
+BUILT = Path(os.environ["TRANSFORMERKIT_TESTS_BUILT"])
 
 # Whether the caller chose the backend (xdist workers inherit the marker from the controller).
 if "KERAS_BACKEND" not in os.environ:
     os.environ["TRANSFORMERKIT_TESTS_DEFAULT_BACKEND"] = "1"
-USER_BACKEND = (None if os.environ.get("TRANSFORMERKIT_TESTS_DEFAULT_BACKEND")
-                else os.environ["KERAS_BACKEND"])
 
 from transformerkit.backend import choose_default_backend  # noqa: E402
 
@@ -38,11 +59,7 @@ choose_default_backend()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-TESTS_DIR = Path(__file__).resolve().parent
-BACKENDS = ("jax", "tensorflow", "torch")
-# XLA spends most of a small probe's time compiling; these halve it, numbers stay within 1e-6.
-FAST_XLA_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+from backends import BACKENDS, FAST_XLA_COMPILE  # noqa: E402
 
 if keras.backend.backend() == "torch":
     import torch
@@ -69,6 +86,51 @@ def pytest_terminal_summary(terminalreporter):
     if cases:
         terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases in {len(cases)} "
                                     "property tests")
+    built = [json.loads(path.read_text()) for path in sorted(BUILT.glob("*.built.json"))]
+    if built:
+        terminalreporter.write_line("built once for the whole run (build_once): " + ", ".join(
+            f"{b['name']} {b['seconds']:.1f} s ({b['by']})" for b in built))
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    """The shared data folder (``paths.SHARED_DATA``: ``$TRANSFORMERKIT_DATA``, else
+    ``../shared/data`` beside the checkout) as a string; fails, naming the variable, when it
+    lacks Multi30k or tiny Shakespeare."""
+    from paths import SHARED_DATA
+
+    for needed in ("multi30k/train.de", "tinyshakespeare/input.txt"):
+        if not (SHARED_DATA / needed).is_file():
+            pytest.fail(f"{needed} not found under {SHARED_DATA}; set TRANSFORMERKIT_DATA")
+    return str(SHARED_DATA)
+
+
+@pytest.fixture(scope="session")
+def build_once():
+    """``build_once(name, build) -> folder``: ``build(folder)`` runs once for the whole test
+    run, whichever test asks first, and every later call (from any test file, in any
+    pytest-xdist worker) gets the same finished folder. A file lock per name makes the other
+    workers wait for the first; a build that failed is retried in an emptied folder."""
+    import fcntl
+    import shutil
+    import time
+
+    def once(name, build):
+        folder = BUILT / name
+        with open(BUILT / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = BUILT / f"{name}.built.json"
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                start = time.monotonic()
+                build(folder)
+                done.write_text(json.dumps({
+                    "name": name, "seconds": time.monotonic() - start,
+                    "by": os.environ.get("PYTEST_XDIST_WORKER", "main process")}))
+        return folder
+
+    return once
 
 
 @pytest.fixture(autouse=True)
@@ -113,52 +175,6 @@ def grad_of():
 
 # -- the cross-backend probe ----------------------------------------------------------------
 
-# Small models with every option that changes the math somewhere. Names are explicit so
-# that variable paths are the same in every process.
-PROBE_MODELS = [
-    {"name": "transformer", "type": "transformer",
-     "config": {"source_vocab_size": 23, "target_vocab_size": 19, "num_layers": 2,
-                "d_model": 16, "num_heads": 2, "d_ff": 24, "dropout": 0.0, "max_length": 12,
-                "norm_position": "post", "activation": "relu", "positional": "sinusoidal",
-                "tie_embeddings": "none", "key_dim": 6, "value_dim": 5,
-                "name": "probe_transformer"}},
-    {"name": "transformer_tied", "type": "transformer",
-     "config": {"source_vocab_size": 21, "target_vocab_size": 21, "num_layers": 1,
-                "d_model": 12, "num_heads": 3, "d_ff": 20, "dropout": 0.0, "max_length": 12,
-                "norm_position": "pre", "activation": "gelu", "positional": "t2t",
-                "tie_embeddings": "all", "name": "probe_transformer_tied"}},
-    {"name": "gpt", "type": "gpt",
-     "config": {"vocab_size": 17, "num_layers": 2, "d_model": 16, "num_heads": 4, "d_ff": 32,
-                "dropout": 0.0, "max_length": 10, "tie_embeddings": "decoder",
-                "name": "probe_gpt"}},
-    {"name": "encoder", "type": "encoder",
-     "config": {"vocab_size": 25, "num_layers": 2, "d_model": 16, "num_heads": 2, "d_ff": 24,
-                "dropout": 0.0, "max_length": 12, "norm_position": "pre",
-                "activation": "gelu", "positional": "learned", "type_vocab_size": 2,
-                "embedding_norm": True, "pooling": "cls", "num_classes": 3,
-                "name": "probe_encoder"}},
-]
-
-
-def probe_inputs(rng):
-    """Padded integer inputs for each probe model (``{name: {input_name: array}}``)."""
-    def ids(vocab, lengths, width):
-        out = np.zeros((len(lengths), width), np.int32)
-        for row, n in enumerate(lengths):
-            out[row, :n] = rng.integers(1, vocab, size=n)
-        return out
-
-    return {
-        "transformer": {"source": ids(23, [7, 4, 1], 7), "target": ids(19, [6, 3, 5], 6),
-                        "labels": ids(19, [6, 2, 5], 6)},
-        "transformer_tied": {"source": ids(21, [5, 2], 5), "target": ids(21, [4, 4], 4),
-                             "labels": ids(21, [4, 3], 4)},
-        "gpt": {"ids": ids(17, [8, 5], 8), "labels": ids(17, [8, 4], 8)},
-        "encoder": {"ids": ids(25, [6, 3, 6], 6), "token_type_ids": ids(2, [6, 3, 6], 6),
-                    "class_weights": rng.normal(size=(3, 3)).astype(np.float32)},
-    }
-
-
 # The probes take a while (mostly XLA compiling under JAX), so they start in the background
 # as soon as the collected tests are known to need them, and run beside the other tests.
 # Under pytest-xdist the first worker to collect starts them (a file lock decides) and the
@@ -181,6 +197,10 @@ def _probe_dir(config):
 
 
 def pytest_unconfigure(config):
+    if _REMOVE_BUILT:
+        import shutil
+
+        shutil.rmtree(BUILT, ignore_errors=True)
     if "remove" in _probe_state:  # a single-process session: nobody else needs the probes
         import shutil
         import signal
@@ -222,7 +242,7 @@ def _start_probes(workdir):
 
 
 def _prepare_probe_files(workdir):
-    from backend_probe import build_model, model_inputs
+    from backend_probe import PROBE_MODELS, build_model, model_inputs, probe_inputs
     from reference import randomize_weights
 
     inputs = probe_inputs(np.random.default_rng(7))
@@ -285,7 +305,13 @@ def probe_results(request):
     ``{name}/cached_logits``, ``{name}/h5_logits`` (our .weights.h5 loaded there); each
     backend also wrote ``{workdir}/{name}.{backend}.weights.h5``.
     """
-    from backend_probe import build_model, load_npz_weights, model_inputs
+    from backend_probe import (
+        PROBE_MODELS,
+        build_model,
+        load_npz_weights,
+        model_inputs,
+        probe_inputs,
+    )
 
     if "workdir" not in _probe_state:  # collected without the hook (should not happen)
         _probe_state["workdir"] = _probe_dir(request.config)

@@ -1,5 +1,5 @@
 """Runs under ``KERAS_BACKEND=jax`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=2``
-(started by ``tests/test_distribution.py``): trains the same tiny Transformer on the same
+(started by ``tests/training/test_distribution.py``): trains the same tiny Transformer on the same
 batches on one device, data parallel and model parallel, and prints a JSON report.
 
 ``python tests/distribution_probe.py WORKDIR`` -> stdout: ``{"devices": 2,

@@ -41,14 +41,15 @@ NOT_RUN_HERE = {
     "make": "the Makefile's targets: `make test` is this suite itself (CI runs it), `make demo` "
             "trains for 10 minutes",
     "pip": "installing the package: tests/test_install.py builds and installs it",
-    "transformerkit serve": "a server runs until stopped: tests/test_page.py starts it and "
-                            "drives its page, tests/test_serving.py tests its API in-process",
-    "curl": "requests to a running `transformerkit serve`: tests/test_serving.py sends the "
-            "manual's requests to its API",
+    "transformerkit serve": "a server runs until stopped: tests/serving/test_page.py starts "
+                            "it and drives its page, tests/serving/test_serving.py tests its "
+                            "API in-process",
+    "curl": "requests to a running `transformerkit serve`: tests/serving/test_serving.py "
+            "sends the manual's requests to its API",
     "env": "several JAX processes (each started with KERAS_DISTRIBUTION_* variables): "
-           "tests/test_jax_processes.py launches 2 on loopback and checks their weights",
-    "torchrun": "several training processes: tests/test_multiprocess.py launches them (2 gloo "
-                "processes on loopback) and checks their weights",
+           "tests/training/test_jax_processes.py launches 2 on loopback and checks their weights",
+    "torchrun": "several training processes: tests/training/test_multiprocess.py launches "
+                "them (2 gloo processes on loopback) and checks their weights",
 }
 
 TINY = {  # appended to every `train` command of the manual

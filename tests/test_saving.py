@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import reference as ref
 import tolerances as tol
-from backend_probe import build_model, model_inputs
-from conftest import BACKENDS, PROBE_MODELS
+from backend_probe import PROBE_MODELS, build_model, model_inputs
+from backends import BACKENDS
 from reference import to_numpy
 
 from transformerkit.layers.embeddings import TokenEmbedding

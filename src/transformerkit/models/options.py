@@ -14,14 +14,14 @@ constructor argument and docstring).
 The fields are keyword-only: with one shared base no field order can follow all three
 constructors' positional orders (each interleaves its own options with the shared ones), so
 the constructors keep their explicit signatures, the public API, and
-``tests/test_options.py`` checks them against these fields (same names, same defaults).
+``tests/models/test_options.py`` checks them against these fields (same names, same defaults).
 
 Pretrained embedding matrices (``source_embeddings``, ``target_embeddings``,
 ``embeddings``) are constructor arguments but not options: they are initial weights, saved
 with the weights rather than in ``get_config``, and no config value, so the models take
 them beside their options.
 
-Plain Python, no Keras: the allowed values repeat the layers' own (``tests/test_options.py``
+Plain Python, no Keras: the allowed values repeat the layers' own (``tests/models/test_options.py``
 checks that they agree), as the layers modules import Keras.
 """
 

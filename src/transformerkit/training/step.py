@@ -22,7 +22,7 @@ without it, and runs saved before it existed load unchanged.
 Two ways to run the same step, behind the one switch (:mod:`transformerkit.fastpath`):
 Keras' own ``train_step`` (JAX, TensorFlow, ``jit_compile``, shortcuts off) and, on eager
 PyTorch, :meth:`TrainStep._torch_step`: the same loss, loss scaling, optimizer, tracker and
-metrics objects with less Python around them (``tests/test_fast_paths.py``: the same
+metrics objects with less Python around them (``tests/layers/test_fast_paths.py``: the same
 numbers). The private Keras pieces both use are looked up in :mod:`transformerkit.internals`.
 """
 

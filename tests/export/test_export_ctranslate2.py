@@ -1,0 +1,395 @@
+"""CTranslate2 export (``transformerkit.export``): the exported model equals the Keras model.
+
+Reference: our own model on the same weights. Log-probabilities of given outputs come from
+:func:`transformerkit.decoding.scoring.sequence_log_probs` (ours) and CTranslate2's
+``score_batch``; greedy outputs from our decoders and CTranslate2's ``translate_batch`` /
+``generate_batch``. Models: a tiny run trained in-process (``tests/tiny_run.py``) and
+random-weight models for every option the export maps (norm position, activation, each
+positional table, each tying mode, LayerNorm epsilon, head width, GPT without biases).
+
+CTranslate2 runs its own float32 kernels, so log-probabilities agree within two paths'
+rounding bound of a sum of token log-probabilities (``tests/tolerances.py``), and outputs
+are the same except at a near-tie of the Keras model's logits (the helpers of
+``tests/near_ties.py``); two CTranslate2 runs through the same kernels are exact.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tolerances as tol
+from near_ties import (
+    assert_same_ids_or_near_tie,
+    assert_same_texts_or_near_tie,
+    next_logits_after,
+    score_atol,
+    score_bound,
+)
+from tiny_run import GERMAN, tiny_config
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+import transformerkit  # noqa: E402
+from transformerkit import cli  # noqa: E402
+from transformerkit.api import Run  # noqa: E402
+from transformerkit.config import resolve  # noqa: E402
+from transformerkit.data.pipeline import pad_batch  # noqa: E402
+from transformerkit.data.tokenizers import CharTokenizer  # noqa: E402
+from transformerkit.decoding import greedy_translate  # noqa: E402
+from transformerkit.decoding.sampling import generate_ids  # noqa: E402
+from transformerkit.decoding.scoring import sequence_log_probs  # noqa: E402
+from transformerkit.export.ctranslate2 import (  # noqa: E402
+    KerasConverter,
+    default_export_dir,
+    export_model,
+    export_run,
+)
+from transformerkit.export.runtime import CTranslate2Engine, ensure_export  # noqa: E402
+from transformerkit.models import GPT, Encoder, Transformer  # noqa: E402
+
+TOKENIZER = CharTokenizer.train(["abcdefghijklmnopqrstuvwxyz ."])
+SOURCES = ["hello world", "abc", "the quick brown fox", "a", "jumps over the lazy dog."]
+TARGETS = ["hallo welt", "x", "der schnelle braune fuchs", "ein hund.", "z z z"]
+
+
+def sentences(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(GERMAN[i] for i in rng.integers(0, 10, rng.integers(1, 7)))
+            for _ in range(count)]
+
+
+def randomized(model, *inputs, scale=0.3):
+    """``model`` built and every weight moved by N(0, scale): LayerNorm offsets and biases
+    non-zero, so that a weight copied to the wrong place shows."""
+    model(*inputs)
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        w.assign(keras.ops.convert_to_numpy(w) + rng.normal(0, scale, w.shape).astype("float32"))
+    return model
+
+
+def ct2_log_probs(session, sources, targets):
+    tokens = [list(t) for t in targets]
+    if sources is None:
+        return np.array([sum(r.log_probs) for r in session.score_batch(tokens)])
+    return np.array([sum(r.log_probs) for r in session.score_batch([list(s) for s in sources],
+                                                                    tokens)])
+
+
+def check_transformer_equal(model, tmp_path, tokenizer=TOKENIZER):
+    """Ours vs CTranslate2: log-probabilities within two paths' bound of their sums, greedy
+    outputs the same except at a near-tie."""
+    out = export_model(model, tokenizer, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(out), intra_threads=1)
+    source_ids = pad_batch([tokenizer.encode(s, add_eos=True) for s in SOURCES])
+    targets = [tokenizer.encode(t) for t in TARGETS]
+    ours = sequence_log_probs(model, source_ids, targets)
+    atol = score_bound(model, source_ids, [[t] for t in targets])
+    tol.assert_within(ct2_log_probs(translator, SOURCES, TARGETS), ours,
+                      [atol(len(t) + 1) for t in targets], "log-probabilities")
+    # no cap relative to the source: CTranslate2 decodes up to max_decoding_length too
+    greedy = greedy_translate(model, source_ids, max_new_tokens=20, max_len_a=None,
+                              max_len_b=None)
+    found = translator.translate_batch([list(s) for s in SOURCES], beam_size=1,
+                                       max_decoding_length=20,
+                                       suppress_sequences=[["<pad>"], ["<s>"]])
+    theirs = [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in found]
+    assert_same_ids_or_near_tie([[i for i in g if i != tokenizer.eos_id] for g in greedy],
+                                theirs, next_logits_after(model, source_ids), "greedy")
+
+
+TRANSFORMER_OPTIONS = [
+    {},  # the paper: post-norm, relu, sinusoidal, untied
+    {"norm_position": "pre"},
+    {"activation": "gelu"},
+    {"positional": "t2t", "min_timescale": 2.0, "max_timescale": 500.0},
+    {"positional": "learned"},
+    {"tie_embeddings": "decoder"},
+    {"tie_embeddings": "all", "norm_position": "pre", "activation": "gelu"},
+    {"layer_norm_epsilon": 0.3},
+    {"layer_norm_epsilon": 0.3, "norm_position": "pre"},
+    {"key_dim": 12, "value_dim": 12, "num_decoder_layers": 1},
+]
+
+
+@pytest.mark.parametrize("options", TRANSFORMER_OPTIONS, ids=str)
+def test_transformer_export_equals_the_model(options, tmp_path):
+    keras.utils.set_random_seed(1)
+    vocab = TOKENIZER.vocab_size
+    model = Transformer(vocab, vocab, num_layers=2, d_model=32, num_heads=4, d_ff=48,
+                        dropout=0.0, max_length=40, **options)
+    randomized(model, (np.array([[5, 6, 2]]), np.array([[1, 7]])))
+    check_transformer_equal(model, tmp_path)
+
+
+def test_tolerances_still_catch_an_export_without_layer_norm_offsets(tmp_path, monkeypatch):
+    """Planted bug: the export writes every LayerNorm offset (beta) as zeros; the randomised
+    offsets move the log-probabilities far beyond their bound."""
+    from transformerkit.export import ctranslate2 as export
+
+    def zero_offsets(spec, layer):
+        spec.gamma = export._array(layer.gamma)
+        spec.beta = np.zeros_like(spec.gamma)
+
+    monkeypatch.setattr(export, "_norm", zero_offsets)
+    tol.assert_caught(test_transformer_export_equals_the_model, {}, tmp_path)
+
+
+GPT_OPTIONS = [
+    {},  # GPT-2: pre-norm, gelu, learned positions, untied, no embedding scale
+    {"norm_position": "post", "activation": "relu", "positional": "sinusoidal",
+     "tie_embeddings": "all", "scale_embeddings": True, "use_bias": False,
+     "layer_norm_epsilon": 0.2},
+]
+
+
+@pytest.mark.parametrize("options", GPT_OPTIONS, ids=str)
+def test_gpt_export_equals_the_model(options, tmp_path):
+    keras.utils.set_random_seed(2)
+    model = GPT(TOKENIZER.vocab_size, num_layers=2, d_model=32, num_heads=4, d_ff=48,
+                max_length=32, **options)
+    randomized(model, np.array([[5, 6, 7]]))
+    out = export_model(model, TOKENIZER, TOKENIZER, tmp_path / "ct2")
+    generator = ctranslate2.Generator(str(out), intra_threads=1)
+    texts = SOURCES + TARGETS
+    ids = [TOKENIZER.encode(t) for t in texts]
+    logits = keras.ops.convert_to_numpy(model(pad_batch(ids)))
+    logp = keras.ops.convert_to_numpy(keras.ops.log_softmax(logits, axis=-1))
+    ours = [sum(logp[row, k, seq[k + 1]] for k in range(len(seq) - 1))
+            for row, seq in enumerate(ids)]
+    # two paths' bound of a sum of len - 1 token log-probabilities over len positions
+    real = pad_batch(ids) != 0
+    magnitude = max(np.abs(logits[real]).max(), np.abs(logp[real]).max())
+    tol.assert_within(ct2_log_probs(generator, None, texts), ours,
+                      [score_atol(model, 0, len(seq), magnitude) for seq in ids])
+    for prompt in ids[:4]:
+        new = generate_ids(model, prompt, 12, temperature=0)
+        found = generator.generate_batch([[TOKENIZER.id_to_token(i) for i in prompt]],
+                                         max_length=12, include_prompt_in_result=False,
+                                         sampling_topk=1, end_token=[],
+                                         suppress_sequences=[["<pad>"], ["<s>"]])
+        assert_same_ids_or_near_tie([found[0].sequences_ids[0]], [new],
+                                    next_logits_after(model, prompts=[prompt]))
+
+
+# -- options CTranslate2 cannot express ---------------------------------------------------------
+def test_unexpressible_options_are_refused(tmp_path):
+    vocab = TOKENIZER.vocab_size
+    model = Transformer(vocab, vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                        key_dim=8, value_dim=4)
+    with pytest.raises(ValueError, match="value_dim=4"):
+        export_model(model, TOKENIZER, TOKENIZER, tmp_path / "a")
+    encoder = Encoder(vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match="not Encoder"):
+        export_model(encoder, TOKENIZER, TOKENIZER, tmp_path / "b")
+    good = Transformer(vocab, vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match="not built"):
+        export_model(good, TOKENIZER, TOKENIZER, tmp_path / "c")
+    good.build(None)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        export_model(good, TOKENIZER, TOKENIZER, tmp_path / "c", quantization="int4")
+    other = CharTokenizer.train(["abc"])
+    with pytest.raises(ValueError, match="has 7 ids"):
+        export_model(good, other, other, tmp_path / "d")
+    assert not any(p.name != "tmp" for p in tmp_path.iterdir() if p.name in "abcd")
+
+
+def test_tokens_spelled_twice_are_refused():
+    class Twice(CharTokenizer):
+        def id_to_token(self, i):
+            return "a" if i == 5 else super().id_to_token(i)
+
+    tokenizer = Twice(list("abcd"))
+    vocab = tokenizer.vocab_size
+    model = Transformer(vocab, vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    model.build(None)
+    with pytest.raises(ValueError, match="both spelled 'a'"):
+        KerasConverter(model, tokenizer)._load()
+
+
+def test_the_export_is_atomic(tmp_path, monkeypatch):
+    vocab = TOKENIZER.vocab_size
+    model = Transformer(vocab, vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    model.build(None)
+    out = tmp_path / "ct2"
+    export_model(model, TOKENIZER, TOKENIZER, out)
+    with pytest.raises(FileExistsError, match="force"):
+        export_model(model, TOKENIZER, TOKENIZER, out)
+    before = sorted(os.listdir(out))
+
+    def broken(self, output_dir):
+        open(os.path.join(output_dir, "model.bin"), "wb").write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ctranslate2.specs.TransformerSpec, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_model(model, TOKENIZER, TOKENIZER, out, force=True)
+    assert sorted(os.listdir(tmp_path)) == ["ct2"]  # no temporary folder left
+    assert sorted(os.listdir(out)) == before  # the previous export is untouched
+    assert (out / "model.bin").stat().st_size > 100
+
+
+# -- a trained run: API, first-use export, int8, CLI ---------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from transformerkit.training.trainer import train
+
+    folder = tmp_path_factory.mktemp("ct2_run")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSFORMERKIT_MALLOC", "system")
+        train(tiny_config(folder, epochs=6), folder / "run")
+    return folder / "run"
+
+
+def test_trained_run_greedy_and_log_probs_match(trained):
+    """Greedy outputs the same except at a near-tie; log-probabilities within two paths'
+    bound."""
+    run = transformerkit.load(trained)
+    texts = sentences(100)
+    ours = run.translate(texts, beam_size=1, max_new_tokens=30)
+    theirs = run.translate(texts, beam_size=1, max_new_tokens=30, engine="ctranslate2")
+    assert_same_texts_or_near_tie(run, texts, ours, theirs)
+    assert os.path.isfile(os.path.join(default_export_dir(trained), "model.bin"))
+    tok = run.target_tokenizer
+    source_ids = pad_batch([run.source_tokenizer.encode(t, add_eos=True) for t in texts])
+    outputs = [tok.encode(t) for t in ours]
+    expected = sequence_log_probs(run.model, source_ids, outputs)
+    translator = ctranslate2.Translator(default_export_dir(trained), intra_threads=1)
+    found = translator.score_batch([list(t) for t in texts],
+                                   [[tok.id_to_token(i) for i in o] for o in outputs])
+    atol = score_bound(run.model, source_ids, [[o] for o in outputs])
+    tol.assert_within([sum(r.log_probs) for r in found], expected,
+                      [atol(len(o) + 1) for o in outputs])
+
+
+@pytest.mark.parametrize("cap", [dict(max_len_a=0.5, max_len_b=2), dict(max_len_a=0.0,
+                                                                         max_len_b=3)])
+def test_length_cap_is_ours_with_greedy_search(trained, cap):
+    """The CTranslate2 engine cuts each output at its own ``max_len_a * len + max_len_b``
+    cap, as our greedy search stops there (the caps bind: the tiny model runs on); the
+    outputs are the same except at a near-tie."""
+    run = transformerkit.load(trained)
+    texts = sentences(40)
+    ours = run.translate(texts, beam_size=1, **cap)
+    theirs = run.translate(texts, beam_size=1, engine="ctranslate2", **cap)
+    uncapped = run.translate(texts, beam_size=1, max_len_a=None, max_len_b=None)
+    assert ours != uncapped  # the caps cut something
+    assert_same_texts_or_near_tie(run, texts, ours, theirs)
+    with pytest.raises(ValueError, match="one stopping rule, 'early'"):
+        run.translate(texts[:2], engine="ctranslate2", stopping="exact")
+
+
+def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
+    run = transformerkit.load(run_dir)
+    model_dir = default_export_dir(run_dir)
+    os.makedirs(model_dir)  # a half-written folder under the final name: never used
+    open(os.path.join(model_dir, "config.json"), "w").write("{}")
+    assert ensure_export(run) == model_dir
+    assert os.path.isfile(os.path.join(model_dir, "model.bin"))
+    stamp = os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns
+    ensure_export(run)  # current: kept
+    assert os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns == stamp
+    weight = run.model.weights[0]
+    weight.assign(keras.ops.convert_to_numpy(weight) + 1.0)  # other weights: re-exported
+    ensure_export(run)
+    engine = CTranslate2Engine(run, threads=1)
+    text = sentences(1, seed=3)[0]  # the re-exported weights: the same except at a near-tie
+    assert_same_texts_or_near_tie(run, [text], [engine.translate(text, beam_size=1)],
+                                  [run.translate(text, beam_size=1)])
+
+
+def test_int8_export_agrees_mostly_with_float32(trained):
+    run = transformerkit.load(trained)
+    int8 = export_run(run, quantization="int8", force=True)
+    assert int8 == default_export_dir(trained, "int8")
+    assert os.path.getsize(os.path.join(int8, "model.bin")) < \
+        os.path.getsize(os.path.join(ensure_export(run), "model.bin"))
+    texts = sentences(100, seed=1)
+    full = run.translate(texts, beam_size=1, max_new_tokens=30, engine="ctranslate2")
+    quantized = run.translate(texts, beam_size=1, max_new_tokens=30,
+                              engine=CTranslate2Engine(run, model_dir=int8))
+    # the tiny model is unsure (about -1.6 nats a token), so near ties may flip: most
+    # outputs are the same, and each token's log-probability moves by little. Not a float32
+    # rounding bound: int8 weights carry an error of 1/254 of their row's largest, whose
+    # first-order chain bound (gamma with u = 1/254) exceeds one within a single layer, so
+    # these thresholds are the claim itself, "agrees mostly"
+    assert np.mean([a == b for a, b in zip(full, quantized, strict=True)]) >= 0.7
+    tok = run.target_tokenizer
+    outputs = [[tok.id_to_token(i) for i in tok.encode(t)] for t in full]
+    per_token = [np.concatenate([r.log_probs for r in ctranslate2.Translator(
+        folder, intra_threads=1).score_batch([list(t) for t in texts], outputs)])
+        for folder in (default_export_dir(trained), int8)]
+    change = np.abs(per_token[0] - per_token[1])
+    assert change.max() < 0.2 and change.mean() < 0.03
+
+
+def test_beam_nbest_and_sampling_options_map(trained):
+    run = transformerkit.load(trained)
+    text = sentences(1, seed=5)[0]
+    best = run.translate([text], beam_size=3, n_best=3, engine="ctranslate2")[0]
+    assert len(best) == 3 and all(isinstance(s, float) for _, s in best)
+    assert [s for _, s in best] == sorted((s for _, s in best), reverse=True)
+    greedy = run.translate(text, beam_size=1, engine="ctranslate2")
+    # exact: the same CTranslate2 kernels on the same batch; top-k 1 keeps the arg-max only
+    assert run.translate(text, temperature=1.0, top_k=1, engine="ctranslate2") == greedy
+    a, b = (run.translate([text] * 4, temperature=1.5, seed=7, engine="ctranslate2")
+            for _ in range(2))
+    assert a == b
+    short = run.translate(text, beam_size=1, max_new_tokens=2, engine="ctranslate2")
+    assert len(run.target_tokenizer.encode(short)) <= 2
+    with pytest.raises(ValueError, match="engine must be"):
+        run.translate(text, engine="onnx")
+    # the Keras engine's checks of the input, before CTranslate2 sees it
+    for texts, options, error, message in [
+            (None, {}, TypeError, "texts must be a str or a list of str"),
+            ([text, 3], {}, TypeError, "text 1 is int, not str"),
+            (text, dict(beam_size=0), ValueError, "beam_size must be at least 1"),
+            (text, dict(alpha="x"), TypeError, "alpha .length penalty. must be a number"),
+            (text, dict(temperature=1.0, top_k=0), ValueError, "top_k must be at least 1"),
+            (text, dict(temperature=1.0, seed="x"), TypeError, "seed must be an int")]:
+        with pytest.raises(error, match=message):
+            run.translate(texts, engine="ctranslate2", **options)
+
+
+def test_gpt_run_generates_with_ctranslate2(tmp_path):
+    keras.utils.set_random_seed(4)
+    model = randomized(GPT(TOKENIZER.vocab_size, num_layers=1, d_model=16, num_heads=2,
+                           d_ff=32, max_length=24), np.array([[5, 6]]))
+    TOKENIZER.save(tmp_path / "tokenizer.json")
+    run = Run(model, resolve({"model": {"type": "gpt"}}), TOKENIZER, TOKENIZER, str(tmp_path))
+    options = dict(max_new_tokens=10, temperature=0, stop_at_eos=False)
+    theirs = run.generate("hello", engine="ctranslate2", **options)
+    ours = run.generate("hello", **options)
+    prompt = TOKENIZER.encode("hello")  # the continuations: the same except at a near-tie
+    assert theirs.startswith("hello") and ours.startswith("hello")
+    assert_same_ids_or_near_tie([TOKENIZER.encode(theirs)[len(prompt):]],
+                                [TOKENIZER.encode(ours)[len(prompt):]],
+                                next_logits_after(model, prompts=[prompt]))
+    with pytest.raises(ValueError, match="max_length=24"):
+        run.generate("hello", max_new_tokens=30, engine="ctranslate2")
+
+
+def test_cli_export_and_translate_with_ctranslate2(trained, capsys, monkeypatch):
+    monkeypatch.setenv("TRANSFORMERKIT_MALLOC", "system")
+    out = trained.parent / "cli_export"
+    assert cli.main(["export", str(trained), "--format", "ctranslate2", "--quantization",
+                     "float32", "--out", str(out)]) == 0
+    assert os.path.isfile(out / "model.bin") and os.path.isfile(out / "source_tokenizer.json")
+    assert cli.main(["export", str(trained), "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+    texts = sentences(3, seed=9)
+    results = {}
+    for engine in ("keras", "ctranslate2"):
+        capsys.readouterr()
+        assert cli.main(["translate", str(trained), "--beam", "1", "--engine", engine,
+                         "--threads", "1", *texts]) == 0
+        results[engine] = capsys.readouterr().out
+    assert results["keras"].count("\n") == 3 == results["ctranslate2"].count("\n")
+    assert_same_texts_or_near_tie(transformerkit.load(trained), texts,  # near-ties allowed
+                                  results["keras"].splitlines(),
+                                  results["ctranslate2"].splitlines())

@@ -1,0 +1,398 @@
+"""The one-position decoder step (``step`` methods beside ``call``) equals the layers' own
+cached ``call``: attention, blocks and whole models, including a source of padding only.
+
+The step runs other kernels than the Keras call (oneDNN's packed products, its own
+attention), so the two agree within two paths' rounding bound (``tests/tolerances.py``)
+and decoded ids agree except at a near-tie; products are checked against float64 within
+one path's bound; what runs through the same kernels is exact.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tolerances as tol
+from near_ties import (
+    assert_same_hypotheses_or_near_tie,
+    assert_same_ids_or_near_tie,
+    next_logits_after,
+    score_bound,
+)
+
+from transformerkit import fastpath
+from transformerkit.decoding.steps import EagerSteps, make_steps
+from transformerkit.layers import DecoderBlock, MultiHeadAttention
+from transformerkit.models import GPT, Transformer
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="the one-position step is the PyTorch-eager shortcut")
+
+
+def affine_atol(x, kernel, bias=None, paths=1):
+    """New bound helper (for tests/tolerances.py): ``x @ kernel + bias`` is one dot product
+    of length ``d_in + 1``, ``[x, 1] . [kernel; bias]``, so :func:`tol.product_atol` of those."""
+    x = np.asarray(x, np.float64)
+    if bias is None:
+        return tol.product_atol(x, kernel, paths)
+    ones = np.ones(x.shape[:-1] + (1,))
+    return tol.product_atol(np.concatenate([x, ones], -1),
+                            np.concatenate([kernel, np.reshape(bias, (1, -1))], 0), paths)
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def position_major(cache):
+    """Keras' ``(rows, len, heads, dim)`` cache pair -> the step's ``(len, rows, heads, dim)``."""
+    return tuple(keras.ops.convert_to_tensor(t).transpose(0, 1).contiguous() for t in cache)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_attention):
+    """Two paths through a block (packed products, the step's attention) and its cached
+    keys and values (one projection, after a LayerNorm when pre-norm)."""
+    import torch
+
+    block = DecoderBlock(d_model=16, num_heads=4, d_ff=32, dropout=0.0,
+                         norm_position=norm_position, cross_attention=cross_attention)
+    rows, length, source_len = 3, 5, 4
+    context = keras.ops.convert_to_tensor(rng.normal(size=(rows, source_len, 16)), "float32")
+    context_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    inputs = keras.ops.convert_to_tensor(rng.normal(size=(rows, length, 16)), "float32")
+    block(inputs, context if cross_attention else None)  # build
+    cache = block.init_cache(rows, length, context if cross_attention else None)
+    weights = block.step_weights()
+    step_cache = position_major(cache["self"])
+    memory = (block.cross_attention_layer.step_memory(context, context_mask)
+              if cross_attention else None)
+    # the Keras call attends over the whole cache (later positions masked): `length` keys
+    roundings = tol.block_roundings(16, 32, 4, length, 4,
+                                    cross_keys=source_len if cross_attention else 0)
+    key_roundings = tol.layer_norm_roundings(16) * (norm_position == "pre") + 16 + 1
+    for index in range(length):
+        expected, cache = block(inputs[:, index:index + 1], None, context_mask=context_mask,
+                                cache=cache, cache_index=index)
+        got = block.step(inputs[:, index], weights, step_cache, index, memory)
+        expected = to_numpy(expected[:, 0])
+        tol.assert_within(to_numpy(got), expected,
+                          tol.chain_atol(roundings, expected, paths=2), f"step {index}")
+        keys = to_numpy(cache["self"][0][:, : index + 1])
+        tol.assert_within(to_numpy(step_cache[0][: index + 1].transpose(0, 1)), keys,
+                          tol.chain_atol(key_roundings, keys, paths=2), f"keys {index}")
+
+
+def test_tolerances_still_catch_a_transposed_weight_in_the_packed_product(monkeypatch):
+    """Planted bug: oneDNN's packed copy of every square kernel is transposed (the step's
+    attention output projection): the block step moves far beyond its bound."""
+    from transformerkit import internals
+    from transformerkit.layers import calls
+
+    if not calls._onednn_available():
+        pytest.skip("this PyTorch has no oneDNN packed products")
+    pack = internals.get("onednn_pack")
+
+    def transposed_square(weight, rows):
+        if weight.shape[0] == weight.shape[1]:
+            weight = weight.t().contiguous()
+        return pack(weight, rows)
+
+    monkeypatch.setitem(internals._found, "onednn_pack", transposed_square)
+    tol.assert_caught(test_block_step_equals_block_call_with_a_cache,
+                      np.random.default_rng(0), "post", True)
+
+
+def test_cross_step_over_a_source_of_padding_only_is_finite_and_equals_call(rng):
+    import torch
+
+    attention = MultiHeadAttention(num_heads=2, key_dim=4)
+    rows, source_len = 2, 3
+    query = keras.ops.convert_to_tensor(rng.normal(size=(rows, 1, 8)), "float32")
+    context = keras.ops.convert_to_tensor(rng.normal(size=(rows, source_len, 8)), "float32")
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    expected = to_numpy(attention(query, context, value_mask=mask)[:, 0])  # (rows, 8)
+    memory = attention.step_memory(context, mask)
+    got = attention.cross_step(query[:, 0], attention.step_weights(), memory)
+    assert torch.isfinite(got).all()
+    roundings = tol.attention_roundings(8, 4, source_len, num_heads=2)
+    tol.assert_within(to_numpy(got), expected, tol.chain_atol(roundings, expected, paths=2))
+    # no key at all: the attention output is zero, so the layer gives its output bias; exact:
+    # zeros times the output kernel are zeros, plus the bias
+    np.testing.assert_array_equal(to_numpy(got[1]), to_numpy(attention.output_dense.bias))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gpt"])
+def test_model_step_logits_equal_the_keras_cache_path(monkeypatch, kind):
+    """Two paths through the whole model (the Keras cache path attends over all 8 cache
+    positions, later ones masked)."""
+    monkeypatch.setattr(fastpath, "ENABLED", True)  # also when CI turns the shortcuts off
+    small = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
+    if kind == "transformer":
+        model = Transformer(30, 30, tie_embeddings="decoder", **small)
+        start = (np.array([[5, 6, 7, 0], [8, 9, 0, 0]], "int32"),)
+    else:
+        model = GPT(30, **small)
+        start = (np.array([[1, 4], [1, 5]], "int32"),)
+    buffer = np.random.default_rng(0).integers(3, 30, (2, 8)).astype("int32")
+    fast, plain = make_steps(model, True), make_steps(model, "keras")
+    assert isinstance(fast, EagerSteps) and not isinstance(plain, EagerSteps)
+    args = (start[0], 8) if kind == "transformer" else (buffer, 0, 8)
+    fast_state, fast_static = fast.start(*args)
+    plain_state, plain_static = plain.start(*args)
+    roundings = tol.model_roundings(model, start[0].shape[1] if kind == "transformer" else 0, 8)
+    with torch_no_grad():
+        for index in range(6):
+            a, fast_state = fast.step(buffer, index, fast_state, fast_static)
+            b, plain_state = plain.step(buffer, index, plain_state, plain_static)
+            b = to_numpy(b)
+            tol.assert_within(to_numpy(a), b, tol.chain_atol(roundings, b, paths=2),
+                              f"step {index}")
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gpt"])
+def test_no_step_reads_a_cache_position_before_writing_it(monkeypatch, kind):
+    """The step's caches start unfilled (``new_empty``): filled with NaN instead, greedy and
+    beam search (whose reorders copy the filled positions only) give the same ids and
+    scores, so no unwritten position is ever read. Exact: the same kernels on the same
+    positions."""
+    import torch
+
+    from transformerkit.decoding import beam_translate, generate_ids, greedy_translate
+
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+    small = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
+    keras.utils.set_random_seed(3)
+    if kind == "transformer":
+        model = Transformer(30, 30, tie_embeddings="all", **small)
+        source = np.array([[5, 6, 7, 2], [8, 9, 2, 0], [11, 2, 0, 0]], "int32")
+
+        def decode():
+            hyps = beam_translate(model, source, beam_size=3, n_best=3, max_new_tokens=10)
+            return (greedy_translate(model, source, max_new_tokens=10),
+                    [[(h.ids, h.score, h.log_prob) for h in found] for found in hyps])
+    else:
+        model = GPT(30, **small)
+
+        def decode():
+            return (generate_ids(model, [[5, 6], [7, 8, 9]], max_new_tokens=8, temperature=0),
+                    generate_ids(model, [[5, 6], [7, 8, 9]], max_new_tokens=8, top_k=5, seed=1))
+
+    expected = decode()
+    unfilled = EagerSteps._empty_caches
+
+    def nan_filled(self, rows, max_len, like):
+        caches = unfilled(self, rows, max_len, like)
+        for keys, values in caches:
+            keys.fill_(float("nan"))
+            values.fill_(float("nan"))
+        return caches
+
+    monkeypatch.setattr(EagerSteps, "_empty_caches", nan_filled)
+    with torch.no_grad():
+        assert decode() == expected
+
+
+def test_switch_off_uses_the_keras_cache_path(monkeypatch):
+    model = GPT(30, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=8)
+    monkeypatch.setattr(fastpath, "ENABLED", False)
+    assert not isinstance(make_steps(model, True), EagerSteps)
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()
+
+
+# -- Inference weights packed for oneDNN (layers/calls.py: inference_linear) --
+
+@pytest.mark.parametrize("biases", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, 130])
+def test_inference_linear_equals_the_float64_product(rng, rows, biases):
+    """Several kernels side by side, with and without biases, on 2-D and 3-D inputs, and a
+    transposed table: oneDNN's packed product (where this PyTorch has it) is x @ K + b."""
+    import torch
+
+    from transformerkit.layers.calls import inference_linear, linear
+
+    kernels = [rng.normal(size=(8, width)).astype("float32") for width in (5, 7, 3)]
+    bias_values = [rng.normal(size=(k.shape[1],)).astype("float32") for k in kernels]
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    kernel = np.concatenate(kernels, 1).astype("float64")
+    bias = np.concatenate(bias_values).astype("float64") if biases else None
+    expected = x.astype("float64") @ kernel + (0.0 if bias is None else bias)
+    atol = affine_atol(x, kernel, bias)
+    weights = inference_linear([torch.tensor(k) for k in kernels],
+                               [torch.tensor(b) for b in bias_values] if biases else None)
+    tol.assert_within(linear(torch.tensor(x), weights).numpy(), expected, atol)
+    got = linear(torch.tensor(x).reshape(1, rows, 8), weights).numpy()
+    tol.assert_within(got, expected[None], atol[None])
+    table = rng.normal(size=(11, 8)).astype("float32")  # (d_out, d_in): a tied embedding
+    got = linear(torch.tensor(x), inference_linear([torch.tensor(table)], transposed=True))
+    tol.assert_within(got.numpy(), x.astype("float64") @ table.T.astype("float64"),
+                      tol.product_atol(x, table.T))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(6, 8), (2, 3, 8)])
+@pytest.mark.parametrize("transposed_kernel", [False, True])
+def test_onednn_training_product_equals_the_float64_product_and_gradients(
+        rng, monkeypatch, bias, shape, transposed_kernel):
+    """Under autograd a large enough product (the threshold lowered to 0 here) runs through
+    ``_OneDNNLinear`` where this PyTorch has oneDNN: x @ K + b and the gradients of x, K and b
+    equal the float64 ones; a kernel that is a transposed view (a tied table) takes the same
+    path. Below the threshold, and without autograd, it is the plain product. (Operands of
+    float32 values, so that float64 products of them are the exact ones.)"""
+    import torch
+
+    from transformerkit.layers import calls
+
+    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 0)
+
+    def float32_values(size):
+        return rng.normal(size=size).astype("float32").astype("float64")
+
+    x64 = float32_values(shape)
+    k64 = float32_values((8, 5))
+    b64 = float32_values((5,))
+    g64 = float32_values((*shape[:-1], 5))
+    x = torch.tensor(x64, dtype=torch.float32, requires_grad=True)
+    if transposed_kernel:
+        table = torch.tensor(k64.T, dtype=torch.float32, requires_grad=True)
+        kernel = table.t()
+    else:
+        table = kernel = torch.tensor(k64, dtype=torch.float32, requires_grad=True)
+    b = torch.tensor(b64, dtype=torch.float32, requires_grad=True) if bias else None
+    y = calls.linear(x, (kernel, b))
+    if calls._onednn_available():
+        assert "_OneDNNLinear" in graph_nodes(y)
+    (y * torch.tensor(g64, dtype=torch.float32)).sum().backward()
+    expected = x64 @ k64 + (b64 if bias else 0.0)
+    atol = affine_atol(x64, k64, b64 if bias else None)
+    tol.assert_within(y.detach().numpy(), expected, atol)
+    rows, grads = x64.reshape(-1, 8), g64.reshape(-1, 5)
+    tol.assert_within(x.grad.numpy(), g64 @ k64.T, tol.product_atol(g64, k64.T))
+    kernel_grad = table.grad.numpy().T if transposed_kernel else table.grad.numpy()
+    tol.assert_within(kernel_grad, rows.T @ grads, tol.product_atol(rows.T, grads))
+    if bias:  # a sum over the rows: a product with ones
+        tol.assert_within(b.grad.numpy(), grads.sum(0),
+                          tol.product_atol(np.ones((1, len(grads))), grads)[0])
+    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 10**9)
+    plain = calls.linear(x, (kernel, b))
+    assert "_OneDNNLinear" not in graph_nodes(plain)
+    tol.assert_within(plain.detach().numpy(), expected, atol)
+
+
+def graph_nodes(tensor):
+    """The names of the autograd nodes that ``tensor`` was computed by, ``Backward`` cut off."""
+    names, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None:
+            names.add(type(node).__name__.removesuffix("Backward"))
+            todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng):
+    """The packed copy is reused while the weights are unchanged and rebuilt after any
+    in-place update (``assign``, an optimizer step), so decoding follows a training model."""
+    import torch
+
+    from transformerkit.layers import calls
+
+    dense = keras.layers.Dense(6)
+    dense.build((None, 4))
+    x = torch.tensor(rng.normal(size=(3, 4)), dtype=torch.float32)
+    first = calls.inference_linear(*calls.kernels_and_biases(dense))
+    assert calls.inference_linear(*calls.kernels_and_biases(dense)) is first
+    if calls._onednn_available():
+        assert isinstance(first, calls.PackedLinear)
+    for variable in (dense.kernel, dense.bias):
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+        weights = calls.inference_linear(*calls.kernels_and_biases(dense))
+        assert_affine(to_numpy(calls.linear(x, weights)), x.numpy(), dense)
+    with torch.no_grad():
+        dense.kernel.value.mul_(2.0)  # an optimizer's in-place update
+        assert_affine(to_numpy(calls.call_sublayer(dense, x)), x.numpy(), dense)
+
+
+def assert_affine(got, x, dense):
+    """``got`` is ``x @ kernel + bias`` of the ``Dense`` layer's current weights, within one
+    float32 product's bound of the float64 one."""
+    kernel = to_numpy(dense.kernel).astype("float64")
+    bias = to_numpy(dense.bias).astype("float64")
+    tol.assert_within(got, x.astype("float64") @ kernel + bias, affine_atol(x, kernel, bias))
+
+
+def test_dense_without_autograd_equals_dense_with_it(rng):
+    """``Dense`` under ``torch.no_grad`` (evaluation, encoding for decoding) takes the packed
+    weights; the result equals the autograd path's ``addmm`` within two products' bound
+    (relu moves no difference further apart)."""
+    import torch
+
+    from transformerkit.layers.calls import call_sublayer
+
+    dense = keras.layers.Dense(9, activation="relu")
+    x = torch.tensor(rng.normal(size=(2, 5, 4)), dtype=torch.float32)
+    dense(x)
+    with_grad = call_sublayer(dense, x)
+    with torch.no_grad():
+        without = call_sublayer(dense, x)
+    assert with_grad.requires_grad and not without.requires_grad
+    kernel, bias = to_numpy(dense.kernel), to_numpy(dense.bias)
+    tol.assert_within(to_numpy(without), to_numpy(with_grad.detach()),
+                      affine_atol(x.numpy(), kernel, bias, paths=2))
+
+
+def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
+    """The oneDNN-packed step is a shortcut: with it off (``addmm`` on the plain kernels) beam
+    search and greedy search give the same hypotheses: other kernels, so scores within two
+    paths' bound and the same ids except at a near-tie."""
+    import torch
+
+    from transformerkit.decoding import beam_translate, greedy_translate
+    from transformerkit.layers import calls
+
+    keras.utils.set_random_seed(3)
+    model = Transformer(40, 40, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_length=12,
+                        tie_embeddings="all")
+    sources = np.array([[5, 9, 14, 7, 2], [11, 6, 2, 0, 0]], dtype="int32")
+    model((sources, sources[:, :3]))
+    for variable in model.trainable_weights:
+        variable.assign(to_numpy(variable) * 3.0)  # sharper distributions: longer outputs
+
+    def decode():
+        with torch.no_grad():
+            return (greedy_translate(model, sources, max_new_tokens=8),
+                    beam_translate(model, sources, max_new_tokens=8, beam_size=3, n_best=3))
+
+    packed = decode()
+    assert all(len(ids) > 2 for ids in packed[0])  # something to compare
+    monkeypatch.setattr(calls, "_ONEDNN", False)
+    plain = decode()
+    assert_same_ids_or_near_tie(packed[0], plain[0], next_logits_after(model, sources))
+    atol = score_bound(model, sources, packed[1] + plain[1])
+    for row, (got, expected) in enumerate(zip(packed[1], plain[1], strict=True)):
+        assert_same_hypotheses_or_near_tie(got, expected, atol, f"sentence {row}")
+
+
+def test_packed_inference_weights_follow_the_fused_adam_update(rng):
+    """PyTorch's fused Adam kernel writes the weights without bumping their version
+    counters; our optimizer bumps them, so a packed copy made before a step is not reused."""
+    import torch
+
+    from transformerkit.layers import calls
+    from transformerkit.training import Adam
+
+    dense = keras.layers.Dense(5)
+    dense.build((None, 3))
+    x = torch.tensor(rng.normal(size=(2, 3)), dtype=torch.float32)
+    before = calls.inference_linear(*calls.kernels_and_biases(dense))
+    optimizer = Adam(0.5, weight_decay=0.1)
+    optimizer.apply([keras.ops.ones(v.shape) for v in dense.trainable_weights],
+                    dense.trainable_weights)
+    assert optimizer._fused() == fastpath.ENABLED  # off: Keras' update, through assign
+    after = calls.inference_linear(*calls.kernels_and_biases(dense))
+    assert after is not before
+    assert_affine(to_numpy(calls.linear(x, after)), x.numpy(), dense)

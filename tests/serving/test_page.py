@@ -1,0 +1,159 @@
+"""The page of ``transformerkit serve`` in a real browser (slow).
+
+Starts ``transformerkit serve`` (uvicorn) on 127.0.0.1 and a free port with the two tiny
+runs of ``conftest.py`` (trained once for the whole test run), drives headless Chromium
+(Debian's ``/usr/bin/chromium``; Playwright never downloads a browser here) through the
+page: a sentence is translated (the n-best list equals what the API answers), the
+cross-attention heatmaps are drawn (one canvas per head, painted, with the weight shown on
+hover), an empty input shows the server's error, and a GPT run generates text. The
+screenshot of the translated sentence is taken every time (into the
+test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT=1`` it replaces the
+README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from paths import ROOT
+
+pytestmark = pytest.mark.slow
+sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("fastapi")
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = ROOT / "docs" / "images" / "serve_page.png"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def server(run_dirs, tmp_path_factory):
+    """The URL of a running ``transformerkit serve`` on the two served runs (conftest.py)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
+    folder = tmp_path_factory.mktemp("page")
+    port = free_port()
+    log = open(folder / "serve.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transformerkit.cli", "serve", *map(str, run_dirs),
+         "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            try:
+                if get_json(url + "/health")["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the server did not start:\n" +
+                            (folder / "serve.log").read_text()[-3000:])
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page = browser.new_page(viewport={"width": 980, "height": 640})
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(server + "/")
+        page.wait_for_selector("#translate-panel:not([hidden])")
+        yield page
+        browser.close()
+        assert not errors, errors  # no script error on the page
+
+
+def test_translation_and_heatmaps(page, server, tmp_path):
+    page.fill("#source", "drei vier fuenf")
+    page.fill("#beam", "4")
+    page.fill("#nbest", "3")
+    page.click("#translate")
+    page.wait_for_selector("canvas.heatmap")
+    shown = page.locator("#translations li .hyp").all_inner_texts()
+    expected = get_json(server + "/translate", {"texts": ["drei vier fuenf"], "beam_size": 4,
+                                                "n_best": 3})["n_best"][0]
+    assert shown == [h["text"] for h in expected]
+    scores = page.locator("#translations li .score").all_inner_texts()
+    assert scores == [f"{h['score']:.3f}" for h in expected]
+    attention = get_json(server + "/attention", {"source": "drei vier fuenf",
+                                                 "target": expected[0]["text"]})
+    canvases = page.locator("canvas.heatmap")
+    assert canvases.count() == attention["heads"]
+    layers = page.locator("#layer option").all_inner_texts()
+    assert layers == [str(i + 1) for i in range(attention["layers"])]
+    painted = page.evaluate("""() => [...document.querySelectorAll('canvas.heatmap')].map(c => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let blue = 0;
+        for (let i = 0; i < d.length; i += 4) if (d[i + 2] > d[i] + 40) blue++;
+        return blue; })""")
+    assert all(count > 0 for count in painted), painted  # every head has shaded cells
+    # hover the bottom-right cell: the last target piece over the last source piece
+    canvases.first.scroll_into_view_if_needed()
+    box = canvases.first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] - 4, box["y"] + box["height"] - 4)
+    tip = page.locator("#tip")
+    assert tip.is_visible()
+    weight = attention["attention"]["cross"][-1][0][-1][-1]
+    assert tip.inner_text() == (f"{attention['target_input_tokens'][-1]} → "
+                                f"{attention['source_tokens'][-1]}: {weight:.4f}")
+    from transformerkit.files import atomic_path
+
+    update = os.environ.get("TRANSFORMERKIT_UPDATE_SCREENSHOT") == "1"
+    target = SCREENSHOT if update else tmp_path / SCREENSHOT.name
+    with atomic_path(target) as temporary:
+        page.screenshot(path=str(temporary), type="png", full_page=True)
+    assert target.read_bytes().startswith(b"\x89PNG")
+    page.mouse.move(0, 0)
+
+
+def test_empty_input_shows_the_servers_error(page):
+    page.fill("#source", "   ")
+    page.click("#translate")
+    sync_api.expect(page.locator("#translate-error")).not_to_be_empty()
+    assert page.inner_text("#translate-error") == "text 0 is empty: send some text"
+    assert page.locator("#translations li").count() == 0
+    assert page.locator("#attention-panel").is_hidden()
+
+
+def test_generation_with_a_gpt_run(page, server):
+    page.select_option("#model", "poet")
+    page.wait_for_selector("#generate-panel:not([hidden])")
+    assert page.locator("#translate-panel").is_hidden()
+    page.fill("#prompt", "ein zwei")
+    page.fill("#temperature", "0.5")
+    page.fill("#topk", "3")
+    page.fill("#seed", "11")
+    page.fill("#maxnew", "20")
+    page.click("#generate")
+    sync_api.expect(page.locator("#generated")).not_to_be_empty()
+    expected = get_json(server + "/generate", {"prompt": "ein zwei", "model": "poet",
+                                               "temperature": 0.5, "top_k": 3, "seed": 11,
+                                               "max_new_tokens": 20})["text"]
+    assert page.inner_text("#generated") == expected
