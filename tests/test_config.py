@@ -145,14 +145,16 @@ def test_the_data_and_train_keys_are_the_declared_fields():
 
 @pytest.mark.parametrize("raw, message", [
     ({"data": {"dataset": "wmt"}}, "data.dataset must be one of"),
-    ({"data": {"tokens_per_batch": 0}}, "data.tokens_per_batch must be positive, got 0"),
+    ({"data": {"tokens_per_batch": 0}}, "data.tokens_per_batch must be at least 1, got 0"),
     ({"data": {"val_fraction": 1.0}}, r"data.val_fraction must be in \(0, 1\), got 1.0"),
     ({"data": {"train_files": "a.tsv"}}, "data.train_files must be a list"),
-    ({"train": {"samples": -1}}, "train.samples must be >= 0, got -1"),
+    ({"train": {"samples": -1}}, "train.samples must be at least 0, got -1"),
     ({"train": {"beta_2": 1.0}}, r"train.beta_2 must be in \(0, 1\), got 1.0"),
     ({"train": {"sample_top_p": 0}}, r"train.sample_top_p must be in \(0, 1\], got 0.0"),
     ({"train": {"label_smoothing": float("nan")}}, r"label_smoothing must be in \[0, 1\)"),
-    ({"train": {"lr_scale": -2}}, "train.lr_scale must be positive, got -2.0"),
+    ({"train": {"lr_scale": -2}}, "train.lr_scale must be a finite number > 0, got -2.0"),
+    ({"train": {"clip_norm": float("inf")}}, "train.clip_norm must be a finite number > 0, "
+                                             "got inf"),
     ({"train": {"sample_unit": "batch"}}, "train.sample_unit must be one of"),
     ({"train": {"epochs": None}}, "train.epochs must be an integer, got nothing"),
 ])

@@ -104,7 +104,7 @@ def test_config_checks_distribution_and_precision():
         resolve({"train": {"distribution": "pipeline"}})
     with pytest.raises(ConfigError, match=r"train.precision must be one of .*'float16'"):
         resolve({"train": {"precision": "float16"}})
-    with pytest.raises(ConfigError, match=r"train.devices must be positive"):
+    with pytest.raises(ConfigError, match=r"train.devices must be at least 1"):
         resolve({"train": {"devices": 0}})
 
 

@@ -65,10 +65,10 @@ def test_without_sample_every_samples_txt_holds_the_final_samples_only(tmp_path)
 @pytest.mark.parametrize("key, value, message", [
     ("sample_prompts", [], "non-empty list"),
     ("sample_prompts", ["ok", ""], "non-empty strings"),
-    ("sample_temperature", -1.0, "sample_temperature must be >= 0"),
+    ("sample_temperature", -1.0, "sample_temperature must be a finite number >= 0"),
     ("sample_top_p", 1.5, "sample_top_p must be in"),
-    ("sample_top_k", 0, "sample_top_k must be positive"),
-    ("sample_max_tokens", 0, "sample_max_tokens must be positive"),
+    ("sample_top_k", 0, "sample_top_k must be at least 1"),
+    ("sample_max_tokens", 0, "sample_max_tokens must be at least 1"),
 ])
 def test_bad_sampling_keys_are_config_errors(key, value, message):
     with pytest.raises(ConfigError, match=message):

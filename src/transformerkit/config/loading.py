@@ -23,9 +23,9 @@ from transformerkit.config.sections import (
     ConfigError,
     DataOptions,
     TrainOptions,
-    type_names,
-    value_types,
+    config_error,
 )
+from transformerkit.declared import check_value, value_types
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
 
@@ -249,20 +249,10 @@ def resolve(raw, source="config"):
 def _check_model_key(key, value, declared, source):
     """A ``model:`` value: null only where the key has no default, of its type (an integer
     where a number is expected becomes a float); the models check the rest."""
-    name, kinds = f"model.{key}", declared.types
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if value is None:
-        if declared.default is not None:
-            raise ConfigError(f"{source}: {name} must be {type_names(kinds)}, got nothing "
-                              "(null)")
-        return None
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if bool not in kinds and isinstance(value, bool):
-        raise ConfigError(f"{source}: {name} must be {type_names(kinds)}, got {value!r}")
-    if not isinstance(value, kinds):
-        raise ConfigError(f"{source}: {name} must be {type_names(kinds)}, got {value!r} "
-                          f"({type(value).__name__})")
+    kinds = declared.types if isinstance(declared.types, tuple) else (declared.types,)
+    value, problem = check_value(value, kinds, nullable=declared.default is None)
+    if problem:
+        raise ConfigError(f"{source}: {config_error(f'model.{key}', problem)}")
     return value
 
 

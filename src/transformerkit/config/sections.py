@@ -1,13 +1,15 @@
 """The ``data:`` and ``train:`` sections of a run config, each key declared once.
 
 :class:`DataOptions` and :class:`TrainOptions` are frozen dataclasses, declared as the
-models' options are (``models/options.py``): each field has its default, its type (the
-annotation: ``int | None`` may be null, ``int | str`` takes either), its allowed range or
-choices and one line of meaning. Everything else is derived from them: the config schema
-(:func:`transformerkit.config.schema`), the checks a value gets when a config is read
-(:func:`check_value`: type, null, range, choices), ``transformerkit config`` and the
-``--set data.KEY=VALUE`` overrides. What involves several keys (``average_last`` needs as
-many ``checkpoints_to_keep``, ...) is checked in code by :mod:`transformerkit.config.loading`.
+models' options are (:func:`transformerkit.declared.option`): each field has its default,
+its type (the annotation: ``int | None`` may be null, ``int | str`` takes either), its
+allowed range or choices and one line of meaning. Everything else is derived from them:
+the config schema (:func:`transformerkit.config.schema`), the checks a value gets when a
+config is read (:func:`check_value`: type, null, range, choices, by
+:func:`transformerkit.declared.check`, worded as YAML writes values), ``transformerkit
+config`` and the ``--set data.KEY=VALUE`` overrides. What involves several keys
+(``average_last`` needs as many ``checkpoints_to_keep``, ...) is checked in code by
+:mod:`transformerkit.config.loading`.
 
 A ``train:`` key that means what a field of the decoding options means
 (:mod:`transformerkit.decoding.options`, one level up, which this module does not import)
@@ -23,9 +25,10 @@ them downward. Plain Python, no Keras: the CLI reads these to print the config.
 
 import copy
 import dataclasses
-import math
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+
+from transformerkit.declared import check, option
+from transformerkit.declared import nullable as nullable  # tests/test_config.py reads it here
 
 STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -40,74 +43,25 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key or file."""
 
 
-def option(default, *, help, minimum=None, above=None, maximum=None, below=None,
-           choices=None, decoding=None, differs=None):
-    """A config key: its ``default`` (None: not set), one line of ``help``, its allowed
-    range (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive) or
-    ``choices``; ``decoding`` names the field of ``decoding/options.py`` it corresponds
-    to (``"GenerationOptions.temperature"``) and ``differs`` says why its default is not
-    that field's."""
-    return field(default=default, metadata=dict(
-        help=help, minimum=minimum, above=above, maximum=maximum, below=below,
-        choices=choices, decoding=decoding, differs=differs))
+YAML_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+              list: "a list", dict: "a mapping"}
+"""How a config error names each type: as YAML writes it."""
 
 
-def value_types(f):
-    """The types a field's values may have: ``(int,)`` for ``int | None``, ``(int, str)``
-    for ``int | str``."""
-    args = typing.get_args(f.type) or (f.type,)
-    return tuple(t for t in args if t is not type(None))
-
-
-def nullable(f):
-    """Whether the field may be null (declared ``X | None``)."""
-    return type(None) in typing.get_args(f.type)
-
-
-def type_names(types):
-    return " or ".join({int: "an integer", float: "a number", str: "a string",
-                        bool: "true/false", list: "a list", dict: "a mapping"}[t]
-                       for t in types)
+def config_error(name, problem):
+    """The :class:`ConfigError` of a :class:`~transformerkit.declared.Problem` with key
+    ``name`` (``"train.epochs"``), in YAML's words (null, true/false)."""
+    return ConfigError(problem.message(name, YAML_NAMES, null="nothing (null)"))
 
 
 def check_value(name, f, value):
     """``value`` of field ``f`` (``name``: ``"train.epochs"``) checked against its
     declaration and normalised (an integer where a number is expected becomes a float);
     a :class:`ConfigError` naming the key otherwise."""
-    types = value_types(f)
-    if value is None:
-        if nullable(f):
-            return None
-        raise ConfigError(f"{name} must be {type_names(types)}, got nothing (null)")
-    if float in types and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if bool not in types and isinstance(value, bool):
-        raise ConfigError(f"{name} must be {type_names(types)}, got {value!r}")
-    if not isinstance(value, types):
-        raise ConfigError(f"{name} must be {type_names(types)}, got {value!r} "
-                          f"({type(value).__name__})")
-    meta = f.metadata
-    if meta["choices"] is not None and value not in meta["choices"]:
-        raise ConfigError(f"{name} must be one of {meta['choices']}, got {value!r}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        _check_range(name, value, meta)
+    value, problem = check(f, value)
+    if problem:
+        raise config_error(name, problem)
     return value
-
-
-def _check_range(name, value, meta):
-    low, above, high, below = meta["minimum"], meta["above"], meta["maximum"], meta["below"]
-    inside = not (isinstance(value, float) and math.isnan(value)) and all((
-        low is None or value >= low, above is None or value > above,
-        high is None or value <= high, below is None or value < below))
-    if inside:
-        return
-    if high is None and below is None:
-        if above == 0 or low == 1:
-            raise ConfigError(f"{name} must be positive, got {value}")
-        raise ConfigError(f"{name} must be >= {low:g}, got {value}")
-    left = f"({above:g}" if above is not None else f"[{low:g}"
-    right = f"{below:g})" if below is not None else f"{high:g}]"
-    raise ConfigError(f"{name} must be in {left}, {right}, got {value}")
 
 
 class _Section:

@@ -12,84 +12,34 @@ option has one default everywhere:
   from :func:`fields_of`);
 - the CTranslate2 runtime (``export/runtime.py``), which maps each option to its own argument.
 
-Building an instance checks every value (a ``TypeError`` or ``ValueError`` naming the
+Each field is declared with :func:`transformerkit.declared.option` (also the models' and
+the run config's helper): its default, ``help``, range or choices, its command-line
+``flag`` when that is not ``--`` + the name with dashes, and the ``label`` its errors call
+it by (default: its name). Building an instance checks every value
+(:func:`transformerkit.declared.check`; a ``TypeError`` or ``ValueError`` naming the
 option): ints are ints (not bools), numbers are finite, each value is in its range.
 
 Plain Python, no Keras: the command line builds its parser from this module.
 """
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformerkit.declared import check, nullable, option, value_type
+
+optional = nullable  # the name the command line and the HTTP schemas import
 
 STOPPING_RULES = ("early", "exact")
 
 
-def option(default, *, help, minimum=None, maximum=None, above=None, choices=None, flag=None,
-           label=None):
-    """A field with its ``default``, one line of ``help``, its allowed range (``minimum`` /
-    ``maximum`` inclusive, ``above`` exclusive; a float with a ``maximum`` needs a lower
-    bound too) or ``choices``, its command-line ``flag`` when that is not ``--`` + the name
-    with dashes, and the ``label`` its errors call it by (default: its name)."""
-    return field(default=default, metadata=dict(help=help, minimum=minimum, maximum=maximum,
-                                                above=above, choices=choices, flag=flag,
-                                                label=label))
-
-
-def value_type(f):
-    """``int`` for a field declared ``int | None``, and so on."""
-    return f.type.__args__[0] if hasattr(f.type, "__args__") else f.type
-
-
-def optional(f):
-    """Whether a field may be None (declared ``X | None``)."""
-    return hasattr(f.type, "__args__") and type(None) in f.type.__args__
-
-
 def check_field(f, value):
     """``value`` of field ``f`` checked and normalised (an int as ``float`` where a number is
-    expected); a clear ``TypeError``/``ValueError`` naming the option otherwise."""
-    meta, kind = f.metadata, value_type(f)
-    name = meta["label"] or f.name
-    if value is None:
-        if optional(f):
-            return None
-        raise TypeError(f"{name} must be {_describe(kind)}, got None")
-    if kind in (str, bool) and not isinstance(value, kind) \
-            or kind not in (str, bool) and (isinstance(value, bool) or not _is_a(value, kind)):
-        raise TypeError(f"{name} must be {_describe(kind)}, got {type(value).__name__} "
-                        f"{value!r:.40}")
-    if kind in (int, float):
-        value = kind(value)
-    low, high, above = meta["minimum"], meta["maximum"], meta["above"]
-    if kind is float and (not math.isfinite(value) or low is not None and value < low) \
-            and high is None:
-        raise ValueError(f"{name} must be a finite number >= {low or 0:g}, got {value}")
-    if meta["choices"] is not None and value not in meta["choices"]:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, meta['choices']))}; "
-                         f"got {value!r}")
-    if kind is float and (not math.isfinite(value) or low is not None and value < low
-                          or high is not None and value > high
-                          or above is not None and not value > above):
-        interval = f"{'(' if above is not None else '['}{above if above is not None else low:g}"
-        raise ValueError(f"{name} must be in {interval}, {high:g}], got {value}")
-    if kind is int and low is not None and value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
+    expected); a clear ``TypeError``/``ValueError`` naming the option (its ``label``, else
+    its name) otherwise."""
+    value, problem = check(f, value)
+    if problem:
+        raise problem.error(problem.message(f.metadata["label"] or f.name))
     return value
-
-
-def _is_a(value, kind):
-    import numbers
-
-    if kind is int:
-        return isinstance(value, numbers.Integral)
-    if kind is float:
-        return isinstance(value, numbers.Real)
-    return isinstance(value, kind)
-
-
-def _describe(kind):
-    return {int: "an int", float: "a number", str: "a string", bool: "True or False"}[kind]
 
 
 class _Checked:

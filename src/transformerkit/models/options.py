@@ -3,7 +3,8 @@
 :class:`ModelOptions` holds the options all three models take, defaulting to the paper's
 base model (section 3, table 3); :class:`TransformerOptions`, :class:`GPTOptions` and
 :class:`EncoderOptions` add each model's own options and defaults. Building one validates
-the values (a ``ValueError`` naming the option), normalises their types and fills the
+the values (a ``ValueError`` naming the option; :func:`transformerkit.declared.check`, as
+for the decoding options and the config), normalises their types and fills the
 derived ones (``key_dim = d_model // num_heads``, ...). A model builds its options from its
 constructor arguments, sets one attribute per field and returns the fields from
 ``get_config``; ``build_model`` takes a run config's ``model:`` keys by these fields and
@@ -25,8 +26,10 @@ Plain Python, no Keras: the allowed values repeat the layers' own (``tests/model
 checks that they agree), as the layers modules import Keras.
 """
 
-import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
+
+from transformerkit.declared import check, option
+from transformerkit.declared import value_type as value_type  # the config schema's types
 
 NORM_POSITIONS = ("post", "pre")  # LayerNorm after (the paper) or before each sublayer
 ACTIVATIONS = ("relu", "gelu")
@@ -36,33 +39,11 @@ INITIALIZATIONS = ("gpt2", "paper")
 POOLING = (None, "cls", "mean")
 
 
-def option(default=MISSING, choices=None, own_default=False, *, help):
-    """A field with its default (none: a required argument), if given its allowed values,
-    and ``help``, its meaning in one line (``transformerkit config`` prints it for the run
-    config's ``model:`` keys). ``own_default`` marks a convention each model sets its own
-    way (the paper's, GPT-2's): a run config leaves it to the model rather than giving it
-    the paper's value."""
-    return field(default=default, metadata={"choices": choices, "own_default": own_default,
-                                            "help": help})
-
-
 def redefault(options_class, name, default):
-    """Option ``name`` of ``options_class`` (its choices and help) with another default: a
+    """Option ``name`` of ``options_class`` (its whole declaration) with another default: a
     model's own default for an option it shares."""
     metadata = next(f for f in fields(options_class) if f.name == name).metadata
-    return option(default, metadata["choices"], help=metadata["help"])
-
-
-def check_choice(name, value, choices):
-    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-
-
-def value_type(f):
-    """The type of a field's values: ``int`` for ``int | None``."""
-    types = [t for t in typing.get_args(f.type) if t is not type(None)]
-    return types[0] if types else f.type
+    return option(default, **metadata)
 
 
 def config_fields(options_class):
@@ -85,12 +66,12 @@ class ModelOptions:
     max_length: int = option(256, help="longest sequence the model accepts, in tokens (also "
                                        "the data's length limit unless data.max_length)")
     norm_position: str = option(
-        "post", NORM_POSITIONS, own_default=True,
+        "post", choices=NORM_POSITIONS, own_default=True,
         help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
-    activation: str = option("relu", ACTIVATIONS, own_default=True,
+    activation: str = option("relu", choices=ACTIVATIONS, own_default=True,
                              help="feed-forward activation: relu (the paper) or gelu (GPT-2)")
     positional: str = option(
-        "sinusoidal", POSITIONAL_KINDS, own_default=True,
+        "sinusoidal", choices=POSITIONAL_KINDS, own_default=True,
         help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")
     min_timescale: float = option(
         1.0, help="t2t positions: the shortest timescale (wavelength / 2 pi) of the sines")
@@ -115,11 +96,10 @@ class ModelOptions:
 
     def __post_init__(self):
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get("choices") is not None:
-                check_choice(f.name, value, f.metadata["choices"])
-            elif value is not None:
-                setattr(self, f.name, value_type(f)(value))
+            value, problem = check(f, getattr(self, f.name), convert=True)
+            if problem:
+                raise ValueError(problem.message(f.name))
+            setattr(self, f.name, value)
         if self.key_dim is None and self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by "
                              f"num_heads={self.num_heads}; choose another num_heads or set "
@@ -160,7 +140,7 @@ class TransformerOptions(ModelOptions):
     target_vocab_size: int = option(help="target vocabulary size (id 0 is padding); from "
                                          "the data's tokenizer")
     tie_embeddings: str = option(
-        "none", TIE_OPTIONS,
+        "none", choices=TIE_OPTIONS,
         help="decoder: the output projection is the target embedding (section 3.4); all: the "
              "source embedding too, one vocabulary (GPT: both tie input and output)")
     num_decoder_layers: int | None = option(None, help="decoder blocks (null: num_layers)")
@@ -227,7 +207,7 @@ class GPTOptions(ModelOptions):
     scale_embeddings: bool = option(False, help="multiply the token embeddings by "
                                                 "sqrt(d_model) (the paper; not GPT-2, BERT)")
     initialization: str = option(
-        "gpt2", INITIALIZATIONS,
+        "gpt2", choices=INITIALIZATIONS,
         help="gpt2: matrices from N(0, 0.02), residual outputs N(0, 0.02/sqrt(2 num_layers)); "
              "paper: the layers' own (Glorot)")
     use_bias: bool = option(True, help="biases in the projections and LayerNorm offsets "
@@ -251,8 +231,9 @@ class EncoderOptions(ModelOptions):
     embedding_norm: bool = option(False, help="LayerNorm after summing the embeddings (BERT)")
     scale_embeddings: bool = redefault(GPTOptions, "scale_embeddings", True)
     pooling: str | None = option(
-        None, POOLING, help="null: return the hidden states; cls: BERT's pooler (tanh Dense "
-                            "over the first token); mean: mean over the real tokens")
+        None, choices=POOLING,
+        help="null: return the hidden states; cls: BERT's pooler (tanh Dense over the first "
+             "token); mean: mean over the real tokens")
     num_classes: int | None = option(None, help="with pooling: a classifier head with this "
                                                 "many classes (null: none)")
 
