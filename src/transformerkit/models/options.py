@@ -12,6 +12,11 @@ constructor arguments, sets one attribute per field and returns the fields from
 config`` prints each field's ``help``), so an option is declared here once (plus its
 constructor argument and docstring).
 
+Each field comes from :func:`transformerkit.declared.option`; ``own_default=True`` marks a
+convention each model sets its own way (the paper's, GPT-2's): a run config leaves it to
+the model rather than giving it the paper's value. Values are converted to the declared
+type (``64.0`` for an int gives ``64``), as the constructors have always taken them.
+
 The fields are keyword-only: with one shared base no field order can follow all three
 constructors' positional orders (each interleaves its own options with the shared ones), so
 the constructors keep their explicit signatures, the public API, and
