@@ -166,3 +166,48 @@ def test_data_dir_flag_then_variable_then_the_recorded_directory(local_multi30k_
     assert evaluation_data_dir(None, data) == str(recorded.resolve())
     old = data.replace(data_dir=None)  # a run trained before runs recorded their data
     assert evaluation_data_dir(None, old) is None
+
+
+def test_corpus_files_named_relative_to_where_train_ran_are_found_from_anywhere(
+        tmp_path, monkeypatch, capsys):
+    """A run trained with ``data.train_source: train.de`` (relative to the directory
+    ``train`` ran in) records the files' absolute paths, so ``evaluate --split test`` works
+    from another directory; a name that exists nowhere is kept as given (its error names it
+    when the corpus is read)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    config = tiny_config(corpus, epochs=1, max_steps=1)
+    (corpus / "test.de").write_text(" ".join(GERMAN[:2]) + "\n" + GERMAN[4] + "\n")
+    (corpus / "test.en").write_text(" ".join(ENGLISH[:2]) + "\n" + ENGLISH[4] + "\n")
+    config = config.replace(data={"train_source": "train.de", "train_target": "train.en",
+                                  "test_source": "test.de", "test_target": "test.en",
+                                  "val_source": "nowhere.de"})
+    monkeypatch.chdir(corpus)
+    recorded = config.with_data_dir_recorded().data
+    assert recorded.train_source == str(corpus / "train.de")
+    assert recorded.test_target == str(corpus / "test.en")
+    assert recorded.val_source == "nowhere.de"  # not a file here: as given
+    train(config.replace(data={"val_source": None}), str(tmp_path / "run"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["data"]["test_source"] == str(corpus / "test.de")
+    assert main(["evaluate", str(tmp_path / "run"), "--split", "test", "--beam", "1"]) == 0
+    scores = json.loads((tmp_path / "run" / "metrics.json").read_text())["evaluate"]["test"]
+    assert scores["sentences"] == 2
+    capsys.readouterr()
+
+
+def test_files_entries_are_recorded_with_absolute_paths(tmp_path, monkeypatch):
+    from transformerkit.config import resolve
+
+    (tmp_path / "a.tsv").write_text("x\ty\n")
+    (tmp_path / "b.de").write_text("x\n")
+    (tmp_path / "b.en").write_text("y\n")
+    monkeypatch.chdir(tmp_path)
+    config = resolve({"data": {"dataset": "files", "train_files": [
+        "a.tsv", {"source": "b.de", "target": "b.en", "format": "text"}, "missing.tsv"]}})
+    entries = config.with_data_dir_recorded().data.train_files
+    assert entries == [str(tmp_path / "a.tsv"), {"source": str(tmp_path / "b.de"),
+                       "target": str(tmp_path / "b.en"), "format": "text"}, "missing.tsv"]

@@ -171,16 +171,52 @@ class RunConfig:
         return resolve(raw, source)
 
     def with_data_dir_recorded(self):
-        """This config with ``data.data_dir`` made the absolute data directory it reads now
-        (``data.data_dir``, else ``$TRANSFORMERKIT_DATA``, else the cache), for the datasets
-        that read the data directory (multi30k, text); ``train`` saves this config, so
-        ``evaluate`` finds the run's data later without the variable."""
-        if self.data.dataset not in DATA_DIR_DATASETS:
-            return self
-        from transformerkit.data.corpora import resolve_data_dir
+        """This config with the places its data is read from made absolute, so that
+        ``evaluate`` finds the run's data later from any working directory and without the
+        variable: ``data.data_dir`` becomes the data directory read now (``data.data_dir``,
+        else ``$TRANSFORMERKIT_DATA``, else the cache) for the datasets that read it
+        (multi30k, text), and every corpus file named relative to the current directory
+        (``train_source`` ... ``test_tsv``, the paths of ``*_files`` entries, ``text``)
+        that exists there becomes its absolute path. ``train`` saves this config."""
+        data = self.data
+        changes = {key: _absolute(getattr(data, key)) for key in _PATH_KEYS}
+        changes.update({key: _absolute_entries(getattr(data, key)) for key in _FILES_KEYS})
+        if data.dataset in DATA_DIR_DATASETS:
+            from transformerkit.data.corpora import resolve_data_dir
 
-        folder = os.path.abspath(resolve_data_dir(self.data.data_dir))
-        return dataclasses.replace(self, data=dataclasses.replace(self.data, data_dir=folder))
+            changes["data_dir"] = os.path.abspath(resolve_data_dir(data.data_dir))
+        return dataclasses.replace(self, data=dataclasses.replace(data, **changes))
+
+
+_PATH_KEYS = ("train_source", "train_target", "val_source", "val_target", "test_source",
+              "test_target", "train_tsv", "val_tsv", "test_tsv", "text")
+_FILES_KEYS = ("train_files", "val_files", "test_files")
+
+
+def _absolute(path):
+    """``path`` made absolute if it names an existing file relative to the current
+    directory; as given otherwise (None, absolute, or looked up elsewhere: ``data.text``
+    may name a file of the data directory)."""
+    if path is None or os.path.isabs(path) or not os.path.exists(path):
+        return path
+    return os.path.abspath(path)
+
+
+def _absolute_entries(entries):
+    """A ``*_files`` list with each entry's paths (a path, or a mapping's ``path``,
+    ``source``, ``target``) through :func:`_absolute`; other values as given (their checks
+    come when the corpora are read)."""
+    if not isinstance(entries, list):
+        return entries
+    out = []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = _absolute(entry)
+        elif isinstance(entry, dict):
+            entry = {key: _absolute(value) if key in ("path", "source", "target")
+                     and isinstance(value, str) else value for key, value in entry.items()}
+        out.append(entry)
+    return out
 
 
 def load_config(path=None, overrides=()):
