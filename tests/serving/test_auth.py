@@ -22,7 +22,13 @@ from starlette.websockets import WebSocketDisconnect  # noqa: E402
 from transformerkit import cli  # noqa: E402
 from transformerkit.serving import auth  # noqa: E402
 from transformerkit.serving.app import create_app  # noqa: E402
-from transformerkit.serving.auth import ENV_VAR, BearerAuth, is_loopback, keys_for_host, read_keys  # noqa: E402,E501
+from transformerkit.serving.auth import (  # noqa: E402
+    ENV_VAR,
+    BearerAuth,
+    is_loopback,
+    keys_for_host,
+    read_keys,
+)
 from transformerkit.serving.limits import Limits  # noqa: E402
 from transformerkit.serving.server import load_runs  # noqa: E402
 
@@ -320,3 +326,34 @@ def test_no_auth_and_keys_together_are_refused(served, run_dirs, capsys):
     assert cli.main(["serve", str(run_dirs[0]), "--no-auth", "--api-key", KEYS[0]]) == 2
     assert "--no-auth serves without keys" in capsys.readouterr().err
     assert not served
+
+
+def test_the_manuals_api_key_commands(served, runs, tmp_path, monkeypatch):
+    """The commands of docs/serving.md's "API keys": the server line (``env VAR=... cmd``)
+    through the command line with a keys file, then its ``curl`` request with the key and
+    without."""
+    import shlex
+
+    from paths import ROOT
+    from test_readme import commands
+
+    lines = [line for line in commands(ROOT / "docs" / "serving.md")
+             if ENV_VAR in line or "Authorization: Bearer" in line]
+    assert len(lines) == 2, lines
+    server_line, curl_line = map(shlex.split, lines)
+    assert server_line[0] == "env" and server_line[2:4] == ["transformerkit", "serve"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keys.txt").write_text(f"# the key of the web app\n{KEYS[0]}\n")
+    name, value = server_line[1].split("=")
+    monkeypatch.setenv(name, value)
+    assert cli.main(server_line[3:]) == 0
+    app, host = served.pop()
+    assert host == "0.0.0.0"
+    path = next(w for w in curl_line if w.startswith("localhost:8000/")).removeprefix(
+        "localhost:8000")
+    header = curl_line[curl_line.index("-H") + 1]
+    with TestClient(app) as client:
+        name, value = header.split(": ")
+        answered = client.get(path, headers={name: value.replace("$KEY", KEYS[0])})
+        assert answered.status_code == 200 and answered.json()["default"] == "numbers"
+        assert_refused(client.get(path))
