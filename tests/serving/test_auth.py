@@ -275,12 +275,14 @@ def test_a_host_beyond_loopback_needs_keys_or_no_auth():
 
 
 def test_serve_on_all_interfaces_without_a_key_stops_before_loading(run_dirs, monkeypatch):
-    """The command itself, in a process of its own: exit 2 and the message, no run loaded."""
+    """The command in a process of its own: exit 2 and the message, before Keras is imported
+    (in about a second), so before any run loads."""
     monkeypatch.delenv(ENV_VAR, raising=False)
-    result = subprocess.run([sys.executable, "-m", "transformerkit.cli", "serve",
-                             str(run_dirs[0]), "--host", "0.0.0.0"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
+    command = ("import sys; from transformerkit.cli import main; code = main(sys.argv[1:]); "
+               "print('keras' in sys.modules); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", command, "serve", str(run_dirs[0]),
+                             "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "False\n"
     assert result.stderr.startswith("transformerkit serve: error: --host 0.0.0.0 lets other "
                                      "machines call the server, and no API key is set")
     assert "--no-auth" in result.stderr and ENV_VAR in result.stderr
@@ -310,7 +312,9 @@ def test_serve_with_no_auth_or_keys(served, run_dirs, monkeypatch, caplog):
     assert host == "0.0.0.0"
     with TestClient(app) as client:
         assert client.get("/models").status_code == 200
-    assert "API keys: off; anyone who can reach 0.0.0.0 may call the API" in caplog.text
+    [off] = [r for r in caplog.records if r.getMessage().startswith("API keys: off")]
+    assert off.getMessage() == "API keys: off; anyone who can reach 0.0.0.0 may call the API"
+    assert off.levelno == logging.WARNING  # other machines may connect
     monkeypatch.setenv(ENV_VAR, KEYS[1])
     assert cli.main(["serve", str(run_dirs[0]), "--host", "0.0.0.0", "--api-key", KEYS[0]]) == 0
     app, _ = served.pop()

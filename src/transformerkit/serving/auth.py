@@ -36,7 +36,8 @@ class BearerAuth:
     The scheme is matched without regard to case, followed by exactly one space and the key
     (RFC 6750's form); a request with several ``Authorization`` headers is refused. The
     sent key is compared with every key by ``hmac.compare_digest``, without stopping at a
-    match, so the time taken does not tell which key matched or how much of one did.
+    match, so the time taken tells neither which key matched nor how much of one did (only
+    whether the lengths differ).
     WebSocket connections need a key too (refused with close code 1008).
     """
 
