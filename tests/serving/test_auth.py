@@ -121,10 +121,31 @@ def test_a_right_key_is_answered_as_without_keys(client, open_client, authorizat
         expected = send(open_client, method, path, body)
         assert response.status_code == expected.status_code, (path, response.text)
         assert response.status_code in (200, 404, 405)
-        if path == "/metrics":  # counts differ between two servers
+        if path in ("/metrics", "/openapi.json"):  # counts differ; the schema: below
             continue
         assert response.json() == expected.json(), path
         assert "www-authenticate" not in response.headers
+
+
+def test_the_schema_says_which_routes_need_a_key(client, open_client):
+    """The schema of a server with keys: a bearer scheme, required (401 possible) by every
+    operation but /health; otherwise the schema of a server without keys."""
+    schema = client.get("/openapi.json", headers={"Authorization": f"Bearer {KEYS[0]}"}).json()
+    assert schema["components"].pop("securitySchemes") == {"apiKey": {
+        "type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY"}}
+    guarded = set()
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if path == "/health":
+                assert "security" not in operation and "401" not in operation["responses"]
+                continue
+            assert operation.pop("security") == [{"apiKey": []}]
+            assert operation["responses"].pop("401")["content"]["application/json"][
+                "schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+            guarded.add((method.upper(), path))
+    assert {("GET", "/models"), ("POST", "/translate"), ("POST", "/generate"),
+            ("POST", "/attention")} <= guarded
+    assert schema == open_client.get("/openapi.json").json()
 
 
 def test_every_key_is_compared_whichever_matches(client, monkeypatch):

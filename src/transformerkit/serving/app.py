@@ -9,7 +9,7 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
 
 With ``api_keys`` every route but ``/`` and ``/health`` needs ``Authorization: Bearer KEY``
-(:mod:`.auth`; 401 otherwise).
+(:mod:`.auth`; 401 otherwise), as the OpenAPI schema says.
 
 The routes find the runs, the batcher and the limits through FastAPI dependencies
 (:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
@@ -27,7 +27,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
 from transformerkit.serving import dependencies, info_routes, model_routes
-from transformerkit.serving.auth import BearerAuth, check_keys
+from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
 from transformerkit.serving.limits import BodySizeLimit, Limits
@@ -89,6 +89,7 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
     if api_keys:  # outside the body limit: a request without a key is not read
         app.add_middleware(BearerAuth, keys=api_keys)
+        document_keys(app)
     if cors_origins:  # added last, so outermost: errors (401, 413 too) carry its headers,
         # and preflights (which browsers send without the key) are answered
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,

@@ -67,6 +67,31 @@ class BearerAuth:
         return matched
 
 
+def document_keys(app):
+    """Say in ``app``'s OpenAPI schema that its routes but the open ones need a key: an HTTP
+    bearer security scheme, required by each such operation, which may answer 401."""
+    build = app.openapi
+
+    def openapi():
+        if app.openapi_schema is None:
+            schema = build()  # FastAPI's schema, kept in app.openapi_schema
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "Authorization: Bearer KEY"}}
+            for path, operations in schema["paths"].items():
+                if path in OPEN_PATHS:
+                    continue
+                for operation in operations.values():
+                    operation["security"] = [{"apiKey": []}]
+                    operation.setdefault("responses", {})["401"] = {
+                        "description": "no API key, or a wrong one",
+                        "content": {"application/json": {
+                            "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
 async def _refuse(send):
     body = json.dumps({"error": REFUSAL, "status": 401}).encode()
     await send({"type": "http.response.start", "status": 401,
