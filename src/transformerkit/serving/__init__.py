@@ -5,6 +5,9 @@
 - :mod:`~transformerkit.serving.batching`: requests that arrive together share one model
   call (a short collection window, a maximum batch size), one batch at a time on a worker
   thread, behind a bounded queue (429 when full) and a per-request timeout (503);
+- :mod:`~transformerkit.serving.auth`: who may call the server: API keys sent as
+  ``Authorization: Bearer KEY`` (401 otherwise), and the rule that a server reachable from
+  other machines has keys unless ``--no-auth`` says otherwise;
 - :mod:`~transformerkit.serving.schemas`: the request bodies (unknown fields are refused);
 - :mod:`~transformerkit.serving.app`: :func:`~transformerkit.serving.app.create_app`, the
   application over loaded :class:`transformerkit.api.Run` objects; its routes are in

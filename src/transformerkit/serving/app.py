@@ -8,6 +8,9 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
   bodies: :mod:`.schemas`);
 - ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
 
+With ``api_keys`` every route but ``/`` and ``/health`` needs ``Authorization: Bearer KEY``
+(:mod:`.auth`; 401 otherwise), as the OpenAPI schema says.
+
 The routes find the runs, the batcher and the limits through FastAPI dependencies
 (:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
 the server's own origin (its page at ``/``); ``cors_origins`` names other origins whose
@@ -24,6 +27,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
 from transformerkit.serving import dependencies, info_routes, model_routes
+from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
 from transformerkit.serving.limits import BodySizeLimit, Limits
@@ -56,7 +60,7 @@ async def lifespan(app):
     await app.state.batcher.stop()
 
 
-def create_app(runs, limits=None, engine="keras", cors_origins=()):
+def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     """A FastAPI application serving ``runs``.
 
     Args:
@@ -66,8 +70,11 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
             (attention always comes from the Keras model).
         cors_origins: origins (``https://host[:port]``, or ``*`` for any) whose pages may
             call the API from a browser; none by default (the server's own page only).
+        api_keys: the keys a request may send as ``Authorization: Bearer KEY``
+            (:class:`~.auth.BearerAuth`); none by default: anyone who reaches the server.
     """
     cors_origins = check_origins(cors_origins)
+    api_keys = check_keys(api_keys, "api_keys")
     registry = RunRegistry(runs, engine)
     limits = limits or Limits()
     batcher = Batcher(window_s=limits.batch_window_ms / 1000, max_batch=limits.max_batch_texts,
@@ -80,9 +87,13 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
     app.include_router(info_routes.router)
     app.include_router(model_routes.router)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
-    if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
+    if api_keys:  # outside the body limit: a request without a key is not read
+        app.add_middleware(BearerAuth, keys=api_keys)
+        document_keys(app)
+    if cors_origins:  # added last, so outermost: errors (401, 413 too) carry its headers,
+        # and preflights (which browsers send without the key) are answered
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
-                           allow_methods=["GET", "POST"], allow_headers=["Content-Type"],
-                           max_age=600)
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Authorization"], max_age=600)
     add_error_handlers(app)
     return app
