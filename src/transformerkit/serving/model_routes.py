@@ -4,7 +4,8 @@
 Every model call goes through the application's :class:`~.batching.Batcher`: ``/translate``
 requests for the same model and search options share one ``Run.translate`` call (a seeded
 draw runs alone: what it draws depends on what else is in its batch); ``/generate`` and
-``/attention`` run alone.
+``/attention`` run alone. The texts answered by ``/translate`` and ``/generate`` (their
+tokens too) are counted in the application's metrics (:mod:`.metrics`).
 """
 
 import numpy as np
@@ -17,7 +18,7 @@ from transformerkit.serving.checks import (
     generation_options,
     search_options,
 )
-from transformerkit.serving.dependencies import ModelCalls, Registry, ServerLimits
+from transformerkit.serving.dependencies import Metrics, ModelCalls, Registry, ServerLimits
 from transformerkit.serving.errors import RequestError
 from transformerkit.serving.schemas import (
     AttentionRequest,
@@ -46,7 +47,7 @@ async def submit(batcher, inputs, call, key=None):
 
 @router.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
 async def translate(request: TranslateRequest, registry: Registry, batcher: ModelCalls,
-                    limits: ServerLimits):
+                    limits: ServerLimits, metrics: Metrics):
     name, run = registry.pick(request.model, "transformer", "/translate")
     check_texts(request.texts, run, limits)
     options = search_options(request, limits)
@@ -56,16 +57,18 @@ async def translate(request: TranslateRequest, registry: Registry, batcher: Mode
         return run.translate(texts, options, engine=registry.engine)
 
     results = await submit(batcher, request.texts, call, key)
+    best = results if request.n_best == 1 else [found[0][0] for found in results]
+    metrics.outputs(name, best, run.target_tokenizer)
     if request.n_best == 1:
-        return {"model": name, "translations": results}
-    return {"model": name, "translations": [found[0][0] for found in results],
+        return {"model": name, "translations": best}
+    return {"model": name, "translations": best,
             "n_best": [[{"text": t, "score": float(s)} for t, s in found]
                        for found in results]}
 
 
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(request: GenerateRequest, registry: Registry, batcher: ModelCalls,
-                   limits: ServerLimits):
+                   limits: ServerLimits, metrics: Metrics):
     name, run = registry.pick(request.model, "gpt", "/generate")
     check_text(request.prompt, "the prompt", run, limits)
     options = generation_options(request, limits)
@@ -74,6 +77,7 @@ async def generate(request: GenerateRequest, registry: Registry, batcher: ModelC
         return [run.generate(prompts[0], options, engine=registry.engine)]
 
     (text,) = await submit(batcher, [request.prompt], call)
+    metrics.outputs(name, [text[len(request.prompt):]], run.source_tokenizer)  # prompt + new
     return {"model": name, "text": text}
 
 
