@@ -74,9 +74,9 @@ def test_a_scrape_counts_every_answer_exactly(runs):
     limits = Limits(max_texts=8, max_chars=60, max_new_tokens=30, max_body_bytes=4096)
     with TestClient(create_app(runs, limits)) as client:
         sent, translations = [SENTENCES[:2], SENTENCES[2:5], SENTENCES[5:]], []
-        for texts in sent:
-            response = client.post("/translate", json={"texts": texts, "beam_size": 1,
-                                                       "max_new_tokens": 12})
+        for texts, width in zip(sent, (1, 1, 2), strict=True):  # the last: the 2 best
+            response = client.post("/translate", json={"texts": texts, "beam_size": width,
+                                                       "n_best": width, "max_new_tokens": 12})
             assert response.status_code == 200, response.text
             translations += response.json()["translations"]
         prompt = "ein zwei"
@@ -283,3 +283,26 @@ def test_several_workers_sum_into_one_scrape(run_dirs, tmp_path):
     assert by(after["transformerkit_requests_total"], "route", "status") == {
         ("/translate", "200"): 3, ("/metrics", "200"): 1}
     assert "transformerkit_queue_depth" not in after
+
+
+def test_the_manual_names_every_metric_and_its_scrape_config_is_yaml():
+    """``docs/serving.md``, Metrics: its table names exactly the server's metrics; its
+    Prometheus scrape job parses and sends the API key as a bearer token from a file."""
+    import re
+
+    import yaml
+    from test_readme import DOCS, blocks
+
+    page = DOCS / "serving.md"
+    documented = set(re.findall(r"^\| `(transformerkit_\w+)`", page.read_text(), flags=re.M))
+    served = {f"{family.name}_total" if family.type == "counter" else family.name
+              for family in ServerMetrics().registry.collect()
+              if family.name.startswith("transformerkit")}
+    assert documented == served
+    (config,) = [yaml.safe_load(block) for block in blocks("yaml", page)
+                 if "scrape_configs" in block]
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["authorization"]["type"] == "Bearer"
+    assert job["authorization"]["credentials_file"].startswith("/")
+    assert job["static_configs"][0]["targets"]

@@ -97,11 +97,12 @@ class ServerMetrics:
             f"{PREFIX}_model_call_seconds", "seconds of one model call (a batch)",
             buckets=SECONDS_BUCKETS, registry=registry)
         self.sentences = Counter(
-            f"{PREFIX}_sentences", "texts translated (/translate) or generated (/generate), "
-            "by model", ["model"], registry=registry)
+            f"{PREFIX}_sentences", "texts translated (/translate) or generated (/generate) by "
+            "the model calls, by model", ["model"], registry=registry)
         self.tokens = Counter(
-            f"{PREFIX}_tokens", "tokens of the translations and continuations answered (as "
-            "the model's tokenizer encodes them), by model", ["model"], registry=registry)
+            f"{PREFIX}_tokens", "tokens of those translations (the best of each) and "
+            "continuations, as the model's tokenizer encodes them, by model", ["model"],
+            registry=registry)
         if self.multiprocess_path is None:
             ProcessCollector(registry=registry)  # this process's CPU seconds, memory, files
             self._scraped = registry
@@ -126,8 +127,8 @@ class ServerMetrics:
             self.rejected.labels(str(status)).inc()
 
     def outputs(self, model, texts, tokenizer):
-        """``texts`` (translations, continuations) answered by ``model``; their tokens as
-        ``tokenizer`` encodes them."""
+        """``texts`` (translations, continuations) that a call of ``model`` produced; their
+        tokens as ``tokenizer`` encodes them (``Run.translate`` gives texts, not ids)."""
         self.sentences.labels(model).inc(len(texts))
         self.tokens.labels(model).inc(sum(len(tokenizer.encode(text)) for text in texts))
 
