@@ -22,7 +22,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client import (  # noqa: E402
-    CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
     generate_latest,
@@ -56,7 +55,7 @@ def parse(text):
 def scrape(client):
     response = client.get("/metrics")
     assert response.status_code == 200, response.text
-    assert response.headers["content-type"] == CONTENT_TYPE_LATEST
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     return parse(response.text)
 
 
@@ -283,6 +282,42 @@ def test_several_workers_sum_into_one_scrape(run_dirs, tmp_path):
     assert by(after["transformerkit_requests_total"], "route", "status") == {
         ("/translate", "200"): 3, ("/metrics", "200"): 1}
     assert "transformerkit_queue_depth" not in after
+
+
+def test_a_request_whose_client_left_is_counted_once():
+    """Straight through the middleware: cancelled before any answer (499), and an answer
+    whose body never ended (its status, timed until the application returned)."""
+    import asyncio
+
+    from starlette.routing import Route, Router
+
+    async def gone(scope, receive, send):
+        raise asyncio.CancelledError
+
+    async def cut(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+
+    async def ignored(send):
+        pass
+
+    server_metrics = ServerMetrics()
+    router = Router(routes=[Route("/gone", gone), Route("/cut", cut)])
+
+    def request(app, path):
+        scope = {"type": "http", "path": path, "method": "POST", "root_path": "", "headers": []}
+        return RequestMetrics(app, server_metrics, (router,))(scope, None, ignored)
+
+    async def scenario():
+        with pytest.raises(asyncio.CancelledError):  # passed on
+            await request(gone, "/gone")
+        await request(cut, "/cut")
+
+    asyncio.run(scenario())
+    found = parse(server_metrics.exposition().decode())
+    assert by(found["transformerkit_requests_total"], "route", "method", "status") == {
+        ("/gone", "POST", "499"): 1, ("/cut", "POST", "200"): 1}
+    assert "transformerkit_rejected_total" not in found
 
 
 def test_the_manual_names_every_metric_and_its_scrape_config_is_yaml():

@@ -9,7 +9,9 @@
   It sits outside the API-key check and the body limit, so 401s and 413s are counted too.
   A path that matches no route is counted as the route ``unmatched`` and an unusual method
   as ``other``, so random paths cannot grow the number of series.
-- :data:`router`: ``GET /metrics``, the text format (``text/plain; version=0.0.4``).
+- :data:`router`: ``GET /metrics``, the classic text format (``text/plain; version=0.0.4``,
+  what every Prometheus version reads and what prometheus_client answers a scraper that
+  asks for nothing newer; the metric names need none of the newer formats' escaping).
 
 With several worker processes the server sets ``PROMETHEUS_MULTIPROC_DIR`` to an empty folder
 before the workers start (``prometheus_client`` chooses where values live when it is first
@@ -26,7 +28,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
+    CONTENT_TYPE_PLAIN_0_0_4,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -225,4 +227,5 @@ router = APIRouter()
           "description": "Prometheus's text format"}})
 async def metrics(request: Request):
     """The server's metrics in Prometheus's text format (``docs/serving.md``, Metrics)."""
-    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(request.app.state.metrics.exposition(),
+                    media_type=CONTENT_TYPE_PLAIN_0_0_4)
