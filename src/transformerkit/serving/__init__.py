@@ -17,8 +17,10 @@
   the batcher and the limits through :mod:`~transformerkit.serving.dependencies`, check
   requests with :mod:`~transformerkit.serving.checks` and answer errors as
   :mod:`~transformerkit.serving.errors` says;
+- :mod:`~transformerkit.serving.metrics`: the server's Prometheus metrics (``GET /metrics``)
+  and the middleware that counts and times every answer;
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
-FastAPI and uvicorn are the ``serve`` extra (``pip install "keras-transformerkit[serve]"``);
-importing this package imports neither.
+FastAPI, uvicorn and prometheus-client are the ``serve`` extra (``pip install
+"keras-transformerkit[serve]"``); importing this package imports none of them.
 """

@@ -6,7 +6,9 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /``: the page; ``GET /health``, ``GET /models`` (:mod:`.info_routes`);
 - ``POST /translate``, ``POST /generate``, ``POST /attention`` (:mod:`.model_routes`;
   bodies: :mod:`.schemas`);
-- ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
+- ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN);
+- ``GET /metrics``: Prometheus metrics (:mod:`.metrics`; every answer is counted by its
+  middleware, outside the others).
 
 With ``api_keys`` every route but ``/`` and ``/health`` needs ``Authorization: Bearer KEY``
 (:mod:`.auth`; 401 otherwise), as the OpenAPI schema says.
@@ -26,7 +28,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
-from transformerkit.serving import dependencies, info_routes, model_routes
+from transformerkit.serving import dependencies, info_routes, metrics, model_routes
 from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
@@ -58,6 +60,7 @@ async def lifespan(app):
     app.state.batcher.start()
     yield
     await app.state.batcher.stop()
+    app.state.metrics.close()
 
 
 def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
@@ -77,19 +80,24 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     api_keys = check_keys(api_keys, "api_keys")
     registry = RunRegistry(runs, engine)
     limits = limits or Limits()
+    server_metrics = metrics.ServerMetrics()
     batcher = Batcher(window_s=limits.batch_window_ms / 1000, max_batch=limits.max_batch_texts,
-                      queue_size=limits.queue_size, timeout_s=limits.timeout)
+                      queue_size=limits.queue_size, timeout_s=limits.timeout,
+                      observer=server_metrics)
     app = FastAPI(title="transformerkit", version=transformerkit.__version__,
                   description="Translate, generate and look at attention with trained runs.",
                   docs_url=None, redoc_url=None, lifespan=lifespan, responses=_ERRORS)
-    dependencies.install(app, registry, batcher, limits)
+    dependencies.install(app, registry, batcher, limits, server_metrics)
     app.state.page = info_routes.page_html()
-    app.include_router(info_routes.router)
-    app.include_router(model_routes.router)
+    routers = (info_routes.router, model_routes.router, metrics.router)
+    for router in routers:
+        app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
     if api_keys:  # outside the body limit: a request without a key is not read
         app.add_middleware(BearerAuth, keys=api_keys)
         document_keys(app)
+    app.add_middleware(metrics.RequestMetrics, metrics=server_metrics,  # counts 401s too
+                       routers=(app.router, *routers))
     if cors_origins:  # added last, so outermost: errors (401, 413 too) carry its headers,
         # and preflights (which browsers send without the key) are answered
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
