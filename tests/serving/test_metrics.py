@@ -341,3 +341,22 @@ def test_the_manual_names_every_metric_and_its_scrape_config_is_yaml():
     assert job["authorization"]["type"] == "Bearer"
     assert job["authorization"]["credentials_file"].startswith("/")
     assert job["static_configs"][0]["targets"]
+
+
+def test_refusals_for_a_missing_or_wrong_key_are_counted(runs):
+    """The metrics middleware sits outside the key check: a 401 is counted under its route,
+    and a scrape itself needs the key."""
+    key = "k" * 24
+    with TestClient(create_app(runs, api_keys=[key])) as client:
+        assert client.post("/translate", json={"texts": ["ein"]}).status_code == 401
+        wrong = {"Authorization": "Bearer " + "k" * 23 + "x"}
+        assert client.get("/models", headers=wrong).status_code == 401
+        assert client.get("/metrics").status_code == 401
+        response = client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200
+        found = parse(response.text)
+    requests = by(found["transformerkit_requests_total"], "route", "status")
+    assert requests[("/translate", "401")] == 1
+    assert requests[("/models", "401")] == 1
+    assert requests[("/metrics", "401")] == 1
+    assert by(found["transformerkit_rejected_total"], "status")[("401",)] == 3
