@@ -94,18 +94,32 @@ class SentencePieceTokenizer(_TokenizerBase):
                 f"{where} has pad/bos/eos/unk ids {tuple(got.values())} (-1: none); the models "
                 f"need {tuple(want.values())}: train it with pad_id=0, bos_id=1, eos_id=2, "
                 "unk_id=3 (data.tokenizer: sentencepiece does)")
-        self.kind, self.lowercase = self._settings()
+        self._settings = None
         self.training_stats = {}
 
-    def _settings(self):
-        """``("sentencepiece" or "sentencepiece-bpe", lowercase)`` from the model proto."""
-        from sentencepiece import sentencepiece_model_pb2
+    @property
+    def kind(self):
+        """``"sentencepiece"`` (unigram) or ``"sentencepiece-bpe"``, as the model says."""
+        return self._read_settings()[0]
 
-        model = sentencepiece_model_pb2.ModelProto()
-        model.ParseFromString(self._proto)
-        kind = "sentencepiece-bpe" if model.trainer_spec.model_type == \
-            sentencepiece_model_pb2.TrainerSpec.BPE else "sentencepiece"
-        return kind, model.normalizer_spec.name.endswith("_cf")
+    @property
+    def lowercase(self):
+        """Whether the model's normalization case-folds (``nmt_nfkc_cf``)."""
+        return self._read_settings()[1]
+
+    def _read_settings(self):
+        """``(kind, lowercase)`` from the model's trainer and normalizer specs, parsed with
+        `protobuf` (SentencePiece's own ``sentencepiece_model_pb2``) on first use only, so
+        encoding and decoding never need it."""
+        if self._settings is None:
+            from sentencepiece import sentencepiece_model_pb2
+
+            model = sentencepiece_model_pb2.ModelProto()
+            model.ParseFromString(self._proto)
+            kind = "sentencepiece-bpe" if model.trainer_spec.model_type == \
+                sentencepiece_model_pb2.TrainerSpec.BPE else "sentencepiece"
+            self._settings = kind, model.normalizer_spec.name.endswith("_cf")
+        return self._settings
 
     # ----------------------------------------------------------------------------- train
     @classmethod
