@@ -13,6 +13,7 @@ from paths import SHARED_DATA
 from tiny_run import tiny_config
 
 import transformerkit
+from transformerkit.config import resolve
 from transformerkit.data.marian_vocab import MarianTokenizer, load_marian_tokenizers
 from transformerkit.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from transformerkit.data.tokenizers import load_tokenizer
@@ -334,3 +335,16 @@ def test_a_shared_bpe_vocabulary_replaces_files_of_an_earlier_attempt(tmp_path):
         data.source_tokenizer.vocab_size == data.target_tokenizer.vocab_size
     assert data.source_tokenizer.kind == "sentencepiece-bpe"
     assert load_tokenizer(run_dir / "tokenizer.model").vocab_size == 40
+
+
+def test_a_gpt_refuses_sentencepiece_which_drops_line_breaks(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("First line.\nSecond line.\n" * 20)
+    config = resolve({"model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
+                                "d_ff": 32, "max_length": 16},
+                      "data": {"dataset": "text", "text": str(text),
+                               "tokenizer": "sentencepiece", "block_size": 16}})
+    with pytest.raises(ValueError, match="line breaks into spaces .* use bpe or char"):
+        prepare_data(config, tmp_path / "gpt")
+    tok = SentencePieceTokenizer.train(["First line.", "Second line."] * 20, vocab_size=30)
+    assert "\n" not in tok.decode(tok.encode("First line.\nSecond line."))  # why

@@ -21,6 +21,7 @@ What SentencePiece itself decides (not reimplemented here):
   special ids (the policy of :mod:`transformerkit.data.tokenizers` too).
 
 Training runs in memory (``sentence_iterator`` in, ``model_writer`` out): no temporary files.
+The trainer's other options are SentencePiece's defaults.
 """
 
 import io
@@ -41,6 +42,11 @@ from transformerkit.special_tokens import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID,
 
 SENTENCEPIECE_KINDS = {"sentencepiece": "unigram", "sentencepiece-bpe": "bpe"}
 """``data.tokenizer`` values that train a SentencePiece model -> its ``model_type``."""
+
+TRAINING_THREADS = 16
+"""SentencePiece's own default. The model depends on the number of training threads (the
+work is split by thread), so it is fixed, not the machine's core count: the same sample
+gives the same model everywhere (as ``spm_train`` does given the same options)."""
 
 MODEL_SUFFIXES = (".model", ".spm")  # how SentencePiece model files are named (Marian: .spm)
 
@@ -151,7 +157,7 @@ class SentencePieceTokenizer(_TokenizerBase):
                 pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
                 pad_piece=PAD, bos_piece=BOS, eos_piece=EOS, unk_piece=UNK,
                 input_sentence_size=0,  # the sample is already drawn: use all of it
-                num_threads=max(1, min(8, os.cpu_count() or 1)), minloglevel=2)
+                num_threads=TRAINING_THREADS, minloglevel=2)
         except RuntimeError as e:
             _log_training_stats(f"SentencePieceTokenizer({kind})", stats)  # no text: say so
             raise ValueError(f"SentencePiece could not train a {model_type} model of "

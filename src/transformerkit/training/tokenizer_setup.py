@@ -224,6 +224,10 @@ def one_tokenizer(config, run, reuse, texts):
                          "model.embeddings.shared")
     if reuse:
         return load_tokenizer(run.tokenizer_paths(shared=True)[0]), {}
+    if kind == "gpt" and data.tokenizer in SENTENCEPIECE_KINDS:
+        raise ValueError(f"data.tokenizer: {data.tokenizer} turns line breaks into spaces "
+                         "(SentencePiece's normalization), and a GPT's text needs them: use "
+                         "bpe or char for a GPT")
     reused = reused_tokenizer_files(data.tokenizer)
     path, _ = run.tokenizer_paths(shared=True, suffix=_suffix(data.tokenizer, reused))
     run.remove_other_tokenizers([path])
