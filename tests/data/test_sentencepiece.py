@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 import sentencepiece
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from paths import SHARED_DATA
 from tiny_run import tiny_config
 
@@ -16,7 +18,7 @@ import transformerkit
 from transformerkit.config import resolve
 from transformerkit.data.marian_vocab import MarianTokenizer, load_marian_tokenizers
 from transformerkit.data.sentencepiece_tokenizer import SentencePieceTokenizer
-from transformerkit.data.tokenizers import load_tokenizer
+from transformerkit.data.tokenizers import load_hf_tokenizer, load_tokenizer
 from transformerkit.run_directory import RunDirectory
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformerkit.training.data_setup import prepare_data, reused_tokenizer_files
@@ -126,6 +128,20 @@ def test_the_saved_model_file_is_sentencepieces_own(trained, tmp_path):
     assert loaded.kind == trained.kind and loaded.vocab_size == trained.vocab_size
     assert loaded.encode_batch(texts) == trained.encode_batch(texts)
     assert not list(tmp_path.glob(".*"))  # atomic write: no temporary file left
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyzäöüßABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!? ",
+               max_size=60))
+def test_round_trip_is_the_text_with_spaces_normalized(text):
+    """Over the characters trained on, any text round-trips to itself with leading,
+    trailing and repeated spaces dropped (SentencePiece's nmt_nfkc)."""
+    tok = _PROPERTY_TOKENIZER.get("tok") or _PROPERTY_TOKENIZER.setdefault(
+        "tok", SentencePieceTokenizer.train(_lines("de") + ALPHABET, vocab_size=300))
+    assert tok.decode(tok.encode(text, add_bos=True, add_eos=True)) == " ".join(text.split())
+
+
+_PROPERTY_TOKENIZER = {}  # trained once for all the examples
 
 
 def test_lowercase_is_stored_in_the_model():
@@ -252,6 +268,15 @@ def test_marian_side_saves_as_one_file_and_loads_back(marian, tmp_path):
                                                                                add_eos=True)
 
 
+def test_marian_batch_encoding_equals_one_by_one(marian):
+    (source, _), _ = marian
+    assert source.encode_batch(GERMAN, add_eos=True) == [source.encode(t, add_eos=True)
+                                                         for t in GERMAN]
+    assert source.encode_batch([]) == []
+    ids, lengths = source.encode_batch_flat(GERMAN, add_eos=True)
+    assert ids.tolist() == [i for t in GERMAN for i in source.encode(t, add_eos=True)]
+
+
 def test_marian_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="folder not found"):
         load_marian_tokenizers(tmp_path / "nowhere")
@@ -272,6 +297,8 @@ def test_marian_folder_errors(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
     with pytest.raises(FileNotFoundError, match="no target_vocab.json"):
         load_marian_tokenizers(tmp_path)
+    with pytest.raises(ValueError, match="is a Marian tokenizer folder .*load_marian_tokenizers"):
+        load_hf_tokenizer(tmp_path)  # its ids are not those of a model trained here
 
 
 # ------------------------------------------------------------------------------- in a run

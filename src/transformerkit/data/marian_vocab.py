@@ -99,9 +99,7 @@ class MarianTokenizer(_TokenizerBase):
         """Text -> pieces: a leading ``>>code<<``, then the SentencePiece segmentation."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.60}")
-        code = []
-        if text.startswith(">>") and (end := text.find("<<")) != -1:
-            code, text = [text[:end + 2]], text[end + 2:]
+        code, text = _split_code(text)
         return code + self._sp.encode(text, out_type=str)
 
     def encode(self, text, add_bos=False, add_eos=False):
@@ -112,7 +110,17 @@ class MarianTokenizer(_TokenizerBase):
         return self._with_specials(ids, add_bos, add_eos)
 
     def encode_batch(self, texts, add_bos=False, add_eos=False):
-        return [self.encode(t, add_bos, add_eos) for t in texts]
+        """List of texts -> list of id lists (SentencePiece segments them all in one call)."""
+        texts = list(texts)
+        for text in texts:
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.60}")
+        codes, rests = zip(*map(_split_code, texts), strict=True) if texts else ((), ())
+        unk = self.unk_id
+        return [self._with_specials([self._vocab.get(p, unk) for p in code + pieces],
+                                    add_bos, add_eos)
+                for code, pieces in zip(codes, self._sp.encode(list(rests), out_type=str),
+                                        strict=True)]
 
     def id_to_token(self, i):
         i = int(i)
@@ -161,6 +169,14 @@ class MarianTokenizer(_TokenizerBase):
             raise ValueError(f"tokenizer file {path} is corrupt: {e}") from e
         return cls(proto, payload["vocab"], side=meta.get("side", "source"),
                    special_tokens=meta.get("special_tokens"), path=path)
+
+
+def _split_code(text):
+    """``([">>fra<<"], rest)`` for a text that starts with a language code, else
+    ``([], text)`` (``MarianTokenizer.remove_language_code``)."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[:end + 2]], text[end + 2:]
+    return [], text
 
 
 def _checked_vocab(vocab, where):

@@ -367,6 +367,11 @@ def load_hf_tokenizer(folder):
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face tokenizer folder not found: {folder}")
+    if (folder / "source.spm").is_file() and not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{folder} is a Marian tokenizer folder (source.spm, target.spm, "
+                         "vocab.json): its ids (</s> 0, <unk> 1, <pad> last) are a Marian "
+                         "model's, not those of a model trained here (<pad> 0); "
+                         "transformerkit.data.load_marian_tokenizers reads it")
     names = _hf_special_token_names(folder)
     if (folder / "tokenizer.json").is_file():
         try:
