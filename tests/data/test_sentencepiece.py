@@ -12,7 +12,9 @@ import sentencepiece
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from paths import SHARED_DATA
+from tiny_run import GERMAN as NUMBERS_DE
 from tiny_run import tiny_config
+from vectors_files import write_vectors
 
 import transformerkit
 from transformerkit.config import resolve
@@ -373,5 +375,20 @@ def test_a_gpt_refuses_sentencepiece_which_drops_line_breaks(tmp_path):
                                "tokenizer": "sentencepiece", "block_size": 16}})
     with pytest.raises(ValueError, match="line breaks into spaces .* use bpe or char"):
         prepare_data(config, tmp_path / "gpt")
+    spm_file = tmp_path / "mine.model"
+    SentencePieceTokenizer.train(["First line.", "Second line."] * 20,
+                                 vocab_size=30).save(spm_file)
+    with pytest.raises(ValueError, match="mine.model is a SentencePiece model, which turns"):
+        prepare_data(config.replace(data={"tokenizer": str(spm_file)}), tmp_path / "gpt2")
     tok = SentencePieceTokenizer.train(["First line.", "Second line."] * 20, vocab_size=30)
     assert "\n" not in tok.decode(tok.encode("First line.\nSecond line."))  # why
+
+
+def test_vectors_for_one_side_and_sentencepiece_for_the_other_are_refused(tmp_path):
+    """A run keeps its vocabularies in one format: a vectors file's (json) and a
+    SentencePiece model (.model) do not mix."""
+    write_vectors(tmp_path / "de.vec", NUMBERS_DE, dim=16)
+    config = _config(tmp_path, shared_vocab=False).replace(
+        model={"d_model": 16, "embeddings": {"source": str(tmp_path / "de.vec")}})
+    with pytest.raises(ValueError, match="one format: data.tokenizer: sentencepiece cannot"):
+        prepare_data(config, tmp_path / "run")

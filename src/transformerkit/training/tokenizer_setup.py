@@ -122,13 +122,13 @@ def run_tokenizers(config, run, reuse, corpus, cache_root):
     if files and reused:
         raise ValueError("model.embeddings builds the vocabulary from its vectors files; "
                          f"data.tokenizer {data.tokenizer!r} names another one: use one")
-    if files and data.tokenizer in SENTENCEPIECE_KINDS:
-        raise ValueError(f"model.embeddings builds a vocabulary from its vectors files, which "
-                         f"data.tokenizer: {data.tokenizer} cannot be (a SentencePiece model "
-                         "is trained): use bpe, wordpiece or unigram for a side without "
-                         "vectors")
-    source_path, target_path = run.tokenizer_paths(shared, suffix=_suffix(data.tokenizer,
-                                                                          reused))
+    if files and data.tokenizer in SENTENCEPIECE_KINDS and len(files) < 2 - shared:
+        raise ValueError(f"model.embeddings builds one side's vocabulary from its vectors "
+                         f"file, and a run keeps its vocabularies in one format: "
+                         f"data.tokenizer: {data.tokenizer} cannot train the other; use bpe, "
+                         "wordpiece or unigram, or vectors for both sides")
+    source_path, target_path = run.tokenizer_paths(
+        shared, suffix=_suffix(data.tokenizer, reused, files))
     paths = [source_path] if shared else [source_path, target_path]
     run.remove_other_tokenizers(paths)
     if reused:
@@ -153,9 +153,11 @@ def run_tokenizers(config, run, reuse, corpus, cache_root):
     return loaded[0], loaded[-1], paths, matrices
 
 
-def _suffix(value, reused):
+def _suffix(value, reused, files):
     """The run's tokenizer file suffix: ``.model`` for SentencePiece models (trained, or
-    copied from ``.model`` files), else ``.json``."""
+    copied from ``.model`` files), else ``.json`` (vectors files' vocabularies too)."""
+    if files:
+        return ".json"
     if value in SENTENCEPIECE_KINDS or (reused and is_sentencepiece_file(reused[0])):
         return ".model"
     return ".json"
@@ -212,11 +214,11 @@ def _cached_or_trained(data, seed, shared, corpus, cache_root, paths):
 
 
 def one_tokenizer(config, run, reuse, texts):
-    """The one vocabulary of a GPT or an Encoder, saved as ``run``'s ``tokenizer.json`` (or
-    ``tokenizer.model``):
-    reloaded (``reuse``), built from ``model.embeddings.shared``'s vectors, copied from
-    ``data.tokenizer`` (a file, a run, a Hugging Face folder) or trained on ``texts()``.
-    -> ``(tokenizer, {"source": matrix} or {})``."""
+    """The one vocabulary of a GPT or an Encoder, saved as ``run``'s ``tokenizer.json`` (an
+    Encoder's SentencePiece model: ``tokenizer.model``): reloaded (``reuse``), built from
+    ``model.embeddings.shared``'s vectors, copied from ``data.tokenizer`` (a file, a run, a
+    Hugging Face folder) or trained on ``texts()``. A GPT refuses SentencePiece, which
+    drops line breaks. -> ``(tokenizer, {"source": matrix} or {})``."""
     data, kind = config.data, config.model["type"]
     files = vectors.embedding_files(config.model["embeddings"])
     if set(files) - {"shared"}:
@@ -224,17 +226,18 @@ def one_tokenizer(config, run, reuse, texts):
                          "model.embeddings.shared")
     if reuse:
         return load_tokenizer(run.tokenizer_paths(shared=True)[0]), {}
-    if kind == "gpt" and data.tokenizer in SENTENCEPIECE_KINDS:
-        raise ValueError(f"data.tokenizer: {data.tokenizer} turns line breaks into spaces "
-                         "(SentencePiece's normalization), and a GPT's text needs them: use "
-                         "bpe or char for a GPT")
     reused = reused_tokenizer_files(data.tokenizer)
-    path, _ = run.tokenizer_paths(shared=True, suffix=_suffix(data.tokenizer, reused))
+    if files and reused:
+        raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
+                         f"data.tokenizer {data.tokenizer!r} names another one: use one")
+    suffix = _suffix(data.tokenizer, reused, files)
+    if kind == "gpt" and suffix == ".model":
+        raise ValueError(f"data.tokenizer: {data.tokenizer} is a SentencePiece model, which "
+                         "turns line breaks into spaces (its normalization), and a GPT's text "
+                         "needs them: use bpe or char for a GPT")
+    path, _ = run.tokenizer_paths(shared=True, suffix=suffix)
     run.remove_other_tokenizers([path])
     if files:
-        if reused or data.tokenizer in SENTENCEPIECE_KINDS:
-            raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
-                             f"data.tokenizer {data.tokenizer!r} names another one: use one")
         read = _vectors_tokenizer(files["shared"], data.lowercase, path)
         tokenizer = load_tokenizer(path)
         matrices = {"source": vectors.aligned_matrix(read, tokenizer)}
