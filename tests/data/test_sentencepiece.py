@@ -228,6 +228,9 @@ def test_marian_encoding_equals_transformers(marian):
         assert target.encode(text, add_eos=True) == hf(text_target=text)["input_ids"], text
     assert hf("Ein Hund ☃")["input_ids"].count(source.unk_id) >= 1  # unknown characters
     assert source.tokenize(">>fra<< Ein") == [">>fra<<", "▁Ein"]
+    # The one difference, on purpose: a special token's spelling in text is plain text.
+    assert hf("Ein </s> Hund")["input_ids"].count(source.eos_id) == 2
+    assert source.encode("Ein </s> Hund", add_eos=True).count(source.eos_id) == 1
 
 
 def test_marian_decoding_equals_transformers(marian):
@@ -392,3 +395,15 @@ def test_vectors_for_one_side_and_sentencepiece_for_the_other_are_refused(tmp_pa
         model={"d_model": 16, "embeddings": {"source": str(tmp_path / "de.vec")}})
     with pytest.raises(ValueError, match="one format: data.tokenizer: sentencepiece cannot"):
         prepare_data(config, tmp_path / "run")
+
+
+def test_run_directory_names_the_model_files(tmp_path):
+    run = RunDirectory(tmp_path)
+    assert run.tokenizer_paths(shared=True, suffix=".model") == (
+        str(tmp_path / "tokenizer.model"),) * 2
+    assert run.tokenizer_paths() == (str(tmp_path / "source_tokenizer.json"),
+                                     str(tmp_path / "target_tokenizer.json"))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    assert run.tokenizer_paths() == (str(tmp_path / "tokenizer.model"),) * 2
+    with pytest.raises(ValueError, match="suffix must be one of"):
+        run.tokenizer_paths(suffix=".txt")
