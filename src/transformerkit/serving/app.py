@@ -6,7 +6,8 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /``: the page; ``GET /health``, ``GET /models`` (:mod:`.info_routes`);
 - ``POST /translate``, ``POST /generate``, ``POST /attention`` (:mod:`.model_routes`;
   bodies: :mod:`.schemas`);
-- ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
+- ``GET /openapi.json``: the OpenAPI schema, with this server's limits and model names
+  (:mod:`.openapi`; no ``/docs``: its viewer loads from a CDN).
 
 The routes find the runs, the batcher and the limits through FastAPI dependencies
 (:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
@@ -23,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
-from transformerkit.serving import dependencies, info_routes, model_routes
+from transformerkit.serving import dependencies, info_routes, model_routes, openapi
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
 from transformerkit.serving.limits import BodySizeLimit, Limits
@@ -79,6 +80,7 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
     app.state.page = info_routes.page_html()
     app.include_router(info_routes.router)
     app.include_router(model_routes.router)
+    openapi.install(app, limits, lambda: app.state.registry.names)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
     if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
