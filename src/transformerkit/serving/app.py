@@ -80,7 +80,8 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
     app.state.page = info_routes.page_html()
     app.include_router(info_routes.router)
     app.include_router(model_routes.router)
-    openapi.install(app, limits, lambda: app.state.registry.names)
+    openapi.install(app, limits, lambda: getattr(getattr(app.state, "registry", None),
+                                                 "names", None))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
     if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,

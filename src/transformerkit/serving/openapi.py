@@ -7,7 +7,7 @@ reading the schema sees what this server accepts, :func:`install` adds to the sc
 when it is first asked for: ``maxItems`` of ``texts`` (``--max-texts``), ``maxLength`` of
 each text, prompt, source and target (``--max-chars``), ``maximum`` of ``max_new_tokens``
 (``--max-new-tokens``), of ``beam_size`` and ``n_best`` (``--max-beam-size``), and the
-names of the served runs as the ``enum`` of ``model``. What no schema can say is still
+names of the served runs (once loaded) as the ``enum`` of ``model``. What no schema can say is still
 refused with a 422 naming the rule: an empty or whitespace-only text, a text of more tokens
 than the model's ``max_length``, a route the named model does not serve (``/generate`` on a
 Transformer), an option that contradicts another.
@@ -44,19 +44,24 @@ def with_limits(schema, limits, model_names):
         _constrain(properties(body), "max_new_tokens", maximum=limits.max_new_tokens)
     for name in ("beam_size", "n_best"):
         _constrain(properties("TranslateRequest"), name, maximum=limits.max_beam_size)
-    for body in ("TranslateRequest", "GenerateRequest", "AttentionRequest"):
-        _constrain(properties(body), "model", enum=list(model_names))
+    if model_names:
+        for body in ("TranslateRequest", "GenerateRequest", "AttentionRequest"):
+            _constrain(properties(body), "model", enum=list(model_names))
     return schema
 
 
 def install(app, limits, model_names):
-    """Make ``app.openapi()`` answer the schema :func:`with_limits` (built on first use and
-    kept, as FastAPI's own); ``model_names()`` gives the served names at that time."""
+    """Make ``app.openapi()`` answer the schema :func:`with_limits`, built on first use and
+    kept (as FastAPI's own) once ``model_names()`` gives the served names; before that (None:
+    the runs are still loading) it is built anew at each call, without the names."""
     plain = app.openapi
 
     def openapi():
         if app.openapi_schema is None:
-            app.openapi_schema = with_limits(plain(), limits, model_names())
+            names = model_names()
+            schema = with_limits(plain(), limits, names)
+            app.openapi_schema = schema if names is not None else None
+            return schema
         return app.openapi_schema
 
     app.openapi = openapi
