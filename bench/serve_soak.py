@@ -436,6 +436,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--start-timeout", type=float, default=300.0)
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the report (repeatable): how the runs were trained, "
+                             "what else ran on the machine")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "serve_soak"),
                         help="results path without suffix (.json and .md are written)")
     args = parser.parse_args(argv)
@@ -451,7 +454,7 @@ def main(argv=None):
     log_path = os.path.join(os.path.dirname(os.path.abspath(args.out)), "tmp",
                             "serve_soak_server.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    notes = []
+    notes = list(args.note)
     with open(log_path, "w") as log:
         server = start_server(args, port, log)
         try:
