@@ -6,7 +6,8 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /``: the page; ``GET /health``, ``GET /models`` (:mod:`.info_routes`);
 - ``POST /translate``, ``POST /generate``, ``POST /attention`` (:mod:`.model_routes`;
   bodies: :mod:`.schemas`);
-- ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN);
+- ``GET /openapi.json``: the OpenAPI schema, with this server's limits and model names
+  (:mod:`.openapi`; no ``/docs``: its viewer loads from a CDN);
 - ``GET /metrics``: Prometheus metrics (:mod:`.metrics`; every answer is counted by its
   middleware, outside the others).
 
@@ -28,7 +29,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
-from transformerkit.serving import dependencies, info_routes, metrics, model_routes
+from transformerkit.serving import dependencies, info_routes, metrics, model_routes, openapi
 from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
@@ -92,6 +93,8 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     routers = (info_routes.router, model_routes.router, metrics.router)
     for router in routers:
         app.include_router(router)
+    openapi.install(app, limits, lambda: getattr(getattr(app.state, "registry", None),
+                                                 "names", None))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
     if api_keys:  # outside the body limit: a request without a key is not read
         app.add_middleware(BearerAuth, keys=api_keys)

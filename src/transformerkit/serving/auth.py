@@ -87,6 +87,7 @@ def document_keys(app):
                         "description": "no API key, or a wrong one",
                         "content": {"application/json": {
                             "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+            return schema  # kept by the builder once it is final (the runs loaded)
         return app.openapi_schema
 
     app.openapi = openapi
