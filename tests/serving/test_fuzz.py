@@ -55,7 +55,7 @@ LIMITS = Limits(max_texts=4, max_chars=40, max_new_tokens=8, max_beam_size=4,
 GOOD = {"POST /translate": {"texts": ["ein zwei"], "beam_size": 2, "max_new_tokens": 6},
         "POST /generate": {"prompt": "ein", "model": "poet", "max_new_tokens": 4, "seed": 1},
         "POST /attention": {"source": "ein zwei", "target": "one two"},
-        "GET /health": None, "GET /models": None}
+        "GET /health": None, "GET /models": None, "GET /metrics": None}
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 
 
