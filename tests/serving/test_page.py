@@ -61,7 +61,7 @@ def server(run_dirs, tmp_path_factory):
     try:
         while True:
             try:
-                if get_json(url + "/health")["status"] == "ok":
+                if get_json(url + "/health")["status"] == "ready":
                     break
             except OSError:
                 pass

@@ -291,6 +291,12 @@ def _add_use_commands(command):
                        help="let pages from ORIGIN (https://host[:port], or * for any) call "
                             "the API from a browser (repeatable; default: only the server's "
                             "own page)")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="worker processes, each with its own copy of the models and "
+                            "its share of the CPU threads (1)")
+    serve.add_argument("--shutdown-timeout", type=float, default=25.0, metavar="SECONDS",
+                       help="after SIGTERM, how long to finish the requests already taken "
+                            "before exiting anyway (25)")
     _add_serving_limits(serve)
 
 

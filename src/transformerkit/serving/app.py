@@ -16,8 +16,10 @@ large, 422 invalid request (types, unknown fields, empty or too long texts, limi
 body not JSON or not UTF-8, 415 a body not sent as JSON, 429 queue full, 503 timeout.
 """
 
+import asyncio
 import contextlib
-import urllib.parse
+import logging
+import threading
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -26,41 +28,70 @@ import transformerkit
 from transformerkit.serving import dependencies, info_routes, model_routes
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
+from transformerkit.serving.lifecycle import Admission, Lifecycle
 from transformerkit.serving.limits import BodySizeLimit, Limits
-from transformerkit.serving.registry import RunRegistry
+from transformerkit.serving.origins import check_origins
+from transformerkit.serving.registry import ENGINES, RunRegistry
 from transformerkit.serving.schemas import ErrorResponse
+
+log = logging.getLogger("transformerkit.serve")
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 415, 422, 429, 503)}
 
 
-def check_origins(origins):
-    """``origins`` as a list if each is ``*`` or ``scheme://host[:port]`` (what a browser
-    sends as ``Origin``), else a ``ValueError`` naming the bad one."""
-    origins = list(origins or ())
-    for origin in origins:
-        if origin == "*":
-            continue
-        parts = urllib.parse.urlsplit(origin) if isinstance(origin, str) else None
-        if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
-                or origin != f"{parts.scheme}://{parts.netloc}" or parts.username):
-            raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] "
-                             "(for example https://app.example.com or http://localhost:3000)")
-    return origins
-
-
 @contextlib.asynccontextmanager
 async def lifespan(app):
-    """The batcher's worker runs while the application does."""
+    """The batcher's worker runs while the application does; runs given as a loader load
+    meanwhile on a thread of their own (:func:`load_in_background`). The lifespan state
+    (the ASGI spec's ``state``) carries the :class:`~.lifecycle.Lifecycle` to the server,
+    which drains it on SIGTERM (:mod:`.shutdown`)."""
+    lifecycle = app.state.lifecycle
     app.state.batcher.start()
-    yield
+    if app.state.load_runs is None:
+        lifecycle.ready()
+    else:
+        load_in_background(app, app.state.load_runs)
+    yield {"lifecycle": lifecycle}
     await app.state.batcher.stop()
+
+
+def load_in_background(app, load_runs):
+    """Call ``load_runs()`` on a daemon thread (the event loop answers ``/health``
+    meanwhile); then, on the loop, install its runs and make the app ready, or, if it
+    raised, log why and mark the lifecycle failed (``transformerkit serve`` then exits
+    non-zero, for whatever restarts it to see)."""
+    loop = asyncio.get_running_loop()
+    lifecycle, engine = app.state.lifecycle, app.state.engine
+
+    def loaded(registry):
+        app.state.registry = registry
+        lifecycle.ready()
+        log.info("ready: %s (engine %s)", ", ".join(registry.names), engine)
+
+    def load():
+        try:
+            outcome, result = loaded, RunRegistry(load_runs(), engine)
+        except Exception as error:  # noqa: BLE001 - any failure ends the server, logged
+            expected = isinstance(error, (OSError, ValueError, TypeError))
+            log.error("could not load the runs: %s: %s", type(error).__name__, error,
+                      exc_info=not expected)
+            outcome, result = lifecycle.fail, error
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(outcome, result)
+
+    threading.Thread(target=load, name="transformerkit-load", daemon=True).start()
 
 
 def create_app(runs, limits=None, engine="keras", cors_origins=()):
     """A FastAPI application serving ``runs``.
 
     Args:
-        runs: ``{name: transformerkit.api.Run}``; the first is the default model.
+        runs: ``{name: transformerkit.api.Run}`` (the first is the default model; ready
+            once started), or a function of no arguments returning that dict (such as
+            ``functools.partial(server.load_runs, run_dirs)``), called on a thread of its
+            own once the application starts: until it returns, ``GET /health`` says
+            "starting" and every other request but ``/`` and ``/metrics`` gets a 503
+            (:class:`~.lifecycle.Admission`); if it raises, the state is "failed".
         limits: a :class:`~.limits.Limits` (default: its defaults).
         engine: "keras" or "ctranslate2", passed to ``Run.translate`` / ``Run.generate``
             (attention always comes from the Keras model).
@@ -68,18 +99,23 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
             call the API from a browser; none by default (the server's own page only).
     """
     cors_origins = check_origins(cors_origins)
-    registry = RunRegistry(runs, engine)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    load_runs = runs if callable(runs) else None
+    registry = None if load_runs else RunRegistry(runs, engine)
     limits = limits or Limits()
     batcher = Batcher(window_s=limits.batch_window_ms / 1000, max_batch=limits.max_batch_texts,
                       queue_size=limits.queue_size, timeout_s=limits.timeout)
     app = FastAPI(title="transformerkit", version=transformerkit.__version__,
                   description="Translate, generate and look at attention with trained runs.",
                   docs_url=None, redoc_url=None, lifespan=lifespan, responses=_ERRORS)
-    dependencies.install(app, registry, batcher, limits)
+    dependencies.install(app, registry, batcher, limits, Lifecycle())
+    app.state.load_runs, app.state.engine = load_runs, engine
     app.state.page = info_routes.page_html()
     app.include_router(info_routes.router)
     app.include_router(model_routes.router)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(Admission, lifecycle=app.state.lifecycle)
     if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["Content-Type"],

@@ -1,24 +1,27 @@
 """What a route needs from its application, as FastAPI dependencies: the
-:class:`~.registry.RunRegistry`, the :class:`~.batching.Batcher` and the
-:class:`~.limits.Limits`. :func:`~.app.create_app` sets each in ``app.state``
-(:func:`install`); a route declares a parameter of the type below (``limits: ServerLimits``)
-and FastAPI looks it up per request. The lookups are coroutines, so they run on the event
-loop, not on a worker thread."""
+:class:`~.registry.RunRegistry`, the :class:`~.batching.Batcher`, the
+:class:`~.limits.Limits` and the :class:`~.lifecycle.Lifecycle`.
+:func:`~.app.create_app` sets each in ``app.state`` (:func:`install`); a route declares a
+parameter of the type below (``limits: ServerLimits``) and FastAPI looks it up per request.
+The lookups are coroutines, so they run on the event loop, not on a worker thread."""
 
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from transformerkit.serving.batching import Batcher
+from transformerkit.serving.lifecycle import Lifecycle
 from transformerkit.serving.limits import Limits
 from transformerkit.serving.registry import RunRegistry
 
 
-def install(app, registry, batcher, limits):
-    """Hold the registry, batcher and limits in ``app.state`` for the lookups below."""
+def install(app, registry, batcher, limits, lifecycle):
+    """Hold the registry (None until the runs are loaded), batcher, limits and lifecycle in
+    ``app.state`` for the lookups below."""
     app.state.registry = registry
     app.state.batcher = batcher
     app.state.limits = limits
+    app.state.lifecycle = lifecycle
 
 
 async def registry_of(request: Request) -> RunRegistry:
@@ -33,6 +36,11 @@ async def limits_of(request: Request) -> Limits:
     return request.app.state.limits
 
 
+async def lifecycle_of(request: Request) -> Lifecycle:
+    return request.app.state.lifecycle
+
+
 Registry = Annotated[RunRegistry, Depends(registry_of)]
 ModelCalls = Annotated[Batcher, Depends(batcher_of)]
 ServerLimits = Annotated[Limits, Depends(limits_of)]
+ServerLifecycle = Annotated[Lifecycle, Depends(lifecycle_of)]
