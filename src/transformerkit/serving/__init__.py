@@ -14,6 +14,10 @@
   the batcher and the limits through :mod:`~transformerkit.serving.dependencies`, check
   requests with :mod:`~transformerkit.serving.checks` and answer errors as
   :mod:`~transformerkit.serving.errors` says;
+- :mod:`~transformerkit.serving.lifecycle`: starting -> ready -> draining, and the
+  middleware that answers 503 outside "ready" and counts the requests in flight;
+- :mod:`~transformerkit.serving.shutdown`: the uvicorn server that drains at SIGTERM;
+- :mod:`~transformerkit.serving.workers`: several worker processes (``--workers``);
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
 FastAPI and uvicorn are the ``serve`` extra (``pip install "keras-transformerkit[serve]"``);

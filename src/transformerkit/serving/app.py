@@ -9,11 +9,14 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
 
 The routes find the runs, the batcher and the limits through FastAPI dependencies
-(:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
+(:mod:`.dependencies`), which this factory sets. Until the runs are loaded, and from
+SIGTERM on, :class:`~.lifecycle.Admission` answers 503 to all but ``/``, ``/health`` and
+``/metrics``. Browsers let a page call the API only from
 the server's own origin (its page at ``/``); ``cors_origins`` names other origins whose
 pages may (Starlette's ``CORSMiddleware``). Status codes: 404 unknown model, 413 body too
 large, 422 invalid request (types, unknown fields, empty or too long texts, limits), 400
-body not JSON or not UTF-8, 415 a body not sent as JSON, 429 queue full, 503 timeout.
+body not JSON or not UTF-8, 415 a body not sent as JSON, 429 queue full, 503 timeout,
+starting or draining.
 """
 
 import asyncio
@@ -65,8 +68,9 @@ def load_in_background(app, load_runs):
 
     def loaded(registry):
         app.state.registry = registry
-        lifecycle.ready()
-        log.info("ready: %s (engine %s)", ", ".join(registry.names), engine)
+        lifecycle.ready()  # unless it is draining already
+        log.info("loaded: %s (engine %s); %s", ", ".join(registry.names), engine,
+                 lifecycle.state)
 
     def load():
         try:
