@@ -8,8 +8,9 @@ leaves it "failed" with the error logged; while draining, new requests get 503 w
 As a process (slow: ``python -m transformerkit.cli serve`` of the tiny ``numbers`` run,
 ``conftest.py``): /health goes starting -> ready; at SIGTERM the queued requests are all
 answered, a new one gets 503, /health says "draining", and the process exits 0 in time;
-with ``--workers 2`` two worker processes (children of the server) answer, and SIGTERM
-ends them all with status 0.
+with ``--workers 2`` two worker processes (children of the server) answer, one killed is
+replaced, and SIGTERM drains them all (a queued request is answered) and exits 0. In
+threads, the draining server's timeout, a second Ctrl-C and a failed load.
 """
 
 import asyncio
@@ -41,6 +42,14 @@ from transformerkit.serving.lifecycle import Admission, Lifecycle  # noqa: E402
 from transformerkit.serving.limits import Limits  # noqa: E402
 from transformerkit.serving.server import load_runs  # noqa: E402
 from transformerkit.serving.shutdown import CLOSE_GRACE_S, DrainingServer  # noqa: E402
+from transformerkit.serving.workers import (  # noqa: E402
+    METRICS_VARIABLE,
+    SETTINGS_VARIABLE,
+    cores_available,
+    metrics_folder,
+    share_threads,
+    worker_settings,
+)
 
 SENTENCES = ["ein zwei drei", "vier fuenf", "sechs sieben", "acht neun zehn"]
 
@@ -359,28 +368,81 @@ def parent_of(pid):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the process tree in /proc")
-def test_two_workers_serve_and_stop_at_sigterm(run_dirs, tmp_path):
+def test_two_workers_serve_a_killed_one_is_replaced_all_drain_at_sigterm(run_dirs, runs, tmp_path):
+    """Two worker processes of the server answer; one killed is replaced; at SIGTERM to the
+    server every worker drains (a queued request is answered) and all exit, status 0."""
     process, url, log = start_serve(run_dirs[0], tmp_path, "--workers", "2",
+                                    "--batch-window-ms", "3000",
                                     "--shutdown-timeout", str(SHUTDOWN_TIMEOUT))
     try:
         wait_ready(process, url, log)
         pids = set()
 
-        def both_answered():  # each request on a new connection: either worker may take it
+        def workers_answered(count):  # each request on a new connection: any worker may take it
             answer = health(url)
             if answer and answer[0] == 200:
                 pids.add(answer[1]["pid"])
-            return len(pids) == 2
+            return len(pids) == count
 
-        poll(both_answered, 120, "answers from two worker processes")
+        poll(lambda: workers_answered(2), 120, "answers from two worker processes")
         assert {parent_of(pid) for pid in pids} == {process.pid}
-        for _ in range(4):
-            answer = httpx.post(url + "/translate", json={"texts": ["ein zwei"]}, timeout=30)
-            assert answer.status_code == 200 and answer.json()["translations"][0]
-        process.send_signal(signal.SIGTERM)
+        first = set(pids)
+        os.kill(min(first), signal.SIGKILL)  # the server starts another worker
+        poll(lambda: workers_answered(3), 180, "an answer from a new worker")
+        assert [parent_of(pid) for pid in pids - first] == [process.pid]
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(httpx.post, url + "/translate", timeout=60,
+                                 json={"texts": ["ein zwei"], "beam_size": 1})
+            poll(lambda: (answer := health(url)) and answer[1].get("waiting") == 1, 10,
+                 "a queued request")
+            process.send_signal(signal.SIGTERM)
+            answer = queued.result()
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["translations"] == runs["numbers"].translate(["ein zwei"],
+                                                                          beam_size=1)
         assert ended_within(process, SHUTDOWN_TIMEOUT + EXIT_MARGIN) == 0, log.read_text()
+        text = log.read_text()
+        assert text.count("draining: ") == 2 and "draining: 1 request(s) in flight" in text
+        assert "shutdown timeout" not in text and "Traceback" not in text, text[-3000:]
         for pid in pids:
             assert not os.path.exists(f"/proc/{pid}") or parent_of(pid) != process.pid
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     finally:
         stop(process)
+
+
+# -- the pieces of --workers ------------------------------------------------------------------
+def test_the_metrics_folder_is_fresh_and_removed_unless_the_user_set_one(monkeypatch, tmp_path):
+    monkeypatch.delenv(METRICS_VARIABLE, raising=False)
+    with metrics_folder() as folder:
+        assert os.environ[METRICS_VARIABLE] == folder and os.path.isdir(folder)
+        assert not os.listdir(folder)
+    assert METRICS_VARIABLE not in os.environ and not os.path.exists(folder)
+    monkeypatch.setenv(METRICS_VARIABLE, str(tmp_path))
+    with metrics_folder() as folder:
+        assert folder == str(tmp_path)
+    assert os.environ[METRICS_VARIABLE] == str(tmp_path) and tmp_path.is_dir()
+
+
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import keras
+
+    if keras.backend.backend() != "torch":
+        pytest.skip("the threads are PyTorch's")
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert share_threads(1) is None and torch.get_num_threads() == before
+        share = max(1, cores_available() // 3)
+        assert share_threads(3) == share and torch.get_num_threads() == share
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's choice stands
+        torch.set_num_threads(before)
+        assert share_threads(3) is None and torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_worker_factory_needs_the_settings_of_serve(monkeypatch):
+    monkeypatch.delenv(SETTINGS_VARIABLE, raising=False)
+    with pytest.raises(RuntimeError, match="started by transformerkit serve --workers"):
+        worker_settings()
