@@ -360,6 +360,19 @@ def test_serve_is_ready_after_loading_and_drains_at_sigterm(run_dirs, runs, tmp_
         stop(process)
 
 
+@pytest.mark.slow
+def test_sigterm_while_the_runs_load_ends_the_process_with_status_0(run_dirs, tmp_path):
+    """The loading thread cannot be stopped: the process exits without it (PyTorch torn
+    down under it would abort the process)."""
+    process, url, log = start_serve(run_dirs[0], tmp_path, str(run_dirs[1]))  # both runs
+    try:
+        poll(lambda: health(url), 180, "an answer")  # the first comes before the runs load
+        process.send_signal(signal.SIGTERM)
+        assert ended_within(process, SHUTDOWN_TIMEOUT + EXIT_MARGIN) == 0, log.read_text()
+    finally:
+        stop(process)
+
+
 def parent_of(pid):
     """The parent process id of ``pid`` (Linux ``/proc``)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -83,7 +83,8 @@ def load_in_background(app, load_runs):
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
             loop.call_soon_threadsafe(outcome, result)
 
-    threading.Thread(target=load, name="transformerkit-load", daemon=True).start()
+    lifecycle.loader = threading.Thread(target=load, name="transformerkit-load", daemon=True)
+    lifecycle.loader.start()
 
 
 def create_app(runs, limits=None, engine="keras", cors_origins=()):

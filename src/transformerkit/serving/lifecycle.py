@@ -38,6 +38,7 @@ class Lifecycle:
     def __init__(self, state=STARTING):
         self.state = state
         self.failure = None  # the exception that made the state "failed"
+        self.loader = None  # the thread loading the runs, if they load in the background
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()

@@ -98,7 +98,11 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
 
     from transformerkit.serving.limits import Limits
     from transformerkit.serving.origins import check_origins
-    from transformerkit.serving.shutdown import CLOSE_GRACE_S, DrainingServer
+    from transformerkit.serving.shutdown import (
+        CLOSE_GRACE_S,
+        DrainingServer,
+        exit_if_still_loading,
+    )
 
     if not (isinstance(workers, int) and workers >= 1):
         raise ValueError(f"--workers must be a whole number of at least 1, got {workers!r}")
@@ -120,6 +124,7 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
         server = DrainingServer(uvicorn.Config(build_app(**settings | {"limits": limits}),
                                                **options), shutdown_timeout)
         server.run()
+        exit_if_still_loading(server)
         return server.exit_code
     from transformerkit.serving.workers import run_workers
 

@@ -19,7 +19,9 @@ the server stops and :attr:`DrainingServer.exit_code` is 1.
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 import time
 
 import uvicorn
@@ -79,3 +81,19 @@ class DrainingServer(uvicorn.Server):
             log.warning("shutdown timeout (%g s) passed with %d request(s) in flight; "
                         "stopping anyway", self.shutdown_timeout, lifecycle.in_flight)
         self.should_exit = True
+
+
+def exit_if_still_loading(server):
+    """End this process now, with ``server.exit_code``, if the server stopped while its runs
+    were still loading (a SIGTERM during start-up): the loading thread cannot be stopped,
+    and the interpreter's normal exit would tear PyTorch down under it (an abort). Call it
+    after ``server.run()`` in the process's main thread; it returns if nothing is loading."""
+    lifecycle = server.lifecycle()
+    loader = getattr(lifecycle, "loader", None)
+    if loader is None or not loader.is_alive():
+        return
+    log.info("stopped while the runs were loading: exiting without waiting for them")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(server.exit_code)

@@ -30,7 +30,7 @@ import tempfile
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from transformerkit.serving.shutdown import DrainingServer
+from transformerkit.serving.shutdown import DrainingServer, exit_if_still_loading
 
 log = logging.getLogger("transformerkit.serve")
 
@@ -101,6 +101,7 @@ class WorkerProcess(Process):
 
     def target(self, sockets=None):
         super().target(sockets)
+        exit_if_still_loading(self.server)
         if self.server.exit_code:
             sys.exit(STARTUP_FAILURE)
 
