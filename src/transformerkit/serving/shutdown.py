@@ -51,7 +51,9 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame):
         """The signal handler (uvicorn installs it for SIGINT and SIGTERM); it runs between
-        two steps of the event loop, so it only sets flags (``on_tick`` acts on them)."""
+        two steps of the event loop, so it only sets flags (``on_tick`` acts on them).
+        uvicorn's own handler is not called: it records the signal to raise it again after
+        the shutdown, which would end the process by SIGTERM instead of with status 0."""
         if self._signalled_at is None:
             self._signalled_at = time.monotonic()
             lifecycle = self.lifecycle()
