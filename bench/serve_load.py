@@ -52,7 +52,7 @@ def start_server(args, port, log):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
-            if health(port)["status"] == "ok":
+            if health(port)["status"] == "ready":
                 return process
         except OSError:
             pass

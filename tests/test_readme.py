@@ -43,7 +43,8 @@ NOT_RUN_HERE = {
     "pip": "installing the package: tests/test_install.py builds and installs it",
     "transformerkit serve": "a server runs until stopped: tests/serving/test_page.py starts "
                             "it and drives its page, tests/serving/test_serving.py tests its "
-                            "API in-process",
+                            "API in-process, tests/serving/test_lifecycle.py its readiness, "
+                            "drain at SIGTERM and --workers",
     "curl": "requests to a running `transformerkit serve`: tests/serving/test_serving.py "
             "sends the manual's requests to its API",
     "env": "several JAX processes (each started with KERAS_DISTRIBUTION_* variables): "

@@ -65,7 +65,7 @@ def serving(run_dirs, folder, env=None):
     try:
         while True:
             try:
-                if get_json(url + "/health")["status"] == "ok":
+                if get_json(url + "/health")["status"] == "ready":
                     break
             except OSError:
                 pass

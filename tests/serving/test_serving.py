@@ -145,7 +145,7 @@ def test_models_health_openapi_and_page(client, runs, run_dirs):
     saved = json.loads((run_dirs[0] / "metrics.json").read_text())
     assert numbers["metrics"] == saved and "loss" in saved
     health = client.get("/health").json()
-    assert health["status"] == "ok" and health["models"] == ["numbers", "poet"]
+    assert health["status"] == "ready" and health["models"] == ["numbers", "poet"]
     schema = client.get("/openapi.json").json()
     assert {"/translate", "/generate", "/attention", "/health", "/models"} <= set(schema["paths"])
     request = schema["components"]["schemas"]["TranslateRequest"]

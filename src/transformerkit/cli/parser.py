@@ -301,6 +301,12 @@ def _add_use_commands(command):
     serve.add_argument("--no-auth", action="store_true",
                        help="serve without API keys on a host other than loopback: anyone who "
                             "reaches it may use the models")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="worker processes, each with its own copy of the models and "
+                            "its share of the CPU threads (1)")
+    serve.add_argument("--shutdown-timeout", type=float, default=25.0, metavar="SECONDS",
+                       help="after SIGTERM, how long to finish the requests already taken "
+                            "before exiting anyway (25)")
     _add_serving_limits(serve)
 
 

@@ -171,7 +171,7 @@ def serve_command(args):
         print(f"transformerkit serve: error: {err}: install the server's packages with "
               "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
         return 2
-    serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
-          checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins,
-          api_keys=args.api_keys, no_auth=args.no_auth)
-    return 0
+    return serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
+                 checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins,
+                 api_keys=args.api_keys, no_auth=args.no_auth, workers=args.workers,
+                 shutdown_timeout=args.shutdown_timeout)

@@ -19,6 +19,10 @@
   :mod:`~transformerkit.serving.errors` says;
 - :mod:`~transformerkit.serving.metrics`: the server's Prometheus metrics (``GET /metrics``)
   and the middleware that counts and times every answer;
+- :mod:`~transformerkit.serving.lifecycle`: starting -> ready -> draining, and the
+  middleware that answers 503 outside "ready" and counts the requests in flight;
+- :mod:`~transformerkit.serving.shutdown`: the uvicorn server that drains at SIGTERM;
+- :mod:`~transformerkit.serving.workers`: several worker processes (``--workers``);
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
 FastAPI, uvicorn and prometheus-client are the ``serve`` extra (``pip install

@@ -15,15 +15,20 @@ With ``api_keys`` every route but ``/`` and ``/health`` needs ``Authorization: B
 (:mod:`.auth`; 401 otherwise), as the OpenAPI schema says.
 
 The routes find the runs, the batcher and the limits through FastAPI dependencies
-(:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
+(:mod:`.dependencies`), which this factory sets. Until the runs are loaded, and from
+SIGTERM on, :class:`~.lifecycle.Admission` answers 503 to all but ``/``, ``/health`` and
+``/metrics``. Browsers let a page call the API only from
 the server's own origin (its page at ``/``); ``cors_origins`` names other origins whose
 pages may (Starlette's ``CORSMiddleware``). Status codes: 404 unknown model, 413 body too
 large, 422 invalid request (types, unknown fields, empty or too long texts, limits), 400
-body not JSON or not UTF-8, 415 a body not sent as JSON, 429 queue full, 503 timeout.
+body not JSON or not UTF-8, 415 a body not sent as JSON, 429 queue full, 503 timeout,
+starting or draining.
 """
 
+import asyncio
 import contextlib
-import urllib.parse
+import logging
+import threading
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -33,42 +38,73 @@ from transformerkit.serving import dependencies, info_routes, metrics, model_rou
 from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
+from transformerkit.serving.lifecycle import Admission, Lifecycle
 from transformerkit.serving.limits import BodySizeLimit, Limits
-from transformerkit.serving.registry import RunRegistry
+from transformerkit.serving.origins import check_origins
+from transformerkit.serving.registry import ENGINES, RunRegistry
 from transformerkit.serving.schemas import ErrorResponse
+
+log = logging.getLogger("transformerkit.serve")
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 415, 422, 429, 503)}
 
 
-def check_origins(origins):
-    """``origins`` as a list if each is ``*`` or ``scheme://host[:port]`` (what a browser
-    sends as ``Origin``), else a ``ValueError`` naming the bad one."""
-    origins = list(origins or ())
-    for origin in origins:
-        if origin == "*":
-            continue
-        parts = urllib.parse.urlsplit(origin) if isinstance(origin, str) else None
-        if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
-                or origin != f"{parts.scheme}://{parts.netloc}" or parts.username):
-            raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] "
-                             "(for example https://app.example.com or http://localhost:3000)")
-    return origins
-
-
 @contextlib.asynccontextmanager
 async def lifespan(app):
-    """The batcher's worker runs while the application does."""
+    """The batcher's worker runs while the application does; runs given as a loader load
+    meanwhile on a thread of their own (:func:`load_in_background`). The lifespan state
+    (the ASGI spec's ``state``) carries the :class:`~.lifecycle.Lifecycle` to the server,
+    which drains it on SIGTERM (:mod:`.shutdown`)."""
+    lifecycle = app.state.lifecycle
     app.state.batcher.start()
-    yield
+    if app.state.load_runs is None:
+        lifecycle.ready()
+    else:
+        load_in_background(app, app.state.load_runs)
+    yield {"lifecycle": lifecycle}
     await app.state.batcher.stop()
     app.state.metrics.close()
+
+
+def load_in_background(app, load_runs):
+    """Call ``load_runs()`` on a daemon thread (the event loop answers ``/health``
+    meanwhile); then, on the loop, install its runs and make the app ready, or, if it
+    raised, log why and mark the lifecycle failed (``transformerkit serve`` then exits
+    non-zero, for whatever restarts it to see)."""
+    loop = asyncio.get_running_loop()
+    lifecycle, engine = app.state.lifecycle, app.state.engine
+
+    def loaded(registry):
+        app.state.registry = registry
+        lifecycle.ready()  # unless it is draining already
+        log.info("loaded: %s (engine %s); %s", ", ".join(registry.names), engine,
+                 lifecycle.state)
+
+    def load():
+        try:
+            outcome, result = loaded, RunRegistry(load_runs(), engine)
+        except Exception as error:  # noqa: BLE001 - any failure ends the server, logged
+            expected = isinstance(error, (OSError, ValueError, TypeError))
+            log.error("could not load the runs: %s: %s", type(error).__name__, error,
+                      exc_info=not expected)
+            outcome, result = lifecycle.fail, error
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(outcome, result)
+
+    lifecycle.loader = threading.Thread(target=load, name="transformerkit-load", daemon=True)
+    lifecycle.loader.start()
 
 
 def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     """A FastAPI application serving ``runs``.
 
     Args:
-        runs: ``{name: transformerkit.api.Run}``; the first is the default model.
+        runs: ``{name: transformerkit.api.Run}`` (the first is the default model; ready
+            once started), or a function of no arguments returning that dict (such as
+            ``functools.partial(server.load_runs, run_dirs)``), called on a thread of its
+            own once the application starts: until it returns, ``GET /health`` says
+            "starting" and every other request but ``/`` and ``/metrics`` gets a 503
+            (:class:`~.lifecycle.Admission`); if it raises, the state is "failed".
         limits: a :class:`~.limits.Limits` (default: its defaults).
         engine: "keras" or "ctranslate2", passed to ``Run.translate`` / ``Run.generate``
             (attention always comes from the Keras model).
@@ -79,7 +115,10 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     """
     cors_origins = check_origins(cors_origins)
     api_keys = check_keys(api_keys, "api_keys")
-    registry = RunRegistry(runs, engine)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    load_runs = runs if callable(runs) else None
+    registry = None if load_runs else RunRegistry(runs, engine)
     limits = limits or Limits()
     server_metrics = metrics.ServerMetrics()
     batcher = Batcher(window_s=limits.batch_window_ms / 1000, max_batch=limits.max_batch_texts,
@@ -88,7 +127,8 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     app = FastAPI(title="transformerkit", version=transformerkit.__version__,
                   description="Translate, generate and look at attention with trained runs.",
                   docs_url=None, redoc_url=None, lifespan=lifespan, responses=_ERRORS)
-    dependencies.install(app, registry, batcher, limits, server_metrics)
+    dependencies.install(app, registry, batcher, limits, server_metrics, Lifecycle())
+    app.state.load_runs, app.state.engine = load_runs, engine
     app.state.page = info_routes.page_html()
     routers = (info_routes.router, model_routes.router, metrics.router)
     for router in routers:
@@ -96,6 +136,7 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     openapi.install(app, limits, lambda: getattr(getattr(app.state, "registry", None),
                                                  "names", None))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(Admission, lifecycle=app.state.lifecycle)
     if api_keys:  # outside the body limit: a request without a key is not read
         app.add_middleware(BearerAuth, keys=api_keys)
         document_keys(app)

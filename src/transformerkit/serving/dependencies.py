@@ -1,7 +1,7 @@
 """What a route needs from its application, as FastAPI dependencies: the
 :class:`~.registry.RunRegistry`, the :class:`~.batching.Batcher`, the
-:class:`~.limits.Limits` and the :class:`~.metrics.ServerMetrics`.
-:func:`~.app.create_app` sets each in ``app.state``
+:class:`~.limits.Limits`, the :class:`~.metrics.ServerMetrics` and the
+:class:`~.lifecycle.Lifecycle`. :func:`~.app.create_app` sets each in ``app.state``
 (:func:`install`); a route declares a parameter of the type below (``limits: ServerLimits``)
 and FastAPI looks it up per request. The lookups are coroutines, so they run on the event
 loop, not on a worker thread."""
@@ -11,18 +11,20 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from transformerkit.serving.batching import Batcher
+from transformerkit.serving.lifecycle import Lifecycle
 from transformerkit.serving.limits import Limits
 from transformerkit.serving.metrics import ServerMetrics
 from transformerkit.serving.registry import RunRegistry
 
 
-def install(app, registry, batcher, limits, metrics):
-    """Hold the registry, batcher, limits and metrics in ``app.state`` for the lookups
-    below."""
+def install(app, registry, batcher, limits, metrics, lifecycle):
+    """Hold the registry (None until the runs are loaded), batcher, limits, metrics and
+    lifecycle in ``app.state`` for the lookups below."""
     app.state.registry = registry
     app.state.batcher = batcher
     app.state.limits = limits
     app.state.metrics = metrics
+    app.state.lifecycle = lifecycle
 
 
 async def registry_of(request: Request) -> RunRegistry:
@@ -41,7 +43,12 @@ async def metrics_of(request: Request) -> ServerMetrics:
     return request.app.state.metrics
 
 
+async def lifecycle_of(request: Request) -> Lifecycle:
+    return request.app.state.lifecycle
+
+
 Registry = Annotated[RunRegistry, Depends(registry_of)]
 ModelCalls = Annotated[Batcher, Depends(batcher_of)]
 ServerLimits = Annotated[Limits, Depends(limits_of)]
 Metrics = Annotated[ServerMetrics, Depends(metrics_of)]
+ServerLifecycle = Annotated[Lifecycle, Depends(lifecycle_of)]

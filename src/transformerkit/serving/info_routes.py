@@ -1,13 +1,16 @@
 """The routes that describe the server: ``GET /`` (the page, ``page/index.html``, the only
 file served, under a Content-Security-Policy that lets it talk to this server only),
-``GET``/``HEAD /health`` and ``GET /models`` (each run's config summary and metrics)."""
+``GET``/``HEAD /health`` (whether the server takes requests: :mod:`.lifecycle`) and
+``GET /models`` (each run's config summary and metrics)."""
 
 import importlib.resources
+import os
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
-from transformerkit.serving.dependencies import ModelCalls, Registry
+from transformerkit.serving.dependencies import ModelCalls, Registry, ServerLifecycle
+from transformerkit.serving.lifecycle import READY
 
 # the page may run its own inline script and style and talk to this server, nothing else
 PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -28,10 +31,17 @@ async def index(request: Request):
 
 
 @router.head("/health", include_in_schema=False)  # for monitors that probe with HEAD
-@router.get("/health")
-async def health(registry: Registry, batcher: ModelCalls):
-    return {"status": "ok", "models": registry.names, "engine": registry.engine,
-            "waiting": len(batcher.waiting), "batches": batcher.batches}
+@router.get("/health", responses={503: {"description": "starting, draining or failed"}})
+async def health(lifecycle: ServerLifecycle, registry: Registry, batcher: ModelCalls):
+    """200 ``{"status": "ready", ...}`` while the server takes requests; 503 with the state
+    ("starting", "draining" or "failed") otherwise, so a readiness probe or a load balancer
+    sends requests elsewhere meanwhile. ``pid`` names the worker process that answered."""
+    if lifecycle.state != READY:
+        return JSONResponse({"status": lifecycle.state, "pid": os.getpid()}, status_code=503,
+                            headers={"Retry-After": "1"})
+    return {"status": READY, "models": registry.names, "engine": registry.engine,
+            "waiting": len(batcher.waiting), "batches": batcher.batches,
+            "in_flight": lifecycle.in_flight, "pid": os.getpid()}
 
 
 @router.get("/models")

@@ -1,5 +1,12 @@
-"""``transformerkit serve``: load the runs once, warm them up, serve them with uvicorn."""
+"""``transformerkit serve``: load the runs once, warm them up, serve them with uvicorn.
 
+The server answers at once (``GET /health``: "starting") and loads its runs in the
+background (:func:`build_app`); it drains at SIGTERM (:mod:`.shutdown`); with ``workers``
+> 1, each of several processes loads and serves its own copy (:mod:`.workers`).
+"""
+
+import dataclasses
+import functools
 import logging
 import os
 
@@ -40,29 +47,102 @@ def load_runs(run_dirs, checkpoint="model", engine="keras"):
     return runs
 
 
+def check_runs(run_dirs, checkpoint="model"):
+    """A ``FileNotFoundError`` naming the first of ``run_dirs`` that is no run directory or
+    lacks the ``checkpoint`` weights: found before the server starts, not in its log."""
+    from transformerkit.run_directory import RunDirectory
+
+    for path in run_dirs:
+        run = RunDirectory(path)
+        if not os.path.isfile(run.config):
+            raise FileNotFoundError(f"{path} is not a run directory: no config.yaml in it")
+        weights = run.model_file(checkpoint)
+        if not os.path.isfile(weights):
+            raise FileNotFoundError(f"{path} has no weights {weights} (--checkpoint "
+                                    f"{checkpoint})")
+
+
+def build_app(run_dirs, engine="keras", checkpoint="model", limits=None, cors_origins=(),
+              api_keys=()):
+    """The application ``serve`` runs: :func:`~.app.create_app` with a loader that loads and
+    warms ``run_dirs`` (:func:`load_runs`) on a thread once the application starts."""
+    from transformerkit.serving.app import create_app
+
+    loader = functools.partial(load_runs, list(run_dirs), checkpoint=checkpoint, engine=engine)
+    return create_app(loader, limits=limits, engine=engine, cors_origins=cors_origins,
+                      api_keys=api_keys)
+
+
+def app_from_environment():
+    """The application of one worker process of ``serve --workers N`` (uvicorn calls this
+    factory, named by import string, in each worker): the worker's share of the CPU
+    threads, then :func:`build_app` with the settings ``serve`` passed."""
+    from transformerkit.serving.limits import Limits
+    from transformerkit.serving.workers import share_threads, worker_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = worker_settings()
+    threads = share_threads(settings.pop("workers"))
+    if threads:
+        log.info("worker %d: %d threads", os.getpid(), threads)
+    settings["limits"] = Limits(**settings["limits"])
+    return build_app(**settings)
+
+
 def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="model",
-          limits=None, cors_origins=(), api_keys=(), no_auth=False):
-    """Load ``run_dirs`` and serve them until interrupted (Ctrl-C); ``cors_origins`` as
-    for :func:`~transformerkit.serving.app.create_app`; the API keys are ``api_keys`` and
-    those of ``$TRANSFORMERKIT_API_KEYS``, required on a host other than loopback unless
-    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`)."""
+          limits=None, cors_origins=(), api_keys=(), no_auth=False, workers=1,
+          shutdown_timeout=25.0):
+    """Serve ``run_dirs`` until SIGTERM or SIGINT (Ctrl-C), then drain for at most
+    ``shutdown_timeout`` seconds (:mod:`.shutdown`); ``workers`` processes, each with its
+    own copy of the runs (:mod:`.workers`); ``cors_origins`` as for
+    :func:`~transformerkit.serving.app.create_app`; the API keys are ``api_keys`` and those
+    of ``$TRANSFORMERKIT_API_KEYS``, required on a host other than loopback unless
+    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`). Returns the exit
+    status: 0, or 1 if the runs could not be loaded (logged)."""
     from transformerkit.serving.auth import is_loopback, keys_for_host
 
     keys = keys_for_host(host, api_keys, no_auth)  # in a moment: before Keras is imported
 
     import uvicorn
 
-    from transformerkit.serving.app import check_origins, create_app
+    from transformerkit.serving.limits import Limits
+    from transformerkit.serving.origins import check_origins
+    from transformerkit.serving.shutdown import (
+        CLOSE_GRACE_S,
+        DrainingServer,
+        exit_if_still_loading,
+    )
 
-    cors_origins = check_origins(cors_origins)  # before the runs load
-    runs = load_runs(run_dirs, checkpoint=checkpoint, engine=engine)
-    app = create_app(runs, limits=limits, engine=engine, cors_origins=cors_origins,
-                     api_keys=keys)
-    log.info("serving %s on http://%s:%d (engine %s)", ", ".join(runs), host, port, engine)
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ValueError(f"--workers must be a whole number of at least 1, got {workers!r}")
+    if not shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be 0 or more seconds, got "
+                         f"{shutdown_timeout!r}")
+    cors_origins = check_origins(cors_origins)  # before anything starts
+    check_runs(run_dirs, checkpoint)
+    limits = limits or Limits()
+    settings = {"run_dirs": [os.fspath(p) for p in run_dirs], "engine": engine,
+                "checkpoint": checkpoint, "limits": dataclasses.asdict(limits),
+                "cors_origins": cors_origins, "api_keys": list(keys)}
+    options = {"host": host, "port": port, "log_level": "warning",
+               "timeout_graceful_shutdown": CLOSE_GRACE_S}
+    log.info("serving %s on http://%s:%d (engine %s, %d worker process%s); GET /health says "
+             "when the runs are loaded", ", ".join(run_names(run_dirs)), host, port, engine,
+             workers, "" if workers == 1 else "es")
     if keys:
         log.info("API keys: on (%d %s); every route but / and /health needs "
                  "Authorization: Bearer KEY", len(keys), "key" if len(keys) == 1 else "keys")
     else:  # a warning where other machines may connect (--no-auth)
         log.log(logging.INFO if is_loopback(host) else logging.WARNING,
                 "API keys: off; anyone who can reach %s may call the API", host)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if workers == 1:
+        server = DrainingServer(uvicorn.Config(build_app(**settings | {"limits": limits}),
+                                               **options), shutdown_timeout)
+        server.run()
+        exit_if_still_loading(server)
+        return server.exit_code
+    from transformerkit.serving.workers import run_workers
+
+    config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, workers=workers,
+                            **options)
+    return run_workers(config, settings | {"workers": workers}, shutdown_timeout)
