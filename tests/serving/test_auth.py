@@ -312,17 +312,17 @@ def test_serve_on_all_interfaces_without_a_key_stops_before_loading(run_dirs, mo
 
 @pytest.fixture
 def served(runs, monkeypatch):
-    """``transformerkit serve`` up to ``uvicorn.run``, which records its app and host instead
-    of serving; the runs are those already loaded."""
-    import uvicorn
-
-    from transformerkit.serving import server
+    """``transformerkit serve`` up to the server's ``run``, which records its app and host
+    instead of serving; the runs are those already loaded (the run folders are not looked
+    at)."""
+    from transformerkit.serving import server, shutdown
 
     calls = []
     monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setattr(server, "check_runs", lambda run_dirs, checkpoint: None)
     monkeypatch.setattr(server, "load_runs", lambda run_dirs, **options: runs)
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **options: calls.append(
-        (app, host)))
+    monkeypatch.setattr(shutdown.DrainingServer, "run", lambda self: calls.append(
+        (self.config.app, self.config.host)))
     return calls
 
 
