@@ -17,7 +17,9 @@ alone, so one bad input fails its own request only.
 
 Bounds: at most ``queue_size`` jobs wait (:class:`QueueFull` beyond, the server's 429);
 a job not done ``timeout_s`` after it arrived raises :class:`TimeoutError` (503) and, if it
-has not started, is dropped from the queue.
+has not started, is dropped from the queue. A job that answers as it goes (a streamed
+generation) names an event it sets once its answer has begun: the timeout applies until
+then.
 """
 
 import asyncio
@@ -90,11 +92,13 @@ class Batcher:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
 
-    async def submit(self, inputs, call, key=None):
+    async def submit(self, inputs, call, key=None, started=None):
         """The outputs of ``call(inputs)``, computed in a batch with compatible jobs.
 
         Raises :class:`QueueFull` at once when the queue is full, :class:`TimeoutError`
-        after ``timeout_s``, and whatever ``call`` raised.
+        after ``timeout_s``, and whatever ``call`` raised. ``started``: None, or an
+        ``asyncio.Event`` that ``call`` sets (through the event loop) once its answer has
+        begun, such as a stream's first piece: the timeout applies until then only.
         """
         if self._task is None:
             raise RuntimeError("the batcher is not running (call start() in the event loop)")
@@ -105,7 +109,10 @@ class Batcher:
         self.waiting.append(job)
         self._arrived.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
+            if started is None:
+                return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
+            await asyncio.wait_for(_until_done_or_set(job.future, started), self.timeout_s)
+            return await asyncio.shield(job.future)
         except asyncio.TimeoutError:
             if job in self.waiting:  # not started: nobody will run it now
                 self.waiting.remove(job)
@@ -207,3 +214,12 @@ class Batcher:
             if not job.future.done():
                 job.future.set_result(outputs[start:start + len(job.inputs)])
             start += len(job.inputs)
+
+
+async def _until_done_or_set(future, event):
+    """Wait until ``future`` is done or ``event`` is set (cancelling neither)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

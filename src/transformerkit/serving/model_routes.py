@@ -4,8 +4,10 @@
 Every model call goes through the application's :class:`~.batching.Batcher`: ``/translate``
 requests for the same model and search options share one ``Run.translate`` call (a seeded
 draw runs alone: what it draws depends on what else is in its batch); ``/generate`` and
-``/attention`` run alone.
+``/attention`` run alone; a streamed ``/generate`` too (:mod:`.streaming`).
 """
+
+import functools
 
 import numpy as np
 from fastapi import APIRouter
@@ -27,15 +29,17 @@ from transformerkit.serving.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
+from transformerkit.serving.streaming import OPENAPI_RESPONSE, stream_generation
 
 router = APIRouter()
 
 
-async def submit(batcher, inputs, call, key=None):
+async def submit(batcher, inputs, call, key=None, started=None):
     """``call``'s outputs for ``inputs`` from ``batcher``; its refusals as HTTP errors: 429
-    queue full, 503 timeout, 422 an input the library refused."""
+    queue full, 503 timeout, 422 an input the library refused (``started``: as
+    :meth:`~.batching.Batcher.submit`'s)."""
     try:
-        return await batcher.submit(inputs, call, key)
+        return await batcher.submit(inputs, call, key, started)
     except QueueFull as err:
         raise RequestError(429, str(err)) from None
     except TimeoutError as err:
@@ -63,12 +67,15 @@ async def translate(request: TranslateRequest, registry: Registry, batcher: Mode
                        for found in results]}
 
 
-@router.post("/generate", response_model=GenerateResponse)
+@router.post("/generate", response_model=GenerateResponse, responses=OPENAPI_RESPONSE)
 async def generate(request: GenerateRequest, registry: Registry, batcher: ModelCalls,
                    limits: ServerLimits):
     name, run = registry.pick(request.model, "gpt", "/generate")
     check_text(request.prompt, "the prompt", run, limits)
     options = generation_options(request, limits)
+    if request.stream:
+        return await stream_generation(functools.partial(submit, batcher), name, run,
+                                       request.prompt, options, registry.engine)
 
     def call(prompts):
         return [run.generate(prompts[0], options, engine=registry.engine)]

@@ -1,0 +1,190 @@
+"""Streamed ``POST /generate`` (``"stream": true``, server-sent events) over real HTTP.
+
+uvicorn serves the app in-process on 127.0.0.1 and a free port, on a thread of its own;
+httpx reads the stream as a client does, event by event. The runs are the tiny ones of
+``conftest.py``. Claims: the events parse, ``done`` comes last and its text is the
+unstreamed answer (a seeded draw: exact, the same model call), the pieces join to it; a
+client that closes its connection mid-stream stops the decoding (the model's steps, counted
+by wrapping the decoders' step adapter, stop growing, and the next request is answered at
+once); a stream that lasts longer than the server's timeout is not cut; bad requests get
+their JSON errors before any stream begins.
+"""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from transformerkit.decoding import sampling  # noqa: E402
+from transformerkit.serving.app import create_app  # noqa: E402
+from transformerkit.serving.limits import Limits  # noqa: E402
+from transformerkit.serving.server import load_runs  # noqa: E402
+
+SEEDED = {"prompt": "ein zwei", "model": "poet", "temperature": 0.8, "top_k": 5, "seed": 3,
+          "max_new_tokens": 40}
+
+
+class StepCounter:
+    """Counts the decoding steps of every generation (wraps ``make_steps``' adapters)."""
+
+    def __init__(self, monkeypatch, delay=0.0):
+        self.steps = 0
+        self.delay = delay
+        make_steps = sampling.make_steps
+
+        def counting_make_steps(model, use_cache):
+            adapter = make_steps(model, use_cache)
+            step = adapter.step
+
+            def counted(*args):
+                self.steps += 1
+                if self.delay:
+                    time.sleep(self.delay)  # a slower model, not a synchronisation
+                return step(*args)
+
+            adapter.step = counted
+            return adapter
+
+        monkeypatch.setattr(sampling, "make_steps", counting_make_steps)
+
+
+@pytest.fixture(scope="module")
+def runs(run_dirs):
+    return load_runs(run_dirs)
+
+
+def serve(app):
+    """``(url, server, thread)``: ``app`` under uvicorn on a free port, started."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture(scope="module")
+def url(runs):
+    address, server, thread = serve(create_app(runs, Limits(max_new_tokens=100_000,
+                                                            timeout=20)))
+    yield address
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def events(response):
+    """The ``(event, data)`` pairs of a server-sent event stream, as they arrive."""
+    name, data = None, []
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            data.append(line[len("data: "):])
+        elif line == "" and name is not None:
+            yield name, json.loads("\n".join(data))
+            name, data = None, []
+
+
+def stream(url, body, timeout=60):
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True},
+                      timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        return list(events(response))
+
+
+def test_pieces_join_to_the_unstreamed_answer(url, runs):
+    found = stream(url, SEEDED)
+    names = [name for name, _ in found]
+    assert names[-1] == "done" and set(names[:-1]) == {"token"} and len(names) > 5
+    expected = httpx.post(url + "/generate", json=SEEDED, timeout=60).json()["text"]
+    assert expected == runs["poet"].generate("ein zwei", temperature=0.8, top_k=5, seed=3,
+                                             max_new_tokens=40)
+    assert found[-1][1] == {"model": "poet", "text": expected}
+    assert SEEDED["prompt"] + "".join(data["text"] for _, data in found[:-1]) == expected
+
+
+def test_greedy_beyond_the_context_streams_every_token(url, runs):
+    body = {"prompt": "drei", "model": "poet", "temperature": 0, "max_new_tokens": 70,
+            "stop_at_eos": False}  # the poet's context is 32 tokens: several windows
+    found = stream(url, body)
+    assert len(found) > 30  # a character tokenizer: a piece per token (but end tokens)
+    assert found[-1][1]["text"] == "drei" + "".join(d["text"] for _, d in found[:-1]) == \
+        runs["poet"].generate("drei", temperature=0, max_new_tokens=70, stop_at_eos=False)
+
+
+def test_a_client_that_goes_away_stops_the_decoding(url, monkeypatch):
+    counter = StepCounter(monkeypatch)
+    body = {"prompt": "ein", "model": "poet", "max_new_tokens": 100_000, "seed": 1,
+            "stop_at_eos": False}
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True},
+                      timeout=60) as response:
+        assert next(events(response))[0] == "token"
+    # closed after the first token: the decoding stops within a few steps
+    deadline = time.monotonic() + 20
+    while True:
+        before = counter.steps
+        time.sleep(0.5)  # a step takes about a millisecond: 0.5 s without one is stopped
+        if counter.steps == before:
+            break
+        assert time.monotonic() < deadline, "the decoding went on after the client left"
+    assert counter.steps < 20_000  # far from the 100000 asked for
+    started = time.monotonic()
+    answer = httpx.post(url + "/generate", json={"prompt": "ein", "model": "poet",
+                                                 "max_new_tokens": 5}, timeout=60)
+    assert answer.status_code == 200 and time.monotonic() - started < 10
+    assert counter.steps == before + 5  # the worker was free: only the new request ran
+
+
+def test_the_timeout_does_not_cut_a_stream_under_way(runs, monkeypatch):
+    StepCounter(monkeypatch, delay=0.02)  # 100 steps: at least 2 s, the timeout is 1 s
+    address, server, thread = serve(create_app(runs, Limits(timeout=1.0)))
+    try:
+        found = stream(address, {"prompt": "ein", "model": "poet", "temperature": 0,
+                                 "max_new_tokens": 100, "stop_at_eos": False})
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert [name for name, _ in found] == ["token"] * 100 + ["done"]
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"prompt": "", "model": "poet"}, 422, "prompt"),
+    ({"prompt": "ein", "model": "poet", "top_p": 2.0}, 422, "top_p"),
+    ({"prompt": "ein", "model": "poet", "stream": "yes"}, 422, "stream"),
+    ({"prompt": "ein", "model": "numbers"}, 422, "is a transformer run"),
+    ({"prompt": "ein", "model": "nobody"}, 404, "no model named"),
+])
+def test_bad_streamed_requests_get_json_errors(url, body, status, message):
+    answer = httpx.post(url + "/generate", json={"stream": True, **body}, timeout=60)
+    assert answer.status_code == status
+    assert answer.headers["content-type"] == "application/json"
+    assert message in answer.json()["error"] and answer.json()["status"] == status
+    assert stream(url, {"prompt": "ein", "model": "poet", "max_new_tokens": 3,
+                        "stop_at_eos": False})[-1][0] == "done"  # still serving
+
+
+def test_the_schema_documents_the_stream(url):
+    schema = httpx.get(url + "/openapi.json", timeout=60).json()
+    generate = schema["paths"]["/generate"]["post"]
+    content = generate["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "text/event-stream"}
+    assert "event: done" in content["text/event-stream"]["example"]
+    body = generate["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    request = schema["components"]["schemas"][body.rsplit("/", 1)[-1]]
+    assert request["properties"]["stream"]["default"] is False
