@@ -11,6 +11,7 @@ time (into the test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT
 README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
 """
 
+import itertools
 import json
 import os
 import socket
@@ -166,5 +167,5 @@ def test_generation_with_a_gpt_run(page, server):
     sync_api.expect(page.locator("#generate")).to_be_enabled()
     shown = page.evaluate("window.shown")
     assert shown[0] == "ein zwei" and shown[-1] == expected
-    growing = [a for a, b in zip(shown, shown[1:]) if b.startswith(a) and len(b) > len(a)]
+    growing = [a for a, b in itertools.pairwise(shown) if b.startswith(a) and len(b) > len(a)]
     assert len(growing) >= 5, shown  # the text grew piece by piece

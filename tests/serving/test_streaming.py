@@ -163,6 +163,28 @@ def test_the_timeout_does_not_cut_a_stream_under_way(runs, monkeypatch):
     assert [name for name, _ in found] == ["token"] * 100 + ["done"]
 
 
+def test_no_first_piece_within_the_timeout_is_a_json_503_and_stops_the_job(runs,
+                                                                          monkeypatch):
+    counter = StepCounter(monkeypatch, delay=0.5)  # the first piece needs 1 s or more
+    address, server, thread = serve(create_app(runs, Limits(timeout=0.3)))
+    try:
+        answer = httpx.post(address + "/generate", timeout=60, json={
+            "prompt": "ein", "model": "poet", "max_new_tokens": 60, "stop_at_eos": False,
+            "stream": True})
+        assert answer.status_code == 503 and "--timeout" in answer.json()["error"]
+        deadline = time.monotonic() + 20  # the job stops after the step under way
+        while True:
+            before = counter.steps
+            time.sleep(1.5)  # three steps' time
+            if counter.steps == before:
+                break
+            assert time.monotonic() < deadline, "the job went on after its 503"
+        assert counter.steps < 10
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.mark.parametrize("body, status, message", [
     ({"prompt": "", "model": "poet"}, 422, "prompt"),
     ({"prompt": "ein", "model": "poet", "top_p": 2.0}, 422, "top_p"),

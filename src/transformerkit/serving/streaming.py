@@ -93,7 +93,8 @@ async def stream_generation(submit, name, run, prompt, options, engine):
         raise
     finally:
         first.cancel()
-    if not started.is_set():
+    if not started.is_set():  # the job failed (or ended without a piece): nothing streams
+        gone.set()  # a job still running (past the timeout) stops
         job.result()  # raises the job's error as a plain JSON answer
     return StreamingResponse(_events(name, job, pieces, gone), media_type="text/event-stream",
                              headers=HEADERS)
