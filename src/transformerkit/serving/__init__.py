@@ -13,7 +13,8 @@
   ``/health``, ``/models``), which find the runs (:mod:`~transformerkit.serving.registry`),
   the batcher and the limits through :mod:`~transformerkit.serving.dependencies`, check
   requests with :mod:`~transformerkit.serving.checks` and answer errors as
-  :mod:`~transformerkit.serving.errors` says;
+  :mod:`~transformerkit.serving.errors` says; a streamed ``/generate`` answers server-sent
+  events (:mod:`~transformerkit.serving.streaming`);
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
 FastAPI and uvicorn are the ``serve`` extra (``pip install "keras-transformerkit[serve]"``);
