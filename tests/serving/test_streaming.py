@@ -10,6 +10,7 @@ once); a stream that lasts longer than the server's timeout is not cut; bad requ
 their JSON errors before any stream begins.
 """
 
+import asyncio
 import json
 import socket
 import threading
@@ -23,6 +24,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from transformerkit.decoding import sampling  # noqa: E402
 from transformerkit.serving.app import create_app  # noqa: E402
+from transformerkit.serving.batching import Batcher  # noqa: E402
 from transformerkit.serving.limits import Limits  # noqa: E402
 from transformerkit.serving.server import load_runs  # noqa: E402
 
@@ -183,6 +185,42 @@ def test_no_first_piece_within_the_timeout_is_a_json_503_and_stops_the_job(runs,
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_the_batcher_times_a_stream_until_it_starts_and_then_moves_on():
+    """A job that says it has started outlives the timeout; the job that waited behind it
+    runs as soon as it ends (no waiting for its client to return, as after a batch)."""
+    times = {}
+
+    async def scenario(timeout_s, stream_s):
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(window_s=0.01, max_batch=4, queue_size=4, timeout_s=timeout_s)
+        batcher.start()
+        started = asyncio.Event()
+
+        def streaming(inputs):
+            loop.call_soon_threadsafe(started.set)
+            time.sleep(stream_s)  # the stream under way
+            times["stream_ended"] = time.monotonic()
+            return [x * 2 for x in inputs]
+
+        def translating(inputs):
+            times["next_began"] = time.monotonic()
+            return inputs
+
+        stream = asyncio.ensure_future(batcher.submit(["ab"], streaming, None, started))
+        await started.wait()
+        behind = asyncio.ensure_future(batcher.submit(["c"], translating, "k"))
+        results = await asyncio.gather(stream, behind, return_exceptions=True)
+        await batcher.stop()
+        return results
+
+    stream, behind = asyncio.run(scenario(timeout_s=0.3, stream_s=1.0))
+    assert stream == ["abab"]  # not cut by the timeout
+    assert isinstance(behind, TimeoutError)  # a job waiting behind it still has one
+    assert asyncio.run(scenario(timeout_s=10, stream_s=2.0)) == [["abab"], ["c"]]
+    # after a 2 s batch it would wait up to 0.5 s (RETURN_PATIENCE) for returning clients
+    assert times["next_began"] - times["stream_ended"] < 0.3
 
 
 @pytest.mark.parametrize("body, status, message", [

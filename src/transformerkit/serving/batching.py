@@ -42,6 +42,7 @@ class _Job:
     inputs: list
     call: object
     future: asyncio.Future
+    streams: bool = False  # answers as it goes (a streamed generation)
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -105,7 +106,8 @@ class Batcher:
         if len(self.waiting) >= self.queue_size:
             raise QueueFull(f"{len(self.waiting)} requests are waiting already (the "
                             "server's --queue-size); try again shortly")
-        job = _Job(key, list(inputs), call, asyncio.get_running_loop().create_future())
+        job = _Job(key, list(inputs), call, asyncio.get_running_loop().create_future(),
+                   streams=started is not None)
         self.waiting.append(job)
         self._arrived.set()
         try:
@@ -193,7 +195,8 @@ class Batcher:
                         job.future.set_exception(error)
             self._free_since = time.monotonic()
             self._last_run_s = self._free_since - started
-            self._last_jobs = len(batch)
+            # a stream's length says nothing of when clients return: no patience after one
+            self._last_jobs = 0 if any(job.streams for job in batch) else len(batch)
 
     async def _run(self, batch):
         """Run ``batch`` in one call on the worker thread and hand each job its outputs (or
