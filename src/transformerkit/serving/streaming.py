@@ -12,9 +12,10 @@ The events (``text/event-stream``; each ``data`` is one line of JSON)::
     event: error             instead of ``done`` when the generation fails once the
     data: {"error": "...", "status": 500}   stream has begun
 
-The decoding runs as one job of the application's :class:`~.batching.Batcher`, on its
-worker thread like every model call: the job iterates ``Run.generate_stream`` and hands each
-piece to the event loop (``loop.call_soon_threadsafe``). The response starts with the first
+The decoding runs as one job of the application's :class:`~.batching.Batcher`, so still
+one model call at a time: the worker thread iterates ``Run.generate_stream`` (on PyTorch
+the search itself runs on a thread of its own meanwhile, :mod:`transformerkit.decoding.
+streaming`) and hands each piece to the event loop (``loop.call_soon_threadsafe``). The response starts with the first
 piece: until then the request can still fail as a plain JSON error (422 an input the model
 refuses, 429 queue full, 503 no first piece within the server's ``--timeout``); from then on
 the timeout no longer applies, since the length of a stream is bounded by its
