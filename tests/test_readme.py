@@ -47,7 +47,9 @@ NOT_RUN_HERE = {
     "curl": "requests to a running `transformerkit serve`: tests/serving/test_serving.py "
             "sends the manual's requests to its API",
     "env": "several JAX processes (each started with KERAS_DISTRIBUTION_* variables): "
-           "tests/training/test_jax_processes.py launches 2 on loopback and checks their weights",
+           "tests/training/test_jax_processes.py launches 2 on loopback and checks their "
+           "weights; `transformerkit serve` with its API keys: tests/serving/test_auth.py "
+           "runs it",
     "torchrun": "several training processes: tests/training/test_multiprocess.py launches "
                 "them (2 gloo processes on loopback) and checks their weights",
 }

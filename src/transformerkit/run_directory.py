@@ -7,7 +7,8 @@ read::
       config.yaml                  the resolved config
       tokenizer.json               one shared vocabulary (and every GPT), or else
       source_tokenizer.json        the source and
-      target_tokenizer.json        the target vocabulary
+      target_tokenizer.json        the target vocabulary; a SentencePiece vocabulary is
+                                   tokenizer.model (source_/target_tokenizer.model) instead
       labels.json                  an Encoder classifier's class names, by class id
       model.keras                  the final model
       checkpoints/
@@ -37,6 +38,8 @@ CONFIG = "config.yaml"
 SHARED_TOKENIZER = "tokenizer.json"
 SOURCE_TOKENIZER = "source_tokenizer.json"
 TARGET_TOKENIZER = "target_tokenizer.json"
+SENTENCEPIECE_SUFFIX = ".model"  # tokenizer.model ...: a SentencePiece model file
+TOKENIZER_SUFFIXES = (".json", SENTENCEPIECE_SUFFIX)
 MODEL = "model.keras"
 CHECKPOINTS = "checkpoints"
 HISTORY = "history.csv"
@@ -171,17 +174,40 @@ class RunDirectory(_Folder):
     def history_plot(self):
         return self._file(HISTORY_PLOT)
 
-    def tokenizer_paths(self, shared=None):
+    def tokenizer_paths(self, shared=None, suffix=None):
         """``(source, target)`` tokenizer paths; the same path twice for a shared vocabulary.
 
-        ``shared=None`` reads it from the directory: a run with ``tokenizer.json`` shares
-        one vocabulary (a GPT always does).
+        ``shared=None`` reads it from the directory: a run with ``tokenizer.json`` (or
+        ``tokenizer.model``) shares one vocabulary (a GPT always does). ``suffix``:
+        ``".json"`` or ``".model"`` (a SentencePiece model file); None reads it from the
+        directory too (``.model`` where such a tokenizer file exists, else ``.json``).
         """
+        if suffix is None:
+            suffix = SENTENCEPIECE_SUFFIX if any(
+                os.path.exists(self._tokenizer_file(name, SENTENCEPIECE_SUFFIX))
+                for name in (SHARED_TOKENIZER, SOURCE_TOKENIZER)) else ".json"
+        if suffix not in TOKENIZER_SUFFIXES:
+            raise ValueError(f"suffix must be one of {TOKENIZER_SUFFIXES}, got {suffix!r}")
+        shared_path = self._tokenizer_file(SHARED_TOKENIZER, suffix)
         if shared is None:
-            shared = os.path.exists(self.shared_tokenizer)
+            shared = os.path.exists(shared_path)
         if shared:
-            return self.shared_tokenizer, self.shared_tokenizer
-        return self._file(SOURCE_TOKENIZER), self._file(TARGET_TOKENIZER)
+            return shared_path, shared_path
+        return (self._tokenizer_file(SOURCE_TOKENIZER, suffix),
+                self._tokenizer_file(TARGET_TOKENIZER, suffix))
+
+    def _tokenizer_file(self, name, suffix):
+        return self._file(os.path.splitext(name)[0] + suffix)
+
+    def remove_other_tokenizers(self, keep):
+        """Delete the tokenizer files of the directory not in ``keep`` (left by an earlier
+        attempt with other settings), so that :meth:`tokenizer_paths` finds the new ones."""
+        keep = {os.path.abspath(p) for p in keep}
+        for name in (SHARED_TOKENIZER, SOURCE_TOKENIZER, TARGET_TOKENIZER):
+            for suffix in TOKENIZER_SUFFIXES:
+                path = self._tokenizer_file(name, suffix)
+                if os.path.abspath(path) not in keep and os.path.exists(path):
+                    os.remove(path)
 
     @property
     def averaged(self):

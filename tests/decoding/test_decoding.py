@@ -434,6 +434,24 @@ def test_top_k_one_and_tiny_top_p_equal_greedy():
                                                                            temperature=0)
 
 
+def test_temperatures_beyond_float32_are_its_limits():
+    """Exact: a temperature below float32's normal range is 0, the greedy path itself; one
+    above it runs as the largest float32 (every id alike), without an overflow warning (an
+    HTTP request may send 5e-324 or 1e308)."""
+    model = make_transformer()
+    greedy = greedy_translate(model, SOURCES, max_new_tokens=6)
+    assert sample_translate(model, SOURCES, max_new_tokens=6, temperature=1e-300,
+                            seed=1) == greedy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hottest = sample_translate(model, SOURCES, max_new_tokens=6, temperature=1e308, seed=1)
+    assert hottest == sample_translate(model, SOURCES, max_new_tokens=6,
+                                       temperature=float(np.finfo(np.float32).max), seed=1)
+    gpt = make_gpt()
+    assert generate_ids(gpt, [4, 5], 5, temperature=1e-300, seed=2) == generate_ids(
+        gpt, [4, 5], 5, temperature=0)
+
+
 def test_same_seed_same_sample_other_seed_other_sample():
     """Exact: the same seed runs the same kernels and draws the same numbers."""
     model = make_transformer()

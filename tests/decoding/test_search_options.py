@@ -32,6 +32,7 @@ def test_the_defaults_are_the_papers_search():
 @pytest.mark.parametrize("name,value,error", [
     ("beam_size", 0, ValueError), ("beam_size", 2.0, TypeError), ("beam_size", True, TypeError),
     ("alpha", -0.1, ValueError), ("alpha", math.nan, ValueError), ("alpha", "0.6", TypeError),
+    ("alpha", 10.5, ValueError),  # ((5+len)/6)^alpha would leave float32 (or Python floats)
     ("n_best", 0, ValueError), ("batch_size", 0, ValueError), ("max_new_tokens", 0, ValueError),
     ("stopping", "never", ValueError), ("max_len_a", -1.0, ValueError),
     ("max_len_b", -1, ValueError), ("temperature", -1.0, ValueError),

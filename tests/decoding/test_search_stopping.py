@@ -14,6 +14,8 @@ probe of ``test_decoding.py``), the bounds and comparisons of search results in
 ``tests/near_ties.py``.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -183,6 +185,16 @@ def test_length_caps_follow_the_source_and_stay_below_max_new_tokens():
                                          max_len_b=1), length_caps(SOURCES, 14, 1.0, 1),
                           strict=True):
         assert all(len(h.ids) <= cap for h in found) and not found[0].finished
+
+
+def test_length_caps_of_huge_options_are_max_new_tokens():
+    """Any finite ``max_len_a`` and any int ``max_len_b`` (an HTTP request may send 1e308 or
+    10**400) give caps within ``max_new``, without overflow."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow in the arithmetic or the cast
+        np.testing.assert_array_equal(length_caps(SOURCES, 9, 1e308, 1), [9] * 5)
+        np.testing.assert_array_equal(length_caps(SOURCES, 9, 0.0, 10 ** 400), [9] * 5)
+        np.testing.assert_array_equal(length_caps(SOURCES, 9, 1e308, 10 ** 400), [9] * 5)
 
 
 @pytest.mark.parametrize("a, b, error, message", [

@@ -11,6 +11,7 @@ time (into the test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT
 README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
 """
 
+import contextlib
 import itertools
 import json
 import os
@@ -29,6 +30,7 @@ pytest.importorskip("fastapi")
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = ROOT / "docs" / "images" / "serve_page.png"
+API_KEYS = "TRANSFORMERKIT_API_KEYS"
 
 
 def free_port():
@@ -37,26 +39,28 @@ def free_port():
         return s.getsockname()[1]
 
 
-def get_json(url, body=None):
+def get_json(url, body=None, key=None):
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
-@pytest.fixture(scope="module")
-def server(run_dirs, tmp_path_factory):
-    """The URL of a running ``transformerkit serve`` on the two served runs (conftest.py)."""
+@contextlib.contextmanager
+def serving(run_dirs, folder, env=None):
+    """The URL of ``transformerkit serve`` on ``run_dirs`` (127.0.0.1, a free port, the
+    environment ``env``) once it answers ``/health``; stopped at the end."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
-    folder = tmp_path_factory.mktemp("page")
     port = free_port()
     log = open(folder / "serve.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "transformerkit.cli", "serve", *map(str, run_dirs),
          "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     try:
@@ -78,17 +82,34 @@ def server(run_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def server(run_dirs, tmp_path_factory):
+    """The URL of a running ``transformerkit serve`` on the two served runs (conftest.py)."""
+    env = {name: value for name, value in os.environ.items() if name != API_KEYS}
+    with serving(run_dirs, tmp_path_factory.mktemp("page"), env) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, shared by the tests of this file (one Playwright per process)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        page = browser.new_page(viewport={"width": 980, "height": 640})
-        errors = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(server + "/")
-        page.wait_for_selector("#translate-panel:not([hidden])")
-        yield page
+        yield browser
         browser.close()
-        assert not errors, errors  # no script error on the page
+
+
+@pytest.fixture(scope="module")
+def page(server, browser):
+    page = browser.new_page(viewport={"width": 980, "height": 640})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(server + "/")
+    page.wait_for_selector("#translate-panel:not([hidden])")
+    yield page
+    page.close()
+    assert not errors, errors  # no script error on the page
 
 
 def test_translation_and_heatmaps(page, server, tmp_path):
@@ -169,3 +190,44 @@ def test_generation_with_a_gpt_run(page, server):
     assert shown[0] == "ein zwei" and shown[-1] == expected
     growing = [a for a, b in itertools.pairwise(shown) if b.startswith(a) and len(b) > len(a)]
     assert len(growing) >= 5, shown  # the text grew piece by piece
+
+
+def test_the_page_asks_for_the_key_of_a_server_with_keys(run_dirs, browser, tmp_path):
+    """A server with a key (from a file named by ``$TRANSFORMERKIT_API_KEYS``): the page asks
+    for it, says so when a wrong one is typed, and with the right one translates; the key is
+    kept for the tab and sent with every later call."""
+    key = "page-test-key-0123456789"
+    (tmp_path / "keys.txt").write_text(f"# the page test's key\n{key}\n")
+    env = {**os.environ, API_KEYS: str(tmp_path / "keys.txt")}
+    with serving(run_dirs, tmp_path, env) as url:
+        page = browser.new_page()  # a context of its own: an empty sessionStorage
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("console", lambda message: message.type == "error"
+                and "401" not in message.text and errors.append(message.text))
+        page.goto(url + "/")
+        sync_api.expect(page.locator("#key-panel")).to_be_visible()
+        assert page.inner_text("#key-message") == "This server needs an API key."
+        assert page.locator("#translate-panel").is_hidden()
+        page.fill("#key", "wrong-key-0123456789abc")
+        page.click("#key-submit")
+        sync_api.expect(page.locator("#key-message")).to_have_text(
+            "That key was not accepted; try again.")
+        sync_api.expect(page.locator("#key-panel")).to_be_visible()
+        page.fill("#key", key)
+        page.press("#key", "Enter")
+        page.wait_for_selector("#translate-panel:not([hidden])")
+        assert page.locator("#key-panel").is_hidden()
+        page.fill("#source", "drei vier fuenf")
+        page.click("#translate")
+        page.wait_for_selector("canvas.heatmap")  # /translate, then /attention, with the key
+        expected = get_json(url + "/translate", {"texts": ["drei vier fuenf"], "beam_size": 4,
+                                                 "n_best": 3}, key=key)["n_best"][0]
+        shown = page.locator("#translations li .hyp").all_inner_texts()
+        assert shown == [h["text"] for h in expected]
+        assert page.evaluate("sessionStorage.getItem('transformerkit-api-key')") == key
+        page.reload()  # the tab keeps the key: no question this time
+        page.wait_for_selector("#translate-panel:not([hidden])")
+        assert page.locator("#key-panel").is_hidden()
+        page.close()
+    assert not errors, errors  # no script error, no Content-Security-Policy violation

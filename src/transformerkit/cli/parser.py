@@ -291,6 +291,16 @@ def _add_use_commands(command):
                        help="let pages from ORIGIN (https://host[:port], or * for any) call "
                             "the API from a browser (repeatable; default: only the server's "
                             "own page)")
+    serve.add_argument("--api-key", dest="api_keys", action="append", default=[],
+                       metavar="KEY",
+                       help="a key a request must send as Authorization: Bearer KEY "
+                            "(repeatable; at least 16 printable characters). A key here shows "
+                            "in the process list: prefer $TRANSFORMERKIT_API_KEYS, a file with "
+                            "one key per line or a comma-separated list. Needed unless --host "
+                            "is loopback or --no-auth is given")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="serve without API keys on a host other than loopback: anyone who "
+                            "reaches it may use the models")
     _add_serving_limits(serve)
 
 

@@ -172,5 +172,6 @@ def serve_command(args):
               "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
         return 2
     serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
-          checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins)
+          checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins,
+          api_keys=args.api_keys, no_auth=args.no_auth)
     return 0

@@ -146,11 +146,14 @@ class DataOptions(_Section):
     text: str | None = option(None, help="dataset text: the text file a GPT trains on (also "
                                          "looked up in the data directory)")
     tokenizer: str = option("bpe", help="bpe, wordpiece or unigram (trained on the training "
-                                        "text), char, or a path: an earlier run's directory "
-                                        "(reuses its vocabulary), a tokenizer .json file or a "
-                                        "Hugging Face tokenizer folder")
+                                        "text), sentencepiece (unigram) or sentencepiece-bpe "
+                                        "(trained by SentencePiece, kept as a .model file), "
+                                        "char, or a path: an earlier run's directory (reuses "
+                                        "its vocabulary), a tokenizer .json or SentencePiece "
+                                        ".model file or a Hugging Face tokenizer folder")
     vocab_size: int = option(8000, minimum=1,
-                             help="vocabulary size of a trained subword tokenizer")
+                             help="vocabulary size of a trained subword tokenizer (sentencepiece"
+                                  " unigram: at most this many)")
     lowercase: bool = option(False, help="lowercase the text before subword tokenization")
     shared_vocab: bool = option(True, help="one tokenizer for source and target (always with "
                                            "model.tie_embeddings: all)")

@@ -18,6 +18,7 @@ from transformerkit.data.corpora import (
     read_tsv,
     resolve_data_dir,
 )
+from transformerkit.data.marian_vocab import MarianTokenizer, load_marian_tokenizers
 from transformerkit.data.pipeline import (
     EncodedPairs,
     EpochSync,
@@ -28,6 +29,7 @@ from transformerkit.data.pipeline import (
     split_train_val,
     teacher_forcing,
 )
+from transformerkit.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from transformerkit.data.tokenizers import (
     CharTokenizer,
     SubwordTokenizer,
@@ -38,8 +40,9 @@ from transformerkit.special_tokens import BOS, EOS, PAD, UNK
 
 __all__ = [
     "BOS", "EOS", "LANGS", "PAD", "UNK", "CharTokenizer", "ChecksumError", "EncodedPairs",
-    "EpochSync", "LanguageModelBatches", "SubwordTokenizer", "TranslationBatches",
-    "encode_pairs", "load_hf_tokenizer", "load_multi30k", "load_ted_hrlr",
+    "EpochSync", "LanguageModelBatches", "MarianTokenizer", "SentencePieceTokenizer",
+    "SubwordTokenizer", "TranslationBatches", "encode_pairs", "load_hf_tokenizer",
+    "load_marian_tokenizers", "load_multi30k", "load_ted_hrlr",
     "load_text", "load_tokenizer", "pad_batch", "read_lines", "read_parallel", "read_tsv",
     "resolve_data_dir", "split_train_val", "teacher_forcing",
 ]

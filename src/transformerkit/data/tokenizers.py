@@ -19,122 +19,36 @@ All subword kinds apply NFKC normalization (and lowercasing when asked), so roun
 exact modulo those. Text that contains a special token's spelling (e.g. ``"</s>"``) never
 yields a special id: it is tokenized as plain text (BPE, WordPiece), or, where the Unigram
 model itself holds that spelling as a piece, the piece becomes ``<unk>``.
+
+SentencePiece models (``data.tokenizer: sentencepiece``, a ``.model`` file) are
+:mod:`transformerkit.data.sentencepiece_tokenizer`'s; a Marian model's vocabulary is
+:mod:`transformerkit.data.marian_vocab`'s. :func:`load_tokenizer` reads every kind.
 """
 
-import itertools
 import json
-import logging
 import pathlib
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from transformerkit.files import atomic_write_text
-from transformerkit.special_tokens import (
-    BOS,
-    BOS_ID,
-    EOS,
-    EOS_ID,
-    PAD,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    UNK,
-    UNK_ID,
+from transformerkit.data.marian_vocab import MarianTokenizer
+from transformerkit.data.sentencepiece_tokenizer import (
+    SentencePieceTokenizer,
+    is_sentencepiece_file,
 )
+from transformerkit.data.tokenizer_base import (  # noqa: F401 (the helpers: public here too)
+    METADATA_KEY,
+    _flatten,
+    _log_training_stats,
+    _nonempty_lines,
+    _read_json,
+    _strip_at_eos,
+    _TokenizerBase,
+    _write_json,
+)
+from transformerkit.special_tokens import BOS, EOS, PAD, PAD_ID, SPECIAL_TOKENS, UNK
 
 SUBWORD_KINDS = ("bpe", "wordpiece", "unigram")
-METADATA_KEY = "transformerkit"  # our top-level key inside the saved json
-
-logger = logging.getLogger(__name__)
-
-
-def _nonempty_lines(texts, stats):
-    """Yield the texts that are not empty or whitespace-only; count both in ``stats``."""
-    if isinstance(texts, str):
-        raise TypeError("texts must be an iterable of strings, not one string "
-                        f"(got {texts[:40]!r}...); wrap it in a list")
-    for text in texts:
-        if not isinstance(text, str):
-            raise TypeError(f"texts must contain str, got {type(text).__name__}: {text!r:.60}")
-        if text.strip():
-            stats["lines"] += 1
-            yield text
-        else:
-            stats["skipped_empty"] += 1
-
-
-def _log_training_stats(name, stats):
-    if stats["skipped_empty"]:
-        logger.info("%s: skipped %d empty lines while training", name, stats["skipped_empty"])
-    if not stats["lines"]:
-        raise ValueError(f"{name}.train got no non-empty text "
-                         f"({stats['skipped_empty']} empty lines skipped)")
-
-
-def _write_json(path, payload):
-    """Write ``payload`` as one line of json (UTF-8) to ``path``, atomically."""
-    atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
-
-
-def _read_json(path):
-    """Read a json object from ``path``; FileNotFoundError / ValueError name the path."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"tokenizer file {path} is not valid json: {e}") from e
-    if not isinstance(payload, dict):
-        raise ValueError(f"tokenizer file {path} does not hold a json object")
-    return payload
-
-
-def _strip_at_eos(ids, eos_id, drop):
-    """Ids up to (not including) the first ``eos_id``, without the ids in ``drop``."""
-    out = []
-    for i in ids:
-        i = int(i)
-        if i == eos_id:
-            break
-        if i not in drop:
-            out.append(i)
-    return out
-
-
-def _flatten(sequences):
-    """List of id lists -> (int32 concatenation, int64 lengths)."""
-    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-    ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32,
-                      count=int(lengths.sum()))
-    return ids, lengths
-
-
-class _TokenizerBase:
-    """What every tokenizer shares: the reserved ids and the batch/lookup helpers."""
-
-    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
-
-    def _with_specials(self, ids, add_bos, add_eos):
-        """``[bos] + ids + [eos]`` as asked; PAD/BOS/EOS ids found in text become UNK."""
-        reserved = {self.pad_id, self.bos_id, self.eos_id}
-        if not reserved.isdisjoint(ids):
-            ids = [self.unk_id if i in reserved else i for i in ids]
-        return [self.bos_id] * bool(add_bos) + list(ids) + [self.eos_id] * bool(add_eos)
-
-    def decode_batch(self, batch):
-        """Decode a ``(batch, length)`` array or a list of id lists -> list of str."""
-        return [self.decode(ids) for ids in batch]
-
-    def encode_batch_flat(self, texts, add_bos=False, add_eos=False):
-        """Texts -> ``(ids, lengths)``: the encodings of :meth:`encode_batch` concatenated
-        into one int32 array ``(sum(lengths),)`` and their lengths, int64 ``(len(texts),)``
-        (the form the token cache stores)."""
-        encoded = self.encode_batch(texts, add_bos=add_bos, add_eos=add_eos)
-        return _flatten(encoded)
-
-    def __repr__(self):
-        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
 
 
 class SubwordTokenizer(_TokenizerBase):
@@ -425,14 +339,20 @@ class CharTokenizer(_TokenizerBase):
 
 
 def load_tokenizer(path):
-    """Load any tokenizer file written by ``save``: dispatch on its json content."""
+    """Load any tokenizer file written by ``save``: a SentencePiece ``.model`` (or ``.spm``)
+    file by its name, a json file by its content."""
+    if is_sentencepiece_file(path):
+        return SentencePieceTokenizer.load(path)
     payload = _read_json(path)
     kind = (payload.get(METADATA_KEY) or {}).get("type")
     if kind == "char":
         return CharTokenizer._from_payload(payload, path)
+    if kind == "marian":
+        return MarianTokenizer._from_payload(payload, path)
     if kind == "subword" or "model" in payload:
         return SubwordTokenizer._from_payload(payload, path)
-    raise ValueError(f"{path} is neither a CharTokenizer nor a `tokenizers` json file")
+    raise ValueError(f"{path} is neither a transformerkit tokenizer file nor a `tokenizers` "
+                     "json file")
 
 
 def load_hf_tokenizer(folder):
@@ -447,6 +367,11 @@ def load_hf_tokenizer(folder):
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face tokenizer folder not found: {folder}")
+    if (folder / "source.spm").is_file() and not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{folder} is a Marian tokenizer folder (source.spm, target.spm, "
+                         "vocab.json): its ids (</s> 0, <unk> 1, <pad> last) are a Marian "
+                         "model's, not those of a model trained here (<pad> 0); "
+                         "transformerkit.data.load_marian_tokenizers reads it")
     names = _hf_special_token_names(folder)
     if (folder / "tokenizer.json").is_file():
         try:

@@ -58,8 +58,9 @@ def length_caps(source, max_new, max_len_a=None, max_len_b=None):
     rows = source.shape[0]
     if max_len_a is None and max_len_b is None:
         return np.full((rows,), max_new, dtype="int32")
-    a = 0.0 if max_len_a is None else float(max_len_a)
-    b = 0 if max_len_b is None else int(max_len_b)
+    # a and b as large as they may be (1e308, 10**400): above max_new they cap at max_new
+    a = 0.0 if max_len_a is None else min(float(max_len_a), max_new)
+    b = 0 if max_len_b is None else min(int(max_len_b), max_new)
     lengths = (source != PAD_ID).sum(axis=1)
     caps = np.floor(a * lengths + b + 1e-9).astype("int64")
     return np.clip(caps, 1, max_new).astype("int32")

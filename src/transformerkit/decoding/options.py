@@ -62,7 +62,8 @@ class SearchOptions(_Checked):
 
     beam_size: int = option(4, minimum=1, flag="--beam",
                             help="beam size; 1 = greedy search")
-    alpha: float = option(0.6, minimum=0.0, label="alpha (length penalty)",
+    # at most 10: ((5+len)/6)^alpha stays a float32 for any length a model reads
+    alpha: float = option(0.6, minimum=0.0, maximum=10.0, label="alpha (length penalty)",
                           help="length penalty of beam search, GNMT ((5+len)/6)^alpha")
     n_best: int = option(1, minimum=1, help="return the n best translations with their scores "
                                             "(beam search; the beam widens to n)")

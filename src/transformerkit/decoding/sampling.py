@@ -26,6 +26,8 @@ from transformerkit.decoding.options import GenerationOptions, SearchOptions, re
 from transformerkit.decoding.steps import make_steps
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 PROMPT_BUCKET = 16  # GPT buffer widths are rounded up to a multiple of this on JAX/TF
 
 
@@ -78,10 +80,12 @@ def check_sampling(temperature, top_k, top_p, seed):
 def _choice_args(temperature, top_k, top_p, seed):
     """``(key, extra args, make_choose)`` for the sampling or (temperature 0) greedy choice."""
     top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
-    if temperature == 0:
+    # the logits are float32: a temperature below its normal range is 0 (greedy, the
+    # limit), one above it the largest float32 (every id alike, the limit)
+    if temperature < FLOAT32_TINY:
         return "greedy", (), None
     key = ("sample", top_k, top_p is not None)
-    args = (seed, np.float32(temperature), np.float32(top_p or 1.0))
+    args = (seed, np.float32(min(temperature, FLOAT32_MAX)), np.float32(top_p or 1.0))
 
     def make_choose(seed, temperature, top_p_value):
         return sampling_choice(seed, temperature, top_k, top_p_value if top_p else None)

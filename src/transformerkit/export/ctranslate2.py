@@ -24,8 +24,10 @@ The paper's encoder-decoder becomes a ``TransformerSpec`` and the GPT a
 Keras ``Dense`` kernels are ``(in, out)``; CTranslate2's linear weights are ``(out, in)``.
 Vocabularies are the tokenizers' own token strings by id (``<pad> <s> </s> <unk>`` = 0..3,
 :mod:`transformerkit.special_tokens`), and the run's tokenizer files are stored in the model
-directory (:data:`TOKENIZER_FILES`) with :data:`METADATA_FILE`, so the folder holds all that
-is needed to tokenize, translate and detokenize.
+directory (:func:`tokenizer_file_name`: ``source_tokenizer.json``, or ``.model`` for a
+SentencePiece model, which CTranslate2's users tokenize with directly) with
+:data:`METADATA_FILE`, so the folder holds all that is needed to tokenize, translate and
+detokenize. A SentencePiece run's vocabulary is the model file's pieces by id.
 
 What CTranslate2 cannot express is refused with a ``ValueError`` naming the option
 (:func:`check_exportable`): key and value widths per head that differ, and models other
@@ -47,6 +49,13 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
                  "bfloat16", "float32")
 METADATA_FILE = "transformerkit.json"  # what the runtime needs beside CTranslate2's files
 TOKENIZER_FILES = {"source": "source_tokenizer.json", "target": "target_tokenizer.json"}
+
+
+def tokenizer_file_name(side, path):
+    """The name of ``side``'s tokenizer file in an export: :data:`TOKENIZER_FILES`'s, with
+    the suffix of the run's file ``path`` (``.model`` for a SentencePiece model)."""
+    stem, _ = os.path.splitext(TOKENIZER_FILES[side])
+    return stem + (os.path.splitext(os.fspath(path))[1] or ".json")
 
 
 def check_exportable(model):
@@ -241,7 +250,7 @@ def export_model(model, source_tokenizer, target_tokenizer, out_dir, quantizatio
         quantization: None (float32 weights as trained) or one of :data:`QUANTIZATIONS`.
         force: replace an existing ``out_dir`` (else ``FileExistsError``).
         tokenizer_files: ``{"source": path, "target": path}`` copied into the directory
-            (:data:`TOKENIZER_FILES`); a GPT has ``source`` only.
+            (:func:`tokenizer_file_name`); a GPT has ``source`` only.
         extra_metadata: more keys for :data:`METADATA_FILE`.
 
     Returns ``out_dir``.
@@ -258,12 +267,12 @@ def export_model(model, source_tokenizer, target_tokenizer, out_dir, quantizatio
         KerasConverter(model, source_tokenizer, target_tokenizer).convert(
             tmp, quantization=quantization, force=True)
         for side, path in (tokenizer_files or {}).items():
-            shutil.copyfile(path, os.path.join(tmp, TOKENIZER_FILES[side]))
+            shutil.copyfile(path, os.path.join(tmp, tokenizer_file_name(side, path)))
         metadata = {"model": type(model).__name__.lower(), "max_length": model.max_length,
                     "weights_sha256": weights_fingerprint(model),
                     "quantization": quantization or "float32",
-                    "tokenizers": {side: TOKENIZER_FILES[side]
-                                   for side in (tokenizer_files or {})},
+                    "tokenizers": {side: tokenizer_file_name(side, path)
+                                   for side, path in (tokenizer_files or {}).items()},
                     **(extra_metadata or {})}
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2)

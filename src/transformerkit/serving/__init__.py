@@ -5,6 +5,9 @@
 - :mod:`~transformerkit.serving.batching`: requests that arrive together share one model
   call (a short collection window, a maximum batch size), one batch at a time on a worker
   thread, behind a bounded queue (429 when full) and a per-request timeout (503);
+- :mod:`~transformerkit.serving.auth`: who may call the server: API keys sent as
+  ``Authorization: Bearer KEY`` (401 otherwise), and the rule that a server reachable from
+  other machines has keys unless ``--no-auth`` says otherwise;
 - :mod:`~transformerkit.serving.schemas`: the request bodies (unknown fields are refused);
 - :mod:`~transformerkit.serving.app`: :func:`~transformerkit.serving.app.create_app`, the
   application over loaded :class:`transformerkit.api.Run` objects; its routes are in
@@ -15,8 +18,10 @@
   requests with :mod:`~transformerkit.serving.checks` and answer errors as
   :mod:`~transformerkit.serving.errors` says; a streamed ``/generate`` answers server-sent
   events (:mod:`~transformerkit.serving.streaming`);
+- :mod:`~transformerkit.serving.metrics`: the server's Prometheus metrics (``GET /metrics``)
+  and the middleware that counts and times every answer;
 - :mod:`~transformerkit.serving.server`: load the runs once and serve them with uvicorn.
 
-FastAPI and uvicorn are the ``serve`` extra (``pip install "keras-transformerkit[serve]"``);
-importing this package imports neither.
+FastAPI, uvicorn and prometheus-client are the ``serve`` extra (``pip install
+"keras-transformerkit[serve]"``); importing this package imports none of them.
 """

@@ -6,7 +6,13 @@ Routes (every error is a JSON ``{"error": ..., "status": ...}`` that says what w
 - ``GET /``: the page; ``GET /health``, ``GET /models`` (:mod:`.info_routes`);
 - ``POST /translate``, ``POST /generate``, ``POST /attention`` (:mod:`.model_routes`;
   bodies: :mod:`.schemas`);
-- ``GET /openapi.json``: the OpenAPI schema (no ``/docs``: its viewer loads from a CDN).
+- ``GET /openapi.json``: the OpenAPI schema, with this server's limits and model names
+  (:mod:`.openapi`; no ``/docs``: its viewer loads from a CDN);
+- ``GET /metrics``: Prometheus metrics (:mod:`.metrics`; every answer is counted by its
+  middleware, outside the others).
+
+With ``api_keys`` every route but ``/`` and ``/health`` needs ``Authorization: Bearer KEY``
+(:mod:`.auth`; 401 otherwise), as the OpenAPI schema says.
 
 The routes find the runs, the batcher and the limits through FastAPI dependencies
 (:mod:`.dependencies`), which this factory sets. Browsers let a page call the API only from
@@ -23,7 +29,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 import transformerkit
-from transformerkit.serving import dependencies, info_routes, model_routes
+from transformerkit.serving import dependencies, info_routes, metrics, model_routes, openapi
+from transformerkit.serving.auth import BearerAuth, check_keys, document_keys
 from transformerkit.serving.batching import Batcher
 from transformerkit.serving.errors import add_error_handlers
 from transformerkit.serving.limits import BodySizeLimit, Limits
@@ -54,9 +61,10 @@ async def lifespan(app):
     app.state.batcher.start()
     yield
     await app.state.batcher.stop()
+    app.state.metrics.close()
 
 
-def create_app(runs, limits=None, engine="keras", cors_origins=()):
+def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     """A FastAPI application serving ``runs``.
 
     Args:
@@ -66,23 +74,37 @@ def create_app(runs, limits=None, engine="keras", cors_origins=()):
             (attention always comes from the Keras model).
         cors_origins: origins (``https://host[:port]``, or ``*`` for any) whose pages may
             call the API from a browser; none by default (the server's own page only).
+        api_keys: the keys a request may send as ``Authorization: Bearer KEY``
+            (:class:`~.auth.BearerAuth`); none by default: anyone who reaches the server.
     """
     cors_origins = check_origins(cors_origins)
+    api_keys = check_keys(api_keys, "api_keys")
     registry = RunRegistry(runs, engine)
     limits = limits or Limits()
+    server_metrics = metrics.ServerMetrics()
     batcher = Batcher(window_s=limits.batch_window_ms / 1000, max_batch=limits.max_batch_texts,
-                      queue_size=limits.queue_size, timeout_s=limits.timeout)
+                      queue_size=limits.queue_size, timeout_s=limits.timeout,
+                      observer=server_metrics)
     app = FastAPI(title="transformerkit", version=transformerkit.__version__,
                   description="Translate, generate and look at attention with trained runs.",
                   docs_url=None, redoc_url=None, lifespan=lifespan, responses=_ERRORS)
-    dependencies.install(app, registry, batcher, limits)
+    dependencies.install(app, registry, batcher, limits, server_metrics)
     app.state.page = info_routes.page_html()
-    app.include_router(info_routes.router)
-    app.include_router(model_routes.router)
+    routers = (info_routes.router, model_routes.router, metrics.router)
+    for router in routers:
+        app.include_router(router)
+    openapi.install(app, limits, lambda: getattr(getattr(app.state, "registry", None),
+                                                 "names", None))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes)
-    if cors_origins:  # added last, so outermost: errors (413 too) carry its headers
+    if api_keys:  # outside the body limit: a request without a key is not read
+        app.add_middleware(BearerAuth, keys=api_keys)
+        document_keys(app)
+    app.add_middleware(metrics.RequestMetrics, metrics=server_metrics,  # counts 401s too
+                       routers=(app.router, *routers))
+    if cors_origins:  # added last, so outermost: errors (401, 413 too) carry its headers,
+        # and preflights (which browsers send without the key) are answered
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins,
-                           allow_methods=["GET", "POST"], allow_headers=["Content-Type"],
-                           max_age=600)
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Authorization"], max_age=600)
     add_error_handlers(app)
     return app

@@ -20,6 +20,11 @@ a job not done ``timeout_s`` after it arrived raises :class:`TimeoutError` (503)
 has not started, is dropped from the queue. A job that answers as it goes (a streamed
 generation) names an event it sets once its answer has begun: the timeout applies until
 then.
+
+An optional *observer* learns how the batches go, without this module knowing what it does
+with that (the server's metrics, :mod:`.metrics`): ``observer.queue_depth(n)`` whenever the
+number of waiting jobs changes, ``observer.model_call(inputs, seconds)`` after each model call
+(``inputs``: how many went in; ``seconds``: how long it ran, failed calls too).
 """
 
 import asyncio
@@ -54,16 +59,20 @@ class Batcher:
         max_batch: inputs in one call (a job with more runs alone, whole).
         queue_size: jobs that may wait.
         timeout_s: seconds from a job's arrival to its result.
+        observer: told of the queue depth and of each model call (see the module's
+            docstring); None: nobody.
 
     Use inside a running event loop: :meth:`start`, then :meth:`submit` from request
     handlers, :meth:`stop` at shutdown.
     """
 
-    def __init__(self, window_s=0.01, max_batch=64, queue_size=256, timeout_s=60.0):
+    def __init__(self, window_s=0.01, max_batch=64, queue_size=256, timeout_s=60.0,
+                 observer=None):
         self.window_s = float(window_s)
         self.max_batch = int(max_batch)
         self.queue_size = int(queue_size)
         self.timeout_s = float(timeout_s)
+        self.observer = observer
         self.waiting = []  # jobs in arrival order
         self.batches = 0  # model calls made (each may serve several jobs)
         self._free_since = 0.0  # when the last batch ended, its run time and jobs
@@ -89,6 +98,7 @@ class Batcher:
         for job in self.waiting:  # their requests end with the server
             job.future.cancel()
         self.waiting.clear()
+        self._queue_changed()
         if self._thread is not None:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
@@ -109,6 +119,7 @@ class Batcher:
         job = _Job(key, list(inputs), call, asyncio.get_running_loop().create_future(),
                    streams=started is not None)
         self.waiting.append(job)
+        self._queue_changed()
         self._arrived.set()
         try:
             if started is None:
@@ -118,6 +129,7 @@ class Batcher:
         except asyncio.TimeoutError:
             if job in self.waiting:  # not started: nobody will run it now
                 self.waiting.remove(job)
+                self._queue_changed()
             job.future.cancel()  # a result that comes later is dropped
             raise TimeoutError(f"no result within {self.timeout_s:g} s (the server's "
                                "--timeout); the server is busy or the request is too "
@@ -125,8 +137,13 @@ class Batcher:
         except asyncio.CancelledError:  # the client went away: drop the job if it waits
             if job in self.waiting:
                 self.waiting.remove(job)
+                self._queue_changed()
             job.future.cancel()
             raise
+
+    def _queue_changed(self):
+        if self.observer is not None:
+            self.observer.queue_depth(len(self.waiting))
 
     def _take_batch(self):
         """The oldest job and the later waiting jobs of its key, within ``max_batch``."""
@@ -139,6 +156,7 @@ class Batcher:
                     size += len(job.inputs)
         for job in batch:
             self.waiting.remove(job)
+        self._queue_changed()
         return batch
 
     def _batch_is_full(self):
@@ -202,9 +220,8 @@ class Batcher:
         """Run ``batch`` in one call on the worker thread and hand each job its outputs (or
         the error, re-raised for the caller)."""
         inputs = [x for job in batch for x in job.inputs]
-        loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(self._thread, batch[0].call, inputs)
+            outputs = await self._call(batch[0].call, inputs)
             if len(outputs) != len(inputs):
                 raise RuntimeError(f"a batch of {len(inputs)} inputs gave {len(outputs)} "
                                    "outputs")
@@ -217,6 +234,15 @@ class Batcher:
             if not job.future.done():
                 job.future.set_result(outputs[start:start + len(job.inputs)])
             start += len(job.inputs)
+
+    async def _call(self, call, inputs):
+        """``call(inputs)`` on the worker thread, timed for the observer."""
+        started = time.monotonic()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, call, inputs)
+        finally:
+            if self.observer is not None:
+                self.observer.model_call(len(inputs), time.monotonic() - started)
 
 
 async def _until_done_or_set(future, event):

@@ -2,17 +2,18 @@
 schema from them).
 
 Requests are strict: a field of the wrong type is refused rather than converted ("4" is not
-a beam size), and an unknown field is refused rather than ignored (a misspelt option would
-otherwise be silently left at its default); NaN and infinities are not numbers here. The
-bounds that depend on the server's options (:class:`~transformerkit.serving.limits.Limits`)
-and on the model (its ``max_length``) are checked by the routes. The translation and
+a beam size; 4.0 is, as JSON Schema's ``integer`` says), and an unknown field is refused
+rather than ignored (a misspelt option would otherwise be silently left at its default); NaN
+and infinities are not numbers here. The bounds that depend on the server's options
+(:class:`~transformerkit.serving.limits.Limits`) and on the model (its ``max_length``) are
+checked by the routes. The translation and
 generation options are the fields of :mod:`transformerkit.decoding.options`, the same as the
 command line's flags and ``Run.translate``'s keywords.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from transformerkit.decoding.options import (
     GenerationOptions,
@@ -26,6 +27,16 @@ _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _MODEL_FIELD = Field(None, description="the model's name (GET /models); default: the first")
 
 
+def _integral_number(value):
+    """A float with no fraction as the int it is: JSON has one kind of number, and JSON
+    Schema's ``integer`` (what the OpenAPI schema says) takes ``4.0``. Anything else is
+    left to the strict check (``4.5``, ``"4"``, ``true`` are refused)."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+
 def _option_fields(options_class, leave_out=()):
     """Pydantic fields for the fields of ``options_class`` (``decoding/options.py``): the
     same types, defaults, ranges, allowed values and meanings as the command line's flags."""
@@ -35,7 +46,11 @@ def _option_fields(options_class, leave_out=()):
             continue
         meta = f.metadata
         kind = Literal[meta["choices"]] if meta["choices"] else value_type(f)
-        found[f.name] = (kind | None if optional(f) else kind,
+        integer = kind is int
+        kind = kind | None if optional(f) else kind
+        if integer:  # around the whole type, so the bounds stay on the integer (schema too)
+            kind = Annotated[kind, BeforeValidator(_integral_number)]
+        found[f.name] = (kind,
                          Field(f.default, ge=meta["minimum"], le=meta["maximum"],
                                gt=meta["above"], description=meta["help"]))
     return found

@@ -12,16 +12,17 @@ The events (``text/event-stream``; each ``data`` is one line of JSON)::
     event: error             instead of ``done`` when the generation fails once the
     data: {"error": "...", "status": 500}   stream has begun
 
-The decoding runs as one job of the application's :class:`~.batching.Batcher`, so still
-one model call at a time: the worker thread iterates ``Run.generate_stream`` (on PyTorch
-the search itself runs on a thread of its own meanwhile, :mod:`transformerkit.decoding.
-streaming`) and hands each piece to the event loop (``loop.call_soon_threadsafe``). The response starts with the first
-piece: until then the request can still fail as a plain JSON error (422 an input the model
-refuses, 429 queue full, 503 no first piece within the server's ``--timeout``); from then on
-the timeout no longer applies, since the length of a stream is bounded by its
-``max_new_tokens``. A client that goes away (Starlette cancels the response when the
-connection closes) sets a flag the job reads between pieces: the decoding stops within a
-token or so and the worker takes the next job.
+The decoding runs as one job of the application's :class:`~.batching.Batcher`, so still one
+model call at a time: the worker thread iterates ``Run.generate_stream`` (on PyTorch the
+search itself runs on a thread of its own meanwhile,
+:mod:`transformerkit.decoding.streaming`) and hands each piece to the event loop
+(``loop.call_soon_threadsafe``). The response starts with the first piece: until then the
+request can still fail as a plain JSON error (422 an input the model refuses, 429 queue
+full, 503 no first piece within the server's ``--timeout``); from then on the timeout no
+longer applies, since the length of a stream is bounded by its ``max_new_tokens``. A client
+that goes away (Starlette cancels the response when the connection closes) sets a flag the
+job reads between pieces: the decoding stops within a token or so and the worker takes the
+next job.
 """
 
 import asyncio
@@ -51,7 +52,7 @@ def event(name, data):
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream_generation(submit, name, run, prompt, options, engine):
+async def stream_generation(submit, name, run, prompt, options, engine, record=None):
     """The ``StreamingResponse`` of a streamed ``/generate``, once its first piece is made.
 
     Args:
@@ -59,6 +60,8 @@ async def stream_generation(submit, name, run, prompt, options, engine):
             started=event)`` -> the job's outputs, its refusals as ``RequestError``.
         name, run: the model's name and its ``Run``; ``prompt`` and ``options`` (a
             ``GenerationOptions``) checked already; ``engine`` as ``Run.generate``'s.
+        record: None, or ``record(prompt, text)``, called on the model's thread with the
+            text made (what was streamed, to its end or to the client's leaving).
 
     Raises the job's ``RequestError`` when it fails before its first piece.
     """
@@ -82,7 +85,10 @@ async def stream_generation(submit, name, run, prompt, options, engine):
                 loop.call_soon_threadsafe(deliver, piece)
         finally:
             generator.close()  # stops the decoding
-        return [prompts[0] + "".join(made)]
+        text = prompts[0] + "".join(made)
+        if record is not None:
+            record(prompts[0], text)
+        return [text]
 
     job = asyncio.ensure_future(submit([prompt], call, started=started))
     first = asyncio.ensure_future(started.wait())

@@ -198,8 +198,9 @@ def _prepare_classification(config, run, reuse):
     if model["pretrained"] is not None:
         from transformerkit.models.pretrained import load_hf_config
 
-        tokenizer_path, _ = run.tokenizer_paths(shared=True)
+        tokenizer_path, _ = run.tokenizer_paths(shared=True, suffix=None if reuse else ".json")
         if not reuse:
+            run.remove_other_tokenizers([tokenizer_path])
             load_hf_tokenizer(model["pretrained"]).save(tokenizer_path)
         tokenizer, matrices = load_tokenizer(tokenizer_path), {}
         positions = load_hf_config(model["pretrained"]).get("max_position_embeddings")

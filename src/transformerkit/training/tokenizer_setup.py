@@ -5,7 +5,9 @@ Where the tokenizers come from, per side: built from the tokens of a pretrained 
 (``model.embeddings``, :mod:`transformerkit.data.vectors`; the matrix laid out by id goes to
 the model), copied from an earlier run or a tokenizer file (``data.tokenizer: PATH``, so
 runs share one vocabulary), or trained on a seeded sample of the corpus (``data.tokenizer:
-bpe``, ...) and cached by corpus and settings under ``CACHE_ROOT/tokenizers/``.
+bpe``, ``sentencepiece``, ...) and cached by corpus and settings under
+``CACHE_ROOT/tokenizers/``. A SentencePiece vocabulary is kept as a ``.model`` file
+(``tokenizer.model``), the others as json (``tokenizer.json``).
 """
 
 import contextlib
@@ -14,6 +16,11 @@ import os
 import shutil
 
 from transformerkit.data import sources, token_cache, vectors
+from transformerkit.data.sentencepiece_tokenizer import (
+    SENTENCEPIECE_KINDS,
+    SentencePieceTokenizer,
+    is_sentencepiece_file,
+)
 from transformerkit.data.tokenizers import (
     SUBWORD_KINDS,
     CharTokenizer,
@@ -28,6 +35,7 @@ from transformerkit.run_directory import RunDirectory
 log = logging.getLogger("transformerkit")
 
 TOKENIZER_CACHE = "tokenizers"  # CACHE_ROOT/tokenizers/<key>/: trained tokenizers
+TRAINED_KINDS = (*SUBWORD_KINDS, *SENTENCEPIECE_KINDS, "char")  # data.tokenizer: train these
 
 
 def shared_vocab(config):
@@ -50,20 +58,21 @@ def shared_vocab(config):
 
 def reused_tokenizer_files(value):
     """The tokenizer files ``data.tokenizer`` names for reuse: ``[file]`` (a tokenizer
-    .json, or a run directory's shared ``tokenizer.json``), ``[source, target]`` (a run
+    .json or SentencePiece .model file, or a run directory's shared ``tokenizer.json`` /
+    ``tokenizer.model``), ``[source, target]`` (a run
     directory with a vocabulary per side), or None (a kind to train, or a Hugging Face
     folder). A run directory is a folder with ``config.yaml``. Raises FileNotFoundError for
     a path that does not exist or a run directory without tokenizer files."""
-    if value in (*SUBWORD_KINDS, "char"):
+    if value in TRAINED_KINDS:
         return None
     if os.path.isfile(value):
         return [value]
     run = RunDirectory(value)
     if not os.path.isdir(value):
         raise FileNotFoundError(
-            f"data.tokenizer: {value!r} is neither a kind ({', '.join(SUBWORD_KINDS)}, char) "
-            "nor an existing path (an earlier run's directory, a tokenizer .json file or a "
-            "Hugging Face tokenizer folder)")
+            f"data.tokenizer: {value!r} is neither a kind ({', '.join(TRAINED_KINDS)}) "
+            "nor an existing path (an earlier run's directory, a tokenizer .json file, a "
+            "SentencePiece .model file or a Hugging Face tokenizer folder)")
     if not os.path.isfile(run.config):
         return None  # a Hugging Face tokenizer folder
     shared, _ = run.tokenizer_paths(shared=True)
@@ -83,6 +92,9 @@ def make_tokenizer(data, texts):
     if kind in SUBWORD_KINDS:
         return SubwordTokenizer.train(texts, kind=kind, vocab_size=data.vocab_size,
                                       lowercase=data.lowercase)
+    if kind in SENTENCEPIECE_KINDS:
+        return SentencePieceTokenizer.train(texts, kind=kind, vocab_size=data.vocab_size,
+                                            lowercase=data.lowercase)
     if kind == "char":
         return CharTokenizer.train(texts)
     reused = reused_tokenizer_files(kind)
@@ -104,19 +116,26 @@ def run_tokenizers(config, run, reuse, corpus, cache_root):
         loaded = [load_tokenizer(path) for path in paths]
         return loaded[0], loaded[-1], paths, {}
     shared = shared_vocab(config)
-    source_path, target_path = run.tokenizer_paths(shared)
-    paths = [source_path] if shared else [source_path, target_path]
     data = config.data
     files = vectors.embedding_files(config.model["embeddings"])
     reused = reused_tokenizer_files(data.tokenizer)
     if files and reused:
         raise ValueError("model.embeddings builds the vocabulary from its vectors files; "
                          f"data.tokenizer {data.tokenizer!r} names another one: use one")
+    if files and data.tokenizer in SENTENCEPIECE_KINDS and len(files) < 2 - shared:
+        raise ValueError(f"model.embeddings builds one side's vocabulary from its vectors "
+                         f"file, and a run keeps its vocabularies in one format: "
+                         f"data.tokenizer: {data.tokenizer} cannot train the other; use bpe, "
+                         "wordpiece or unigram, or vectors for both sides")
+    source_path, target_path = run.tokenizer_paths(
+        shared, suffix=_suffix(data.tokenizer, reused, files))
+    paths = [source_path] if shared else [source_path, target_path]
+    run.remove_other_tokenizers(paths)
     if reused:
         for origin, path in zip(reused, paths, strict=True):
             load_tokenizer(origin).save(path)  # checked on the way
     elif len(files) < len(paths):  # a side without vectors
-        if data.tokenizer in (*SUBWORD_KINDS, "char"):
+        if data.tokenizer in TRAINED_KINDS:
             _cached_or_trained(data, config.train.seed, shared, corpus, cache_root,
                                paths)
         else:
@@ -132,6 +151,16 @@ def run_tokenizers(config, run, reuse, corpus, cache_root):
         matrices = {"source": matrices["shared"], "target": matrices["shared"]}
     check_widths(config, matrices)
     return loaded[0], loaded[-1], paths, matrices
+
+
+def _suffix(value, reused, files):
+    """The run's tokenizer file suffix: ``.model`` for SentencePiece models (trained, or
+    copied from ``.model`` files), else ``.json`` (vectors files' vocabularies too)."""
+    if files:
+        return ".json"
+    if value in SENTENCEPIECE_KINDS or (reused and is_sentencepiece_file(reused[0])):
+        return ".model"
+    return ".json"
 
 
 def check_widths(config, matrices):
@@ -185,28 +214,35 @@ def _cached_or_trained(data, seed, shared, corpus, cache_root, paths):
 
 
 def one_tokenizer(config, run, reuse, texts):
-    """The one vocabulary of a GPT or an Encoder, saved as ``run``'s ``tokenizer.json``:
-    reloaded (``reuse``), built from ``model.embeddings.shared``'s vectors, copied from
-    ``data.tokenizer`` (a file, a run, a Hugging Face folder) or trained on ``texts()``.
-    -> ``(tokenizer, {"source": matrix} or {})``."""
+    """The one vocabulary of a GPT or an Encoder, saved as ``run``'s ``tokenizer.json`` (an
+    Encoder's SentencePiece model: ``tokenizer.model``): reloaded (``reuse``), built from
+    ``model.embeddings.shared``'s vectors, copied from ``data.tokenizer`` (a file, a run, a
+    Hugging Face folder) or trained on ``texts()``. A GPT refuses SentencePiece, which
+    drops line breaks. -> ``(tokenizer, {"source": matrix} or {})``."""
     data, kind = config.data, config.model["type"]
-    path, _ = run.tokenizer_paths(shared=True)
     files = vectors.embedding_files(config.model["embeddings"])
     if set(files) - {"shared"}:
         raise ValueError(f"model.type {kind} has one vocabulary: name its vectors file as "
                          "model.embeddings.shared")
     if reuse:
-        return load_tokenizer(path), {}
+        return load_tokenizer(run.tokenizer_paths(shared=True)[0]), {}
+    reused = reused_tokenizer_files(data.tokenizer)
+    if files and reused:
+        raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
+                         f"data.tokenizer {data.tokenizer!r} names another one: use one")
+    suffix = _suffix(data.tokenizer, reused, files)
+    if kind == "gpt" and suffix == ".model":
+        raise ValueError(f"data.tokenizer: {data.tokenizer} is a SentencePiece model, which "
+                         "turns line breaks into spaces (its normalization), and a GPT's text "
+                         "needs them: use bpe or char for a GPT")
+    path, _ = run.tokenizer_paths(shared=True, suffix=suffix)
+    run.remove_other_tokenizers([path])
     if files:
-        if reused_tokenizer_files(data.tokenizer):
-            raise ValueError("model.embeddings builds the vocabulary from its vectors file; "
-                             f"data.tokenizer {data.tokenizer!r} names another one: use one")
         read = _vectors_tokenizer(files["shared"], data.lowercase, path)
         tokenizer = load_tokenizer(path)
         matrices = {"source": vectors.aligned_matrix(read, tokenizer)}
         check_widths(config, matrices)
         return tokenizer, matrices
-    tokenizer = make_tokenizer(data, texts() if data.tokenizer in (*SUBWORD_KINDS, "char")
-                                else [])
+    tokenizer = make_tokenizer(data, texts() if data.tokenizer in TRAINED_KINDS else [])
     tokenizer.save(path)
     return load_tokenizer(path), {}
