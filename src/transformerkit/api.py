@@ -153,8 +153,9 @@ class Run:
 
     def generate_stream(self, prompt, options=None, engine="keras", **keywords):
         """:meth:`generate`'s continuation while it is made: a generator of text pieces,
-        each the new text since the last (``prompt + "".join(pieces)`` is what
-        :meth:`generate` returns with the same options, greedy and seeded sampling alike).
+        each the new text since the last, empty where a token adds none (an end token, part
+        of a character); ``prompt + "".join(pieces)`` is what :meth:`generate` returns with
+        the same options, greedy and seeded sampling alike.
 
         The arguments are :meth:`generate`'s, checked before the generator is returned.
         Closing the generator (``pieces.close()``, or a ``for`` loop left with ``break`` once

@@ -69,7 +69,6 @@ def test_joined_pieces_are_the_generated_text(name):
     options = OPTIONS[name]
     expected = run.generate("hello", **options)
     pieces = list(run.generate_stream("hello", **options))
-    assert all(pieces), pieces  # no empty piece
     prompt = TOKENIZER.encode("hello")
     search = {k: v for k, v in options.items() if k not in ("max_new_tokens", "stop_at_eos")}
     eos = TOKENIZER.eos_id if options.get("stop_at_eos", True) else None
@@ -84,9 +83,12 @@ def test_joined_pieces_are_the_generated_text(name):
     else:
         assert_same_ids_or_near_tie([streamed_ids], [ids],
                                     next_logits_after(run.model, prompts=[prompt]))
-    if is_eager_loop():  # one list of one id per step; a piece per id but the end token
+    # a piece per list of ids; on PyTorch a list per step, one id each; a character
+    # tokenizer: each piece one character, but the end token's, which is empty
+    assert len(pieces) == len(chunks)
+    if is_eager_loop():
         assert all(len(chunk) == 1 for chunk in chunks)
-        assert len(pieces) == len([i for i in ids if i != TOKENIZER.eos_id])
+        assert [p != "" for p in pieces] == [i != TOKENIZER.eos_id for i in ids]
     else:  # chunks of at most CHUNK_TOKENS ids
         assert all(1 <= len(chunk) <= streaming.CHUNK_TOKENS for chunk in chunks)
 
@@ -107,8 +109,7 @@ def test_closing_the_stream_stops_the_decoding(monkeypatch):
     run = tiny_gpt_run()
     counter = StepCounter(monkeypatch)
     pieces = run.generate_stream("hello", max_new_tokens=5000, seed=1, stop_at_eos=False)
-    first = next(pieces)
-    assert first
+    next(pieces)
     pieces.close()  # returns once the decoding has stopped
     made = counter.count
     assert not stream_threads()
@@ -190,6 +191,7 @@ def test_byte_level_pieces_are_whole_characters():
     assert any("\ufffd" in tokenizer.decode([i]) for i in ids)  # parts of a character
     pieces = list(text_pieces(tokenizer, ([i] for i in ids)))
     assert "".join(pieces) == tokenizer.decode(ids) and "\ufffd" not in "".join(pieces)
+    assert len(pieces) == len(ids) and "" in pieces  # parts of a character wait
     for kind in ("wordpiece", "unigram"):
         other = SubwordTokenizer.train([text, "abc def ghi"], kind=kind, vocab_size=60)
         ids = other.encode(text)
@@ -206,10 +208,10 @@ def test_ctranslate2_streams_what_it_generates(tmp_path):
     for options in (dict(temperature=0, max_new_tokens=15), dict(seed=3, max_new_tokens=18)):
         expected = run.generate("hello", engine="ctranslate2", **options)
         pieces = list(run.generate_stream("hello", engine="ctranslate2", **options))
-        assert "hello" + "".join(pieces) == expected and all(pieces)
+        assert "hello" + "".join(pieces) == expected and len(pieces) >= len(expected) - 5
     pieces = run.generate_stream("hello", engine="ctranslate2", temperature=0,
                                  max_new_tokens=18, stop_at_eos=False)
-    assert next(pieces)
+    next(pieces)
     pieces.close()  # generate_tokens' search stops and its thread ends
     with pytest.raises(ValueError, match="max_length=24"):
         run.generate_stream("hello", engine="ctranslate2", max_new_tokens=30)

@@ -4,7 +4,8 @@
 :func:`text_pieces` turns them into text: it decodes the whole continuation each time and
 hands out what is new since the last piece, so a token that is only part of a character
 (byte-level BPE) or that changes how its neighbour is spelt comes out right; joined, the
-pieces are the continuation ``Run.generate`` returns. Closing either generator
+pieces are the continuation ``Run.generate`` returns. There is a piece per list of ids,
+empty where they add no text yet (an end token, part of a character). Closing either generator
 (``generator.close()``, or a consumer that stops iterating and drops it) stops the decoding
 within one step.
 
@@ -133,14 +134,16 @@ def _chunked_ids(model, prompt, max_new_tokens, options, chunk_tokens):
 
 def text_pieces(tokenizer, id_chunks):
     """The new text of each list of ids from ``id_chunks`` (decoded with ``tokenizer``,
-    whose end token is left out as ``Run.generate`` leaves it out), as a generator of
-    non-empty strings; joined, ``tokenizer.decode`` of all the ids.
+    whose end token is left out as ``Run.generate`` leaves it out), as a generator of one
+    string per list (empty where the ids add no text yet); joined, ``tokenizer.decode`` of
+    all the ids.
 
     A text that ends in U+FFFD (the start of a character whose other bytes are still to
-    come) is held back until it is whole; a piece is handed out only when the text so far
+    come) is held back until it is whole; new text is handed out only when the text so far
     extends what was handed out, so the tokenizer's decoding must be stable that way (it is
-    for transformerkit's character, BPE, WordPiece and Unigram tokenizers). Closing this
-    generator closes ``id_chunks``.
+    for transformerkit's character, BPE, WordPiece and Unigram tokenizers). What is still
+    held back at the end comes as one last string. Closing this generator closes
+    ``id_chunks``.
     """
     eos = tokenizer.eos_id
 
@@ -154,8 +157,10 @@ def text_pieces(tokenizer, id_chunks):
             new.extend(ids)
             text = decode(new).rstrip("\ufffd")
             if len(text) > len(said) and text.startswith(said):
-                yield text[len(said):]
-                said = text
+                piece, said = text[len(said):], text
+            else:
+                piece = ""
+            yield piece
     finally:
         if hasattr(chunks, "close"):
             chunks.close()

@@ -3,8 +3,8 @@ the model makes it.
 
 The events (``text/event-stream``; each ``data`` is one line of JSON)::
 
-    event: token             one per piece of new text (a token, or several tokens
-    data: {"text": " the"}   when a piece of text needs them all)
+    event: token             one per token (per chunk of tokens on JAX / TensorFlow):
+    data: {"text": " the"}   the new text, "" where the token adds none yet
     ...
     event: done              last: the whole text, as the unstreamed answer's
     data: {"model": "poet", "text": "<prompt + continuation>"}
@@ -44,7 +44,10 @@ OPENAPI_RESPONSE = {200: {
                    'events: "token" ({"text": new text}) per piece, then "done" ({"model", '
                    '"text": the whole text}), or "error" ({"error", "status"}) if the '
                    'generation fails after the stream began',
-    "content": {"text/event-stream": {"schema": {"type": "string"}, "example": EXAMPLE}}}}
+    "content": {"text/event-stream": {"example": EXAMPLE, "schema": {  # one event
+        "type": "object", "required": ["event", "data"],
+        "properties": {"event": {"type": "string", "enum": ["token", "done", "error"]},
+                       "data": {"type": "string", "description": "a JSON object"}}}}}}}
 
 
 def event(name, data):
