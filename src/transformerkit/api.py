@@ -139,27 +139,66 @@ class Run:
         longer than the model's ``max_length`` keeps its end, with a warning. ``engine``: as
         in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only).
         """
-        from transformerkit.decoding.options import GenerationOptions, resolve
         from transformerkit.decoding.sampling import generate_ids
 
-        self._require("gpt", "generate")
-        options = resolve(GenerationOptions, options, keywords, "generate()")
+        options = self._generation_options(options, keywords, "generate")
         if engine != "keras":
             return self._engine(engine).generate(prompt, options)
-        tok = self.source_tokenizer
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        from transformerkit.decoding.translate import check_text
-
-        check_text(prompt, "the prompt")
-        ids = tok.encode(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one character or token")
+        ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
         new = generate_ids(self.model, ids, options.max_new_tokens,
                            temperature=options.temperature, top_k=options.top_k,
                            top_p=options.top_p, seed=options.seed,
-                           eos_id=tok.eos_id if options.stop_at_eos else None)
-        return prompt + tok.decode([i for i in new if i != tok.eos_id])
+                           eos_id=eos_id if options.stop_at_eos else None)
+        return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
+
+    def generate_stream(self, prompt, options=None, engine="keras", **keywords):
+        """:meth:`generate`'s continuation while it is made: a generator of text pieces,
+        each the new text since the last, empty where a token adds none (an end token, part
+        of a character); ``prompt + "".join(pieces)`` is what :meth:`generate` returns with
+        the same options, greedy and seeded sampling alike.
+
+        The arguments are :meth:`generate`'s, checked before the generator is returned.
+        Closing the generator (``pieces.close()``, or a ``for`` loop left with ``break`` once
+        the generator is dropped) stops the decoding within one token. On PyTorch a piece
+        comes per token; on JAX and TensorFlow, whose decoding loop is one compiled call,
+        per chunk of a few tokens (:mod:`transformerkit.decoding.streaming`: the same text
+        there too, up to a near-tie of two tokens' scores); with ``engine="ctranslate2"``
+        per token, from ``Generator.generate_tokens``.
+
+        Example:
+        >>> for piece in run.generate_stream("To be", max_new_tokens=40, seed=1):
+        ...     print(piece, end="", flush=True)
+        """
+        from transformerkit.decoding.streaming import stream_ids, text_pieces
+
+        options = self._generation_options(options, keywords, "generate_stream")
+        if engine != "keras":
+            return self._engine(engine).generate_stream(prompt, options)
+        ids = self._prompt_ids(prompt)
+        new_ids = stream_ids(self.model, ids, options.max_new_tokens,
+                             temperature=options.temperature, top_k=options.top_k,
+                             top_p=options.top_p, seed=options.seed,
+                             eos_id=self.source_tokenizer.eos_id if options.stop_at_eos
+                             else None)
+        return text_pieces(self.source_tokenizer, new_ids)
+
+    def _generation_options(self, options, keywords, method):
+        from transformerkit.decoding.options import GenerationOptions, resolve
+
+        self._require("gpt", method)
+        return resolve(GenerationOptions, options, keywords, f"{method}()")
+
+    def _prompt_ids(self, prompt):
+        """The ids of a generation's ``prompt`` (a non-empty str)."""
+        from transformerkit.decoding.translate import check_text
+
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        check_text(prompt, "the prompt")
+        ids = self.source_tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one character or token")
+        return ids
 
     def _engine(self, engine):
         """The CTranslate2 engine named by ``engine`` (:func:`~transformerkit.export.runtime.

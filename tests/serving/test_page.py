@@ -5,13 +5,14 @@ runs of ``conftest.py`` (trained once for the whole test run), drives headless C
 (Debian's ``/usr/bin/chromium``; Playwright never downloads a browser here) through the
 page: a sentence is translated (the n-best list equals what the API answers), the
 cross-attention heatmaps are drawn (one canvas per head, painted, with the weight shown on
-hover), an empty input shows the server's error, and a GPT run generates text. The
-screenshot of the translated sentence is taken every time (into the
-test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT=1`` it replaces the
+hover), an empty input shows the server's error, and a GPT run generates text, shown piece
+by piece as the server streams it. The screenshot of the translated sentence is taken every
+time (into the test's temporary folder); with ``TRANSFORMERKIT_UPDATE_SCREENSHOT=1`` it replaces the
 README's ``docs/images/serve_page.png`` (a test run leaves the checkout unchanged otherwise).
 """
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -172,12 +173,23 @@ def test_generation_with_a_gpt_run(page, server):
     page.fill("#topk", "3")
     page.fill("#seed", "11")
     page.fill("#maxnew", "20")
+    # every text the output shows, in order (the page streams: a text per piece)
+    page.evaluate("""() => {
+      window.shown = [];
+      new MutationObserver((records) => {
+        for (const r of records) for (const n of r.addedNodes) window.shown.push(n.textContent);
+      }).observe(document.getElementById("generated"), {childList: true});
+    }""")
     page.click("#generate")
-    sync_api.expect(page.locator("#generated")).not_to_be_empty()
     expected = get_json(server + "/generate", {"prompt": "ein zwei", "model": "poet",
                                                "temperature": 0.5, "top_k": 3, "seed": 11,
                                                "max_new_tokens": 20})["text"]
-    assert page.inner_text("#generated") == expected
+    sync_api.expect(page.locator("#generated")).to_have_text(expected, timeout=30_000)
+    sync_api.expect(page.locator("#generate")).to_be_enabled()
+    shown = page.evaluate("window.shown")
+    assert shown[0] == "ein zwei" and shown[-1] == expected
+    growing = [a for a, b in itertools.pairwise(shown) if b.startswith(a) and len(b) > len(a)]
+    assert len(growing) >= 5, shown  # the text grew piece by piece
 
 
 def test_the_page_asks_for_the_key_of_a_server_with_keys(run_dirs, browser, tmp_path):

@@ -4,7 +4,8 @@
   and sampling option, declared once.
 - :func:`greedy_translate`, :func:`beam_translate`, :func:`sample_translate`: a
   ``Transformer`` on a batch of source ids.
-- :func:`generate_ids`, :func:`generate_text`: a ``GPT`` continuing prompts.
+- :func:`generate_ids`, :func:`generate_text`: a ``GPT`` continuing prompts;
+  :mod:`.streaming`: one prompt's continuation piece by piece while it is made.
 - :func:`translate_texts`, :func:`translate_batches`: text in, text out.
 - :func:`sequence_log_probs`: the model's log-probability of given outputs.
 

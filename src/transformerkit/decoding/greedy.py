@@ -43,7 +43,8 @@ def argmax_choice(logits, index):
 
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
-                 choose, eos_id, active, collect_logits=False, drop_finished=False):
+                 choose, eos_id, active, collect_logits=False, drop_finished=False,
+                 on_token=None):
     """Extend each row of ``buffer`` one token per step until EOS or ``max_new`` tokens.
 
     Args:
@@ -62,9 +63,17 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         drop_finished: in the eager loop, finished rows leave the batch (see the module
             docstring; ``choose`` must not depend on which rows are in it); ignored by the
             compiled loops.
+        on_token: None, or (eager loop only, and not with ``drop_finished``) a function
+            called after each step with that step's ids ``(rows,)`` (NumPy int32; PAD for
+            finished rows, the prompt's id for rows still in their prompt); whatever it
+            raises stops the search and propagates (streamed generation,
+            :mod:`.streaming`).
 
     Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
     """
+    if on_token is not None and (drop_finished or not is_eager_loop()):
+        raise ValueError("on_token needs the eager loop (PyTorch) without drop_finished; "
+                         "compiled loops cannot call Python between steps")
     if drop_finished and is_eager_loop():
         return _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
                                  max_new, min_new, choose, eos_id, active, collect_logits)
@@ -87,6 +96,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
             in_prompt = ops.less(position, prompt_lengths)
             token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), token)
         token = ops.where(s["finished"], PAD_ID, token)
+        if on_token is not None:
+            on_token(to_numpy(token))
         out = dict(index=index + 1, state=new_state, buffer=ops.slice_update(
             buf, [0, position], ops.expand_dims(ops.cast(token, "int32"), 1)))
         ends = ops.logical_or(ops.equal(token, eos_id), made + 1 >= max_new)

@@ -117,7 +117,7 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
 def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                  temperature=_GENERATION.temperature, top_k=_GENERATION.top_k,
                  top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None, min_new_tokens=0,
-                 use_cache=True):
+                 use_cache=True, on_token=None):
     """Continue prompts with a ``GPT``; returns the new ids of each prompt.
 
     Args:
@@ -131,6 +131,9 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
             the same output (on the same backend).
         eos_id: stop a prompt's continuation at this id (included in the result), or None.
         min_new_tokens: ``eos_id`` is forbidden before this many new tokens.
+        on_token: None, or (PyTorch's eager loop only) a function called with the ids
+            ``(rows,)`` of each decoding step, as :func:`~.greedy.token_search`'s; what it
+            raises stops the generation (:mod:`.streaming`).
 
     Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
     longer than ``max_length - 1`` tokens keep their last tokens, with a warning.
@@ -144,24 +147,49 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
     GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, seed=seed)  # checks each value
     single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
-    prompts = [list(map(int, p)) for p in ([prompt_ids] if single else prompt_ids)]
-    if not prompts or any(len(p) == 0 for p in prompts):
+    prompts = []
+    for i, prompt in enumerate([prompt_ids] if single else prompt_ids):
+        prompts.append(crop_prompt(model, prompt, i, stacklevel=2))
+    if not prompts:
         raise ValueError("the prompt is empty: give at least one token")
-    limit = model.max_length - 1
-    for i, p in enumerate(prompts):
-        if len(p) > limit:
-            warnings.warn(f"prompt {i} has {len(p)} tokens; the model reads at most "
-                          f"{model.max_length}, so only its last {limit} are used",
-                          stacklevel=2)
-            prompts[i] = p[-limit:]
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache)
+                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache,
+                   on_token=on_token)
     if max_new_tokens is not None and \
             max(map(len, prompts)) + int(max_new_tokens) > model.max_length:
         results = _generate_windowed(model, prompts, int(max_new_tokens), options)
     else:
-        results = _generate_once(model, prompts, max_new_tokens, **options)
+        results = generate_once(model, prompts, max_new_tokens, **options)
     return results[0] if single else results
+
+
+def crop_prompt(model, prompt, index=0, stacklevel=2):
+    """Prompt ``index``'s ids as a list of ints, its last ``max_length - 1`` if it is longer
+    (with a warning pointing ``stacklevel`` frames above the caller, as ``warnings.warn``'s);
+    an empty prompt is a ``ValueError``."""
+    prompt = list(map(int, prompt))
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    limit = model.max_length - 1
+    if len(prompt) > limit:
+        warnings.warn(f"prompt {index} has {len(prompt)} tokens; the model reads at most "
+                      f"{model.max_length}, so only its last {limit} are used",
+                      stacklevel=stacklevel + 1)
+        prompt = prompt[-limit:]
+    return prompt
+
+
+def window_context(model, prompt, new, window):
+    """The ids window number ``window`` of a generation beyond the context continues: the
+    (cropped) prompt for the first, the last ``max_length // 2`` tokens of the text so far
+    (``prompt + new``) for the others."""
+    keep = max(1, model.max_length // 2)
+    return (prompt + new)[-(keep if window else model.max_length - 1):]
+
+
+def window_seed(seed, window):
+    """The seed of window number ``window``: ``seed`` advanced by one per window."""
+    return None if seed is None else int(seed) + window
 
 
 def _generate_windowed(model, prompts, max_new_tokens, options):
@@ -169,7 +197,6 @@ def _generate_windowed(model, prompts, max_new_tokens, options):
     each starting from the last ``max_length // 2`` tokens of the text so far."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    keep = max(1, model.max_length // 2)
     eos = options["eos_id"]
     new = [[] for _ in prompts]
     done = [False] * len(prompts)
@@ -178,15 +205,13 @@ def _generate_windowed(model, prompts, max_new_tokens, options):
         live = [i for i, p in enumerate(prompts) if not done[i] and len(new[i]) < max_new_tokens]
         if not live:
             return new
-        contexts = [(prompts[i] + new[i])[-(keep if window else model.max_length - 1):]
-                    for i in live]
+        contexts = [window_context(model, prompts[i], new[i], window) for i in live]
         budget = max(min(max_new_tokens - len(new[i]), model.max_length - len(c))
                      for i, c in zip(live, contexts, strict=True))
         chunk_options = dict(options, min_new_tokens=max(0, options["min_new_tokens"] -
                                                          min(len(new[i]) for i in live)))
-        if options["seed"] is not None:
-            chunk_options["seed"] = int(options["seed"]) + window
-        outputs = _generate_once(model, contexts, budget, **chunk_options)
+        chunk_options["seed"] = window_seed(options["seed"], window)
+        outputs = generate_once(model, contexts, budget, **chunk_options)
         for i, out in zip(live, outputs, strict=True):
             out = out[: max_new_tokens - len(new[i])]
             new[i].extend(out)
@@ -195,8 +220,8 @@ def _generate_windowed(model, prompts, max_new_tokens, options):
         window += 1
 
 
-def _generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_id,
-                   min_new_tokens, use_cache):
+def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_id,
+                   min_new_tokens, use_cache, on_token=None):
     """One compiled decoding pass over prompts of at most ``max_length - 1`` tokens."""
     lengths = np.array([len(p) for p in prompts], dtype="int32")
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
@@ -215,7 +240,7 @@ def _generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, se
         chooser = make_choose(*extra) if make_choose is not None else argmax_choice
         active = ops.ones((buffer.shape[0],), "bool")
         return token_search(steps, static, state, buffer, prefill, lengths, max_new, min_new,
-                            chooser, eos, active)[0]
+                            chooser, eos, active, on_token=on_token)[0]
 
     out = run_decoder(model, ("generate", key, prefill, eos, use_cache), decode, buffer,
                       lengths, np.int32(max_new), np.int32(min_new_tokens), *args)

@@ -1,7 +1,8 @@
 """Translate and generate with a run's CTranslate2 export (``engine="ctranslate2"``).
 
 The run's tokenizers turn text into token strings of the exported vocabulary and back; the
-search runs in CTranslate2 (``Translator.translate_batch`` / ``Generator.generate_batch``).
+search runs in CTranslate2 (``Translator.translate_batch`` / ``Generator.generate_batch``;
+``Generator.generate_tokens`` for a streamed generation).
 How our decoding options map onto CTranslate2's:
 
     ====================  ===========================================================
@@ -49,6 +50,7 @@ from transformerkit.data.pipeline import pad_batch
 from transformerkit.decoding.common import length_caps
 from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
 from transformerkit.decoding.sampling import check_sampling
+from transformerkit.decoding.streaming import text_pieces
 from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
 from transformerkit.export.ctranslate2 import (
     default_export_dir,
@@ -193,6 +195,31 @@ class CTranslate2Engine:
         """Continue ``prompt`` with a GPT export; returns prompt + continuation
         (:class:`~transformerkit.decoding.options.GenerationOptions`, or its fields as
         keywords)."""
+        session, tokens, arguments = self._generation(prompt, options, keywords)
+        result = session.generate_batch([tokens], include_prompt_in_result=False,
+                                         **arguments)[0]
+        new = [self._target_ids[t] for t in result.sequences[0]]
+        tok = self.run.source_tokenizer
+        return prompt + tok.decode([i for i in new if i != tok.eos_id])
+
+    def generate_stream(self, prompt, options=None, **keywords):
+        """The continuation of :meth:`generate` as a generator of text pieces (the new text
+        of each token, :func:`~transformerkit.decoding.streaming.text_pieces`), from
+        ``Generator.generate_tokens``; closing the generator stops the decoding."""
+        session, tokens, arguments = self._generation(prompt, options, keywords)
+
+        def ids():
+            steps = session.generate_tokens(tokens, **arguments)
+            try:
+                for step in steps:
+                    yield [self._target_ids[step.token]]
+            finally:
+                steps.close()  # its search stops at the next token
+
+        return text_pieces(self.run.source_tokenizer, ids())
+
+    def _generation(self, prompt, options, keywords):
+        """``(session, prompt tokens, arguments)`` of a generation, every option checked."""
         options = resolve(GenerationOptions, options, keywords, "generate")
         max_new_tokens, seed = options.max_new_tokens, options.seed
         tok = self.run.source_tokenizer
@@ -214,15 +241,12 @@ class CTranslate2Engine:
                 f"model's max_length={self.max_length}: CTranslate2 has no positions beyond "
                 "it (engine='keras' slides a window over the context); ask for at most "
                 f"{self.max_length - len(ids)} new tokens")
-        arguments = dict(max_length=max_new_tokens, include_prompt_in_result=False,
-                         suppress_sequences=self._suppress,
+        arguments = dict(max_length=max_new_tokens, suppress_sequences=self._suppress,
                          **_sampling(options.temperature, options.top_k, options.top_p, seed))
         if not options.stop_at_eos:
             arguments["end_token"] = []
         session = self._session(seed if options.temperature else None)
-        result = session.generate_batch([[self._source_tokens[i] for i in ids]], **arguments)[0]
-        new = [self._target_ids[t] for t in result.sequences[0]]
-        return prompt + tok.decode([i for i in new if i != tok.eos_id])
+        return session, [self._source_tokens[i] for i in ids], arguments
 
 
 def _sampling(temperature, top_k, top_p, seed):

@@ -16,7 +16,8 @@
   ``/health``, ``/models``), which find the runs (:mod:`~transformerkit.serving.registry`),
   the batcher and the limits through :mod:`~transformerkit.serving.dependencies`, check
   requests with :mod:`~transformerkit.serving.checks` and answer errors as
-  :mod:`~transformerkit.serving.errors` says;
+  :mod:`~transformerkit.serving.errors` says; a streamed ``/generate`` answers server-sent
+  events (:mod:`~transformerkit.serving.streaming`);
 - :mod:`~transformerkit.serving.metrics`: the server's Prometheus metrics (``GET /metrics``)
   and the middleware that counts and times every answer;
 - :mod:`~transformerkit.serving.lifecycle`: starting -> ready -> draining, and the

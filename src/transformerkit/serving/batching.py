@@ -17,7 +17,9 @@ alone, so one bad input fails its own request only.
 
 Bounds: at most ``queue_size`` jobs wait (:class:`QueueFull` beyond, the server's 429);
 a job not done ``timeout_s`` after it arrived raises :class:`TimeoutError` (503) and, if it
-has not started, is dropped from the queue.
+has not started, is dropped from the queue. A job that answers as it goes (a streamed
+generation) names an event it sets once its answer has begun: the timeout applies until
+then.
 
 An optional *observer* learns how the batches go, without this module knowing what it does
 with that (the server's metrics, :mod:`.metrics`): ``observer.queue_depth(n)`` whenever the
@@ -45,6 +47,7 @@ class _Job:
     inputs: list
     call: object
     future: asyncio.Future
+    streams: bool = False  # answers as it goes (a streamed generation)
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -100,23 +103,29 @@ class Batcher:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
 
-    async def submit(self, inputs, call, key=None):
+    async def submit(self, inputs, call, key=None, started=None):
         """The outputs of ``call(inputs)``, computed in a batch with compatible jobs.
 
         Raises :class:`QueueFull` at once when the queue is full, :class:`TimeoutError`
-        after ``timeout_s``, and whatever ``call`` raised.
+        after ``timeout_s``, and whatever ``call`` raised. ``started``: None, or an
+        ``asyncio.Event`` that ``call`` sets (through the event loop) once its answer has
+        begun, such as a stream's first piece: the timeout applies until then only.
         """
         if self._task is None:
             raise RuntimeError("the batcher is not running (call start() in the event loop)")
         if len(self.waiting) >= self.queue_size:
             raise QueueFull(f"{len(self.waiting)} requests are waiting already (the "
                             "server's --queue-size); try again shortly")
-        job = _Job(key, list(inputs), call, asyncio.get_running_loop().create_future())
+        job = _Job(key, list(inputs), call, asyncio.get_running_loop().create_future(),
+                   streams=started is not None)
         self.waiting.append(job)
         self._queue_changed()
         self._arrived.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
+            if started is None:
+                return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
+            await asyncio.wait_for(_until_done_or_set(job.future, started), self.timeout_s)
+            return await asyncio.shield(job.future)
         except asyncio.TimeoutError:
             if job in self.waiting:  # not started: nobody will run it now
                 self.waiting.remove(job)
@@ -204,7 +213,8 @@ class Batcher:
                         job.future.set_exception(error)
             self._free_since = time.monotonic()
             self._last_run_s = self._free_since - started
-            self._last_jobs = len(batch)
+            # a stream's length says nothing of when clients return: no patience after one
+            self._last_jobs = 0 if any(job.streams for job in batch) else len(batch)
 
     async def _run(self, batch):
         """Run ``batch`` in one call on the worker thread and hand each job its outputs (or
@@ -233,3 +243,12 @@ class Batcher:
         finally:
             if self.observer is not None:
                 self.observer.model_call(len(inputs), time.monotonic() - started)
+
+
+async def _until_done_or_set(future, event):
+    """Wait until ``future`` is done or ``event`` is set (cancelling neither)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

@@ -44,7 +44,8 @@ def search_options(request, limits):
 def generation_options(request, limits):
     """The :class:`GenerationOptions` of a ``GenerateRequest``, within ``limits``."""
     check_max_new_tokens(request.max_new_tokens, limits)
-    return _options(GenerationOptions, request.model_dump(exclude={"prompt", "model"}))
+    return _options(GenerationOptions,
+                    request.model_dump(exclude={"prompt", "model", "stream"}))
 
 
 def check_texts(texts, run, limits):

@@ -4,11 +4,14 @@
 Every model call goes through the application's :class:`~.batching.Batcher`: ``/translate``
 requests for the same model and search options share one ``Run.translate`` call (a seeded
 draw runs alone: what it draws depends on what else is in its batch); ``/generate`` and
-``/attention`` run alone. The texts that ``/translate`` and ``/generate`` calls produce, and
-their tokens, are counted in the application's metrics (:mod:`.metrics`) on the model's
-thread, right after the call: re-encoding a batch's outputs (about 50 us a sentence with a
-BPE of 8000 pieces) stays off the event loop.
+``/attention`` run alone; a streamed ``/generate`` too (:mod:`.streaming`). The texts that
+``/translate`` and ``/generate`` calls produce, and their tokens, are counted in the
+application's metrics (:mod:`.metrics`) on the model's thread, right after the call:
+re-encoding a batch's outputs (about 50 us a sentence with a BPE of 8000 pieces) stays off
+the event loop.
 """
+
+import functools
 
 import numpy as np
 from fastapi import APIRouter
@@ -30,15 +33,17 @@ from transformerkit.serving.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
+from transformerkit.serving.streaming import OPENAPI_RESPONSE, stream_generation
 
 router = APIRouter()
 
 
-async def submit(batcher, inputs, call, key=None):
+async def submit(batcher, inputs, call, key=None, started=None):
     """``call``'s outputs for ``inputs`` from ``batcher``; its refusals as HTTP errors: 429
-    queue full, 503 timeout, 422 an input the library refused."""
+    queue full, 503 timeout, 422 an input the library refused (``started``: as
+    :meth:`~.batching.Batcher.submit`'s)."""
     try:
-        return await batcher.submit(inputs, call, key)
+        return await batcher.submit(inputs, call, key, started)
     except QueueFull as err:
         raise RequestError(429, str(err)) from None
     except TimeoutError as err:
@@ -73,16 +78,23 @@ def best_of(results, options):
     return results if options.n_best == 1 else [found[0][0] for found in results]
 
 
-@router.post("/generate", response_model=GenerateResponse)
+@router.post("/generate", response_model=GenerateResponse, responses=OPENAPI_RESPONSE)
 async def generate(request: GenerateRequest, registry: Registry, batcher: ModelCalls,
                    limits: ServerLimits, metrics: Metrics):
     name, run = registry.pick(request.model, "gpt", "/generate")
     check_text(request.prompt, "the prompt", run, limits)
     options = generation_options(request, limits)
 
+    def record(prompt, text):  # on the model's thread, after the generation
+        metrics.outputs(name, [text[len(prompt):]], run.source_tokenizer)  # prompt + new
+
+    if request.stream:
+        return await stream_generation(functools.partial(submit, batcher), name, run,
+                                       request.prompt, options, registry.engine, record)
+
     def call(prompts):
         text = run.generate(prompts[0], options, engine=registry.engine)
-        metrics.outputs(name, [text[len(prompts[0]):]], run.source_tokenizer)  # prompt + new
+        record(prompts[0], text)
         return [text]
 
     (text,) = await submit(batcher, [request.prompt], call)

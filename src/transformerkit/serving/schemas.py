@@ -85,6 +85,8 @@ class _GenerateFields(BaseModel):
 
     prompt: str = Field(min_length=1, description="text to continue")
     model: str | None = _MODEL_FIELD
+    stream: bool = Field(False, description="answer with server-sent events "
+                                            "(text/event-stream) while the text is made")
 
 
 GenerateRequest = create_model("GenerateRequest", __base__=_GenerateFields,
