@@ -239,13 +239,25 @@ class TransformerBase(keras.Model):
         matrix)."""
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value
+        bias = self._logits_bias_weight()
+        if bias is None:
+            projection_weights = (inference_linear([table], transposed=True) if projection is None
+                                  else inference_linear(*kernels_and_biases(projection)))
+        else:  # a model's own logits bias (then the projection has none)
+            kernels = [table] if projection is None else kernels_and_biases(projection)[0]
+            projection_weights = inference_linear(kernels, [bias.value],
+                                                  transposed=projection is None)
         return {"embedding": table,
                 "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
                 "positions": positions.table.value,
                 "blocks": [block.step_weights() for block in blocks],
                 "final_norm": None if final_norm is None else norm_weights(final_norm),
-                "projection": (inference_linear([table], transposed=True) if projection is None
-                               else inference_linear(*kernels_and_biases(projection)))}
+                "projection": projection_weights}
+
+    def _logits_bias_weight(self):
+        """The variable of a bias added to the logits after the output projection, or None
+        (``Transformer(final_logits_bias=True)``)."""
+        return None
 
     def decode_step_memory(self, memory, memory_mask):
         """Every decoder block's cross-attention keys/values of ``memory`` ``(batch,
