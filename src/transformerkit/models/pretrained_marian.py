@@ -210,12 +210,12 @@ class MarianIds:
         rows = self.source_rows if side == "source" else self.target_rows
         inverse = np.empty(rows.max() + 1, dtype="int64")
         inverse[rows[::-1]] = np.arange(len(rows))[::-1]  # the first of duplicates wins
-        return inverse[np.asarray(marian_ids)]
+        return inverse[np.asarray(marian_ids, dtype="int64")]
 
     def to_marian(self, ids, side="target"):
         """Our ids (any shape) -> Marian's (our ``<s>`` becomes the decoder start id)."""
         rows = self.source_rows if side == "source" else self.target_rows
-        return rows[np.asarray(ids)]
+        return rows[np.asarray(ids, dtype="int64")]
 
 
 def _unk_id(folder):

@@ -235,6 +235,9 @@ class Transformer(TransformerBase):
         return (self.target_embedding, self.target_positions, self.decoder_blocks,
                 self.decoder_norm, self.output_projection)
 
+    def _logits_bias_weight(self):
+        return None if self.logits_bias is None else self.logits_bias.bias
+
     def components(self):
         embeddings = [self.source_embedding, self.source_positions, self.target_positions]
         if self.target_embedding is not self.source_embedding:
