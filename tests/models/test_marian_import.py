@@ -202,3 +202,61 @@ def test_shared_embeddings_with_untied_head_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="tie_word_embeddings"):
         Transformer.from_pretrained(folder)
+
+
+# -- CTranslate2: our export of the imported model against CTranslate2's own converter -----
+
+def marian_folder_with_vocabulary(folder, data_dir):
+    """A Marian folder with a real vocabulary, as ``MarianTokenizer`` (and so CTranslate2's
+    ``TransformersConverter``) needs it: a tiny SentencePiece model trained on 300 Multi30k
+    lines (``source.spm`` = ``target.spm``), ``vocab.json`` in Marian's layout (``</s>`` 0,
+    ``<unk>`` 1, the pieces, ``<pad>`` last) and a random model of that vocabulary."""
+    spm = pytest.importorskip("sentencepiece")
+    lines = (data_dir / "multi30k" / "train.de").read_text(encoding="utf-8").splitlines()[:300]
+    folder.mkdir(parents=True)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines),
+                                   model_prefix=str(folder / "spm"), vocab_size=120,
+                                   model_type="unigram", bos_id=-1, eos_id=-1, unk_id=0,
+                                   pad_id=-1, minloglevel=2)
+    (folder / "spm.model").rename(folder / "source.spm")
+    (folder / "target.spm").write_bytes((folder / "source.spm").read_bytes())
+    pieces = [line.split("\t")[0] for line in
+              (folder / "spm.vocab").read_text(encoding="utf-8").splitlines()]
+    tokens = ["</s>", "<unk>", *[p for p in pieces if p != "<unk>"], "<pad>"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    pad = len(tokens) - 1
+    make_folder(folder, **{**SIZES, "vocab_size": len(tokens), "pad_token_id": pad,
+                           "decoder_start_token_id": pad, "activation_function": "swish",
+                           "scale_embedding": True})
+    return folder, tokens, lines
+
+
+def test_ctranslate2_export_equals_ctranslate2s_own_converter(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from paths import SHARED_DATA
+
+    from transformerkit.export.ctranslate2 import transformer_spec
+
+    folder, tokens, lines = marian_folder_with_vocabulary(tmp_path / "marian", SHARED_DATA)
+    theirs = ctranslate2.converters.TransformersConverter(str(folder)).convert(
+        str(tmp_path / "theirs"))
+    model = Transformer.from_pretrained(folder)
+    ids = MarianIds.from_folder(folder)
+    ours_tokens = [tokens[i] for i in ids.target_rows]
+    ours_tokens[1] = "<s>"  # the decoder start: its own spelling (one id per string)
+    spec = transformer_spec(model, ours_tokens, ours_tokens,
+                            {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"})
+    spec.validate()
+    spec.optimize()
+    (tmp_path / "ours").mkdir()
+    spec.save(str(tmp_path / "ours"))
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
+    sentences = [tokenizer.convert_ids_to_tokens(tokenizer(line)["input_ids"])
+                 for line in lines[:24]]  # pieces + </s>
+    for beam in (1, 4):
+        options = dict(max_decoding_length=MAX_NEW, beam_size=beam, length_penalty=0.0)
+        expected = ctranslate2.Translator(theirs).translate_batch(sentences, **options)
+        ours = ctranslate2.Translator(str(tmp_path / "ours")).translate_batch(
+            [s[:-1] for s in sentences], **options)  # our export appends </s> itself
+        assert [r.hypotheses[0] for r in ours] == [r.hypotheses[0] for r in expected]
+        assert len({len(r.hypotheses[0]) for r in expected}) > 1
