@@ -159,6 +159,12 @@ def test_build_model_takes_each_type_its_own_options():
     with pytest.raises(ValueError, match="model.initialization applies to model.type gpt "
                                          "only"):
         build_model(section.model, 30, 30)
+    section = resolve({"model": {"type": "transformer", "activation": "swish",
+                                 "positional": "sinusoidal_split", "scale_embeddings": False,
+                                 "final_logits_bias": True, **SMALL}}).model
+    marian_like = build_model(section, 30, 30)  # Marian's options, from a config
+    assert (marian_like.activation, marian_like.positional, marian_like.source_embedding.scale,
+            marian_like.logits_bias is not None) == ("swish", "sinusoidal_split", False, True)
     section = resolve({"model": {"type": "gpt", "norm_position": "post", **SMALL}}).model
     gpt = build_model(section, 30)
     assert (gpt.norm_position, gpt.activation, gpt.d_model) == ("post", "gelu", 8)
