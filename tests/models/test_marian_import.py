@@ -260,3 +260,51 @@ def test_ctranslate2_export_equals_ctranslate2s_own_converter(tmp_path):
             [s[:-1] for s in sentences], **options)  # our export appends </s> itself
         assert [r.hypotheses[0] for r in ours] == [r.hypotheses[0] for r in expected]
         assert len({len(r.hypotheses[0]) for r in expected}) > 1
+
+
+def test_pytorch_bin_folder_imports_the_same(tmp_path):
+    config = {**SIZES, **VARIANTS["swish-scaled-shared"]}
+    safetensors_folder = make_folder(tmp_path / "st", **config)
+    hf = transformers.MarianMTModel.from_pretrained(str(safetensors_folder))
+    (tmp_path / "bin").mkdir()  # the older format, as many OPUS-MT folders on the hub hold
+    (tmp_path / "bin" / "config.json").write_bytes((safetensors_folder / "config.json")
+                                                   .read_bytes())
+    torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    a, b = (Transformer.from_pretrained(folder) for folder in (safetensors_folder,
+                                                                tmp_path / "bin"))
+    for x, y in zip(a.weights, b.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(x),
+                                      keras.ops.convert_to_numpy(y))
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = make_folder(tmp_path / "f", **{**SIZES, **VARIANTS["swish-scaled-shared"]})
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = "model.decoder.layers.1.fc2.weight"
+    save_file({k: v for k, v in tensors.items() if k != name}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="decoder.layers.1.fc2.weight"):
+        Transformer.from_pretrained(folder)
+    save_file({**tensors, name: tensors[name][:, :3].copy()}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="decoder.layers.1.fc2 has shape"):
+        Transformer.from_pretrained(folder)
+
+
+def test_a_stored_position_table_is_used_as_stored(tmp_path, caplog):
+    """Older checkpoints store ``embed_positions``; a table that is not the sinusoid is used
+    as stored (frozen), with a warning."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = make_folder(tmp_path / "f", **{**SIZES, **VARIANTS["swish-scaled-shared"]})
+    tensors = load_file(str(folder / "model.safetensors"))
+    table = sinusoidal_table(SIZES["max_position_embeddings"], SIZES["d_model"],
+                             "sinusoidal_split")
+    tensors["model.encoder.embed_positions.weight"] = table + 0.5
+    save_file(tensors, str(folder / "model.safetensors"))
+    with caplog.at_level("WARNING", logger="transformerkit"):
+        model = Transformer.from_pretrained(folder)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.source_positions.table),
+                                  table + 0.5)
+    assert not model.source_positions.table.trainable
+    assert "differs from Marian's sinusoid" in caplog.text
