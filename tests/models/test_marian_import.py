@@ -51,6 +51,9 @@ VARIANTS = {
                                decoder_start_token_id=59, activation_function="relu",
                                scale_embedding=True, share_encoder_decoder_embeddings=False,
                                tie_word_embeddings=False),
+    # a decoder that starts from another token than the pad (here: </s>)
+    "swish-start-eos": dict(vocab_size=100, pad_token_id=99, decoder_start_token_id=0,
+                            activation_function="swish", scale_embedding=True),
 }
 MAX_NEW = 10
 
@@ -92,7 +95,8 @@ def test_logits_equal_transformers_with_padding(imported):
     source = sources(config, rows=4)
     rng = np.random.default_rng(2)
     target = rng.integers(1, min(pad, config.get("decoder_vocab_size", pad)), (4, 6))
-    target[:, 0] = pad  # Marian starts the decoder from its pad id
+    start = config["decoder_start_token_id"]
+    target[:, 0] = start  # Marian starts the decoder from its pad id (or another start id)
     with torch.no_grad():
         expected = hf(input_ids=torch.as_tensor(source),
                       attention_mask=torch.as_tensor(source != pad).long(),
@@ -106,7 +110,7 @@ def test_logits_equal_transformers_with_padding(imported):
     bound = tol.chain_atol(tol.model_roundings(model, source.shape[1], target.shape[1]),
                            expected, paths=2)
     tol.assert_within(logits[..., columns], expected, bound, "logits")
-    tol.assert_within(logits[..., 1], expected[..., pad], bound, "<s> = Marian's start row")
+    tol.assert_within(logits[..., 1], expected[..., start], bound, "<s>: Marian's start row")
 
 
 def _cut(row, config):
