@@ -312,3 +312,10 @@ def test_a_stored_position_table_is_used_as_stored(tmp_path, caplog):
                                   table + 0.5)
     assert not model.source_positions.table.trainable
     assert "differs from Marian's sinusoid" in caplog.text
+
+
+def test_overriding_the_architecture_is_refused(tmp_path):
+    folder = make_folder(tmp_path / "f", **{**SIZES, **VARIANTS["swish-scaled-shared"]})
+    with pytest.raises(CheckpointError, match="final_logits_bias=False"):
+        Transformer.from_pretrained(folder, final_logits_bias=False)
+    assert Transformer.from_pretrained(folder, dropout=0.0).dropout == 0.0

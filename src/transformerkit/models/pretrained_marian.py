@@ -263,6 +263,9 @@ def _weight_pairs(model, weights, ids, folder):
         head = _first(weights, ["lm_head.weight"], folder)
         pairs.append((model.output_projection.kernel, head[ids.target_rows].T, "lm_head"))
     bias = weights.get("final_logits_bias")
+    if model.logits_bias is None:
+        raise CheckpointError(f"{folder}: the Transformer was built with final_logits_bias="
+                              "False, so it cannot hold the checkpoint's final_logits_bias")
     if bias is None:
         log.info("%s: no final_logits_bias (a MarianModel folder): zeros", folder)
         bias = np.zeros((1, len(ids.target_rows) - 1), dtype="float32")
