@@ -42,6 +42,8 @@ POSITIONAL_KINDS = ("sinusoidal", "sinusoidal_split", "t2t", "learned")
 TIE_OPTIONS = ("none", "decoder", "all")
 INITIALIZATIONS = ("gpt2", "paper")
 POOLING = (None, "cls", "mean")
+SCALE_EMBEDDINGS_HELP = ("multiply the token embeddings by sqrt(d_model) (the paper, OPUS-MT; "
+                         "not GPT-2, BERT)")
 
 
 def redefault(options_class, name, default):
@@ -160,9 +162,7 @@ class TransformerOptions(ModelOptions):
     projection_trainable: bool | None = option(
         None, help="false freezes the output projection (null: trainable; tied embeddings: "
                    "the target embedding's setting, which it is)")
-    scale_embeddings: bool = option(True, help="multiply the token embeddings by sqrt(d_model) "
-                                               "(the paper; false: Marian's scale_embedding "
-                                               "false)")
+    scale_embeddings: bool = option(True, help=SCALE_EMBEDDINGS_HELP)
     final_logits_bias: bool = option(
         False, help="add a frozen bias vector to the logits (Marian's and BART's "
                     "final_logits_bias, a buffer transformers never trains); with "
@@ -220,8 +220,7 @@ class GPTOptions(ModelOptions):
     positional: str = redefault(ModelOptions, "positional", "learned")
     layer_norm_epsilon: float = redefault(ModelOptions, "layer_norm_epsilon", 1e-5)
     tie_embeddings: str = redefault(TransformerOptions, "tie_embeddings", "none")
-    scale_embeddings: bool = option(False, help="multiply the token embeddings by "
-                                                "sqrt(d_model) (the paper; not GPT-2, BERT)")
+    scale_embeddings: bool = option(False, help=SCALE_EMBEDDINGS_HELP)
     initialization: str = option(
         "gpt2", choices=INITIALIZATIONS,
         help="gpt2: matrices from N(0, 0.02), residual outputs N(0, 0.02/sqrt(2 num_layers)); "
