@@ -3,7 +3,8 @@
 the same folder: small random configs (2+2 layers, d_model 32, 4 heads, d_ff 64) written
 with ``save_pretrained``; variants: swish / gelu / relu, scale_embedding on and off, shared
 and separate vocabularies, a random ``final_logits_bias`` (EOS raised so outputs end at
-different lengths). The suite runs on the backend of ``KERAS_BACKEND``.
+different lengths). The file runs on the backend of ``KERAS_BACKEND`` (PyTorch by
+default; ``KERAS_BACKEND=jax`` and ``tensorflow`` run it on the others).
 
 Ids: ours are Marian's reordered (:class:`MarianIds`); every comparison maps them.
 Tolerances (``tests/tolerances.py``): two float32 paths, each within the model's chain
