@@ -113,7 +113,7 @@ def load_marian_config(folder):
                      "Transformer.from_pretrained reads Marian (model_type marian) folders")
     for key in _REQUIRED:
         if isinstance(config.get(key), bool) or not isinstance(config.get(key), int):
-            raise _error(folder, key, config.get(key), "a required integer is missing")
+            raise _error(folder, key, config.get(key), "it must be one integer")
     activation = config.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise _error(folder, "activation_function", activation,
