@@ -40,6 +40,11 @@ def relu(x):
     return np.maximum(x, 0.0)
 
 
+def swish(x):
+    """Swish / SiLU: x * sigmoid(x) = x / (1 + exp(-x))."""
+    return x / (1.0 + np.exp(-np.asarray(x, np.float64)))
+
+
 def masked_softmax(logits, allowed):
     """Softmax over the last axis among ``allowed`` entries; rows with none allowed are 0."""
     masked = np.where(allowed, logits, -np.inf)
@@ -95,7 +100,7 @@ def multi_head_attention(query, value, params, num_heads, key=None, key_mask=Non
 
 def feedforward(x, params):
     """FFN(x) = act(x W1 + b1) W2 + b2 (paper equation 2)."""
-    act = {"relu": relu, "gelu": gelu}[params["activation"]]
+    act = {"relu": relu, "gelu": gelu, "swish": swish}[params["activation"]]
     return dense(act(dense(x, *params["inner"])), *params["outer"])
 
 
@@ -137,6 +142,20 @@ def paper_positional_table(length, d_model, base=10000.0):
             two_i = j - (j % 2)
             angle = pos / base ** (two_i / d_model)
             table[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return table
+
+
+def marian_positional_table(length, d_model, base=10000.0):
+    """Marian's layout: the paper's angles, sin of each in the first ceil(d/2) columns, the
+    cosines of the first floor(d/2) in the rest."""
+    half = (d_model + 1) // 2
+    table = np.zeros((length, d_model))
+    for pos in range(length):
+        for i in range(half):
+            angle = pos / base ** (2 * i / d_model)
+            table[pos, i] = math.sin(angle)
+            if half + i < d_model:
+                table[pos, half + i] = math.cos(angle)
     return table
 
 

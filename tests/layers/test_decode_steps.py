@@ -121,25 +121,32 @@ def test_cross_step_over_a_source_of_padding_only_is_finite_and_equals_call(rng)
     np.testing.assert_array_equal(to_numpy(got[1]), to_numpy(attention.output_dense.bias))
 
 
-@pytest.mark.parametrize("kind", ["transformer", "gpt"])
+@pytest.mark.parametrize("kind", ["transformer", "marian", "gpt"])
 def test_model_step_logits_equal_the_keras_cache_path(monkeypatch, kind):
     """Two paths through the whole model (the Keras cache path attends over all 8 cache
-    positions, later ones masked)."""
+    positions, later ones masked). ``marian``: a Transformer with Marian's options (swish,
+    sines-then-cosines positions, unscaled embeddings, a random frozen logits bias)."""
     monkeypatch.setattr(fastpath, "ENABLED", True)  # also when CI turns the shortcuts off
     small = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
     if kind == "transformer":
         model = Transformer(30, 30, tie_embeddings="decoder", **small)
-        start = (np.array([[5, 6, 7, 0], [8, 9, 0, 0]], "int32"),)
+    elif kind == "marian":
+        model = Transformer(30, 30, tie_embeddings="all", activation="swish",
+                            positional="sinusoidal_split", scale_embeddings=False,
+                            final_logits_bias=True, **small)
+        model.build(None)
+        model.logits_bias.bias.assign(np.random.default_rng(1).normal(size=30) * 3)
     else:
         model = GPT(30, **small)
-        start = (np.array([[1, 4], [1, 5]], "int32"),)
+    start = (np.array([[5, 6, 7, 0], [8, 9, 0, 0]] if kind != "gpt" else [[1, 4], [1, 5]],
+                      "int32"),)
     buffer = np.random.default_rng(0).integers(3, 30, (2, 8)).astype("int32")
     fast, plain = make_steps(model, True), make_steps(model, "keras")
     assert isinstance(fast, EagerSteps) and not isinstance(plain, EagerSteps)
-    args = (start[0], 8) if kind == "transformer" else (buffer, 0, 8)
+    args = (start[0], 8) if kind != "gpt" else (buffer, 0, 8)
     fast_state, fast_static = fast.start(*args)
     plain_state, plain_static = plain.start(*args)
-    roundings = tol.model_roundings(model, start[0].shape[1] if kind == "transformer" else 0, 8)
+    roundings = tol.model_roundings(model, start[0].shape[1] if kind != "gpt" else 0, 8)
     with torch_no_grad():
         for index in range(6):
             a, fast_state = fast.step(buffer, index, fast_state, fast_static)

@@ -265,6 +265,13 @@ def test_paper_sinusoidal_table(d_model):
 
 
 @pytest.mark.parametrize("d_model", [8, 12, 7])
+def test_sinusoidal_split_table_is_marians(d_model):
+    expected = ref.marian_positional_table(30, d_model)
+    tol.assert_within(sinusoidal_table(30, d_model, "sinusoidal_split"), expected,
+                      tol.chain_atol(_TABLE_ROUNDINGS, expected))
+
+
+@pytest.mark.parametrize("d_model", [8, 12, 7])
 def test_t2t_timing_signal_table(d_model):
     expected = ref.t2t_positional_table(30, d_model)
     tol.assert_within(sinusoidal_table(30, d_model, "t2t"), expected,
@@ -330,7 +337,7 @@ def test_token_embedding_loads_pretrained_matrix(rng):
 # -- feed-forward ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
 def test_feedforward_matches_reference(rng, activation):
     x = rng.normal(size=(2, 5, 6)).astype("float32")
     layer = FeedForward(6, 10, activation=activation)
@@ -354,6 +361,17 @@ def test_gelu_is_the_exact_erf_form():
     # using it
     approx = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     assert np.abs(out - approx).max() > 100 * bound
+
+
+def test_swish_is_x_times_sigmoid_x():
+    x = np.linspace(-6, 6, 25)
+    layer = FeedForward(1, 1, activation="swish")
+    layer(np.zeros((1, 1, 1), "float32"))
+    layer.inner.kernel.assign(np.ones((1, 1)))
+    layer.outer.kernel.assign(np.ones((1, 1)))
+    out = to_numpy(layer(x.reshape(1, -1, 1).astype("float32"))).ravel()
+    tol.assert_within(out, ref.swish(x), tol.chain_atol(tol.feedforward_roundings(1, 1),
+                                                        ref.swish(x)))
 
 
 # -- encoder and decoder blocks ------------------------------------------------------------

@@ -28,7 +28,8 @@ MODELS = {  # model type -> (class, its pretrained-matrix arguments, non-default
                          layer_norm_epsilon=1e-5, embeddings_trainable=False,
                          min_timescale=2.0, max_timescale=500.0,
                          source_embeddings_trainable=True, target_embeddings_trainable=False,
-                         projection_trainable=False)),
+                         projection_trainable=False, scale_embeddings=False,
+                         final_logits_bias=True)),
     "gpt": (GPT, ("embeddings",),
             dict(vocab_size=14, num_layers=2, d_model=8, num_heads=2, d_ff=16, dropout=0.1,
                  max_length=8, norm_position="post", activation="relu",
@@ -154,10 +155,16 @@ def test_build_model_takes_each_type_its_own_options():
     with pytest.raises(ValueError, match="model.pooling applies to model.type encoder only, "
                                          "not 'transformer'"):
         build_model(section, 30, 30)
-    section = resolve({"model": {"type": "transformer", "scale_embeddings": True, **SMALL}})
-    with pytest.raises(ValueError, match="model.scale_embeddings applies to model.type gpt or "
-                                         "encoder only"):
+    section = resolve({"model": {"type": "transformer", "initialization": "paper", **SMALL}})
+    with pytest.raises(ValueError, match="model.initialization applies to model.type gpt "
+                                         "only"):
         build_model(section.model, 30, 30)
+    section = resolve({"model": {"type": "transformer", "activation": "swish",
+                                 "positional": "sinusoidal_split", "scale_embeddings": False,
+                                 "final_logits_bias": True, **SMALL}}).model
+    marian_like = build_model(section, 30, 30)  # Marian's options, from a config
+    assert (marian_like.activation, marian_like.positional, marian_like.source_embedding.scale,
+            marian_like.logits_bias is not None) == ("swish", "sinusoidal_split", False, True)
     section = resolve({"model": {"type": "gpt", "norm_position": "post", **SMALL}}).model
     gpt = build_model(section, 30)
     assert (gpt.norm_position, gpt.activation, gpt.d_model) == ("post", "gelu", 8)

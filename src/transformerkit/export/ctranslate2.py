@@ -15,9 +15,11 @@ The paper's encoder-decoder becomes a ``TransformerSpec`` and the GPT a
     attention output Dense                  last ``linear`` of the attention
     LayerNorm before/after each sublayer    ``layer_norm`` of the sublayer, ``pre_norm``
     final LayerNorm (pre-norm only)         ``encoder.layer_norm`` / ``decoder.layer_norm``
-    feed-forward inner, outer Dense         ``ffn.linear_0``, ``ffn.linear_1``
+    feed-forward inner, outer Dense         ``ffn.linear_0``, ``ffn.linear_1``; relu, gelu
+                                            or swish: ``Activation`` RELU, GELU, SWISH
     output projection (or the tied          ``decoder.projection``; a tied matrix is
     embedding)                              stored once (CTranslate2 aliases equal arrays)
+    final_logits_bias (frozen)              ``decoder.projection.bias``
     LayerNorm epsilon                       the model config's ``layer_norm_epsilon``
     ======================================  =============================================
 
@@ -115,7 +117,8 @@ def _block(spec, block):
 
 def _stack_options(model):
     activation = {"relu": ctranslate2.specs.Activation.RELU,
-                  "gelu": ctranslate2.specs.Activation.GELU}[model.activation]  # Keras: exact erf
+                  "gelu": ctranslate2.specs.Activation.GELU,  # Keras: exact erf
+                  "swish": ctranslate2.specs.Activation.SWISH}[model.activation]
     head_dim = None if model.key_dim * model.num_heads == model.d_model else model.key_dim
     return dict(pre_norm=model.norm_position == "pre", activation=activation,
                 head_dim=head_dim)
@@ -136,6 +139,9 @@ def _projection(spec, model, token_embedding):
         spec.weight = _array(token_embedding.embeddings)
     else:
         _linear(spec, model.output_projection)
+    bias = getattr(model, "logits_bias", None)
+    if bias is not None:  # final_logits_bias: the projection's bias (it has none of its own)
+        spec.bias = _array(bias.bias)
 
 
 def transformer_spec(model, source_tokens, target_tokens, special_tokens):

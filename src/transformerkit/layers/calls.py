@@ -23,7 +23,8 @@ if keras.backend.backend() == "torch":
 
     # Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
     # (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
-    _TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu, keras.activations.relu: F.relu}
+    _TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu, keras.activations.relu: F.relu,
+                          keras.activations.silu: F.silu}
 
 
 def call_sublayer(layer, *args, **kwargs):

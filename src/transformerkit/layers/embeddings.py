@@ -8,7 +8,7 @@ from keras import ops
 
 from transformerkit.layers.masks import padding_mask
 
-POSITIONAL_KINDS = ("sinusoidal", "t2t", "learned")
+POSITIONAL_KINDS = ("sinusoidal", "sinusoidal_split", "t2t", "learned")
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -129,17 +129,23 @@ def sinusoidal_table(max_length, d_model, kind="sinusoidal", min_timescale=1.0,
 
     ``sinusoidal``: the paper's PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)), sines and cosines interleaved.
+    ``sinusoidal_split``: the same frequencies, all sines first (columns ``0 ..
+    ceil(d_model/2) - 1``), then all cosines: Marian's layout (OPUS-MT; ``transformers``'
+    ``MarianSinusoidalPositionalEmbedding``, which with an odd ``d_model`` has one more
+    sine than cosines).
     ``t2t``: tensor2tensor's ``get_timing_signal_1d``: timescales spaced geometrically
     from ``min_timescale`` to ``max_timescale`` over ``d_model/2 - 1`` steps, all sines
     first, then all cosines (zero-padded when ``d_model`` is odd).
     """
     position = np.arange(max_length, dtype=np.float64)[:, None]  # (L, 1)
-    if kind == "sinusoidal":
+    if kind in ("sinusoidal", "sinusoidal_split"):
         i = np.arange(0, d_model, 2, dtype=np.float64)  # 2i
         angles = position / np.power(max_timescale, i / d_model)  # (L, ceil(d/2))
         table = np.zeros((max_length, d_model))
-        table[:, 0::2] = np.sin(angles)
-        table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+        sines, cosines = ((slice(0, None, 2), slice(1, None, 2)) if kind == "sinusoidal" else
+                          (slice(0, angles.shape[1]), slice(angles.shape[1], None)))
+        table[:, sines] = np.sin(angles)
+        table[:, cosines] = np.cos(angles[:, : d_model // 2])
     elif kind == "t2t":
         num_timescales = d_model // 2
         log_increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
@@ -159,7 +165,8 @@ class PositionalEncoding(keras.layers.Layer):
     Args:
         max_length: int, longest sequence the model accepts; longer inputs raise an error.
         d_model: int.
-        kind: "sinusoidal" (the paper), "t2t" (tensor2tensor timescales) or "learned".
+        kind: "sinusoidal" (the paper), "sinusoidal_split" (its frequencies, sines then
+            cosines: Marian), "t2t" (tensor2tensor timescales) or "learned".
         min_timescale, max_timescale: floats, the fixed tables' timescales
             (:func:`sinusoidal_table`; the paper's table uses ``max_timescale`` only).
 

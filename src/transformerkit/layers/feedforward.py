@@ -5,7 +5,9 @@ import keras
 from transformerkit.layers.calls import call_sublayer, inference_linear, kernels_and_biases, linear
 from transformerkit.layers.dropout import apply_dropout
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "swish")
+# the Keras activation of each: swish is x * sigmoid(x) (SiLU; Marian / OPUS-MT)
+_KERAS_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu"}
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -15,7 +17,8 @@ class FeedForward(keras.layers.Layer):
     Args:
         d_model: int, input and output width.
         d_ff: int, inner width (2048 in the base model).
-        activation: "relu" (the paper) or "gelu" (exact erf form, as in BERT).
+        activation: "relu" (the paper), "gelu" (exact erf form, as in BERT) or "swish"
+            (``x * sigmoid(x)``, also called SiLU: Marian's and OPUS-MT's).
         dropout: float, dropout on the inner activations (tensor2tensor's relu_dropout).
         use_bias: bool, biases ``b1``, ``b2`` (default True; nanoGPT's GPTs have none).
 
@@ -35,7 +38,8 @@ class FeedForward(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, input_shape):
-        self.inner = keras.layers.Dense(self.d_ff, activation=self.activation,
+        self.inner = keras.layers.Dense(self.d_ff,
+                                        activation=_KERAS_ACTIVATIONS[self.activation],
                                         kernel_initializer=self.kernel_initializer,
                                         use_bias=self.use_bias,
                                         dtype=self.dtype_policy, name="inner")
@@ -60,7 +64,7 @@ class FeedForward(keras.layers.Layer):
         :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``)."""
         import torch.nn.functional as F
 
-        activation = F.relu if self.activation == "relu" else F.gelu
+        activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[self.activation]
         return linear(activation(linear(x, weights["inner"])), weights["outer"])
 
     def get_config(self):

@@ -239,13 +239,20 @@ class TransformerBase(keras.Model):
         matrix)."""
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value
+        bias = self._logits_bias_weight()
         return {"embedding": table,
                 "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
                 "positions": positions.table.value,
                 "blocks": [block.step_weights() for block in blocks],
                 "final_norm": None if final_norm is None else norm_weights(final_norm),
                 "projection": (inference_linear([table], transposed=True) if projection is None
-                               else inference_linear(*kernels_and_biases(projection)))}
+                               else inference_linear(*kernels_and_biases(projection))),
+                "logits_bias": None if bias is None else bias.value}
+
+    def _logits_bias_weight(self):
+        """The variable of a bias added to the logits after the output projection, or None
+        (``Transformer(final_logits_bias=True)``)."""
+        return None
 
     def decode_step_memory(self, memory, memory_mask):
         """Every decoder block's cross-attention keys/values of ``memory`` ``(batch,
@@ -274,7 +281,8 @@ class TransformerBase(keras.Model):
             x = block.step(x, block_weights, cache, index, memory, copies)
         if weights["final_norm"] is not None:
             x = normalize(x, weights["final_norm"])
-        return linear(x, weights["projection"])
+        logits = linear(x, weights["projection"])
+        return logits if weights["logits_bias"] is None else logits + weights["logits_bias"]
 
     @staticmethod
     def _padding_mask(ids):

@@ -37,11 +37,13 @@ from transformerkit.declared import check, option
 from transformerkit.declared import value_type as value_type  # the config schema's types
 
 NORM_POSITIONS = ("post", "pre")  # LayerNorm after (the paper) or before each sublayer
-ACTIVATIONS = ("relu", "gelu")
-POSITIONAL_KINDS = ("sinusoidal", "t2t", "learned")
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITIONAL_KINDS = ("sinusoidal", "sinusoidal_split", "t2t", "learned")
 TIE_OPTIONS = ("none", "decoder", "all")
 INITIALIZATIONS = ("gpt2", "paper")
 POOLING = (None, "cls", "mean")
+SCALE_EMBEDDINGS_HELP = ("multiply the token embeddings by sqrt(d_model) (the paper, OPUS-MT; "
+                         "not GPT-2, BERT)")
 
 
 def redefault(options_class, name, default):
@@ -74,14 +76,18 @@ class ModelOptions:
         "post", choices=NORM_POSITIONS, own_default=True,
         help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
     activation: str = option("relu", choices=ACTIVATIONS, own_default=True,
-                             help="feed-forward activation: relu (the paper) or gelu (GPT-2)")
+                             help="feed-forward activation: relu (the paper), gelu (GPT-2) "
+                                  "or swish (x sigmoid(x), SiLU: Marian, OPUS-MT)")
     positional: str = option(
         "sinusoidal", choices=POSITIONAL_KINDS, own_default=True,
-        help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")
+        help="positions: sinusoidal (the paper), sinusoidal_split (the paper's frequencies, "
+             "all sines then all cosines: Marian, OPUS-MT), t2t (tensor2tensor's timescales) "
+             "or learned")
     min_timescale: float = option(
         1.0, help="t2t positions: the shortest timescale (wavelength / 2 pi) of the sines")
     max_timescale: float = option(
-        1.0e4, help="sinusoidal and t2t positions: the longest timescale (the paper's 10000)")
+        1.0e4, help="the fixed tables (sinusoidal, sinusoidal_split, t2t): the longest "
+                    "timescale (the paper's 10000)")
     key_dim: int | None = option(None, help="query/key width per head (null: d_model // "
                                             "num_heads, section 3.2.2)")
     value_dim: int | None = option(None, help="value width per head (null: key_dim)")
@@ -127,9 +133,9 @@ class ModelOptions:
         if not 0 < self.min_timescale < self.max_timescale:
             raise ValueError(f"need 0 < min_timescale < max_timescale; got min_timescale="
                              f"{self.min_timescale}, max_timescale={self.max_timescale}")
-        if self.positional == "sinusoidal" and self.min_timescale != 1.0:
+        if self.positional in ("sinusoidal", "sinusoidal_split") and self.min_timescale != 1.0:
             raise ValueError("min_timescale applies to positional='t2t' only (the paper's "
-                             "sinusoidal table starts at timescale 1)")
+                             f"{self.positional} table starts at timescale 1)")
         if self.positional == "learned" and (self.min_timescale, self.max_timescale) != (
                 1.0, 1.0e4):
             raise ValueError("min_timescale and max_timescale apply to the fixed tables "
@@ -156,6 +162,11 @@ class TransformerOptions(ModelOptions):
     projection_trainable: bool | None = option(
         None, help="false freezes the output projection (null: trainable; tied embeddings: "
                    "the target embedding's setting, which it is)")
+    scale_embeddings: bool = option(True, help=SCALE_EMBEDDINGS_HELP)
+    final_logits_bias: bool = option(
+        False, help="add a frozen bias vector to the logits (Marian's and BART's "
+                    "final_logits_bias, a buffer transformers never trains); with "
+                    "tie_embeddings none it replaces the output projection's own bias")
 
     def __post_init__(self):
         super().__post_init__()
@@ -209,8 +220,7 @@ class GPTOptions(ModelOptions):
     positional: str = redefault(ModelOptions, "positional", "learned")
     layer_norm_epsilon: float = redefault(ModelOptions, "layer_norm_epsilon", 1e-5)
     tie_embeddings: str = redefault(TransformerOptions, "tie_embeddings", "none")
-    scale_embeddings: bool = option(False, help="multiply the token embeddings by "
-                                                "sqrt(d_model) (the paper; not GPT-2, BERT)")
+    scale_embeddings: bool = option(False, help=SCALE_EMBEDDINGS_HELP)
     initialization: str = option(
         "gpt2", choices=INITIALIZATIONS,
         help="gpt2: matrices from N(0, 0.02), residual outputs N(0, 0.02/sqrt(2 num_layers)); "

@@ -196,6 +196,17 @@ def load_hf_config(folder):
     for unparsable JSON or an architecture the
     :class:`~transformerkit.models.Encoder` cannot reproduce.
     """
+    config = read_hf_config(folder)
+    _check_architecture(config, pathlib.Path(folder) / "config.json")
+    return config
+
+
+def read_hf_config(folder):
+    """``config.json`` of a checkpoint folder as a dict, unchecked (any ``model_type``).
+
+    Raises ``FileNotFoundError`` for a missing folder or file, :class:`CheckpointError`
+    for unparsable JSON or JSON that is not an object.
+    """
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
@@ -209,7 +220,6 @@ def load_hf_config(folder):
         raise CheckpointError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
-    _check_architecture(config, path)
     return config
 
 
@@ -436,4 +446,4 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
 
 __all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "CheckpointError", "HFArchitecture",
            "architecture", "encoder_kwargs", "load_hf_config", "load_hf_weights",
-           "read_hf_weights"]
+           "read_hf_config", "read_hf_weights"]

@@ -5,8 +5,14 @@ from keras import ops
 
 from transformerkit.layers.calls import call_sublayer
 from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
-from transformerkit.models.heads import LogitsProjection
+from transformerkit.models.heads import LogitsBias, LogitsProjection
 from transformerkit.models.options import TransformerOptions
+from transformerkit.models.pretrained import read_hf_weights
+from transformerkit.models.pretrained_marian import (
+    load_marian_config,
+    load_marian_weights,
+    transformer_kwargs,
+)
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -38,6 +44,12 @@ class Transformer(TransformerBase):
             ``embeddings_trainable``), freeze or train one embedding on its own.
         projection_trainable: bool or None, False freezes the output projection (default:
             trainable; with tied embeddings it is the target embedding and follows it).
+        scale_embeddings: bool, multiply the token embeddings by sqrt(d_model) (True, paper
+            section 3.4; Marian checkpoints with ``scale_embedding: false`` do not).
+        final_logits_bias: bool, add a frozen bias vector to the logits (False; Marian's and
+            BART's ``final_logits_bias``, a buffer that ``transformers`` never trains, so it
+            stays frozen here too: fine-tuning changes the same weights in both). With
+            ``tie_embeddings="none"`` it takes the place of the output projection's bias.
 
     Call: ``model((source_ids, target_input_ids))`` with ``(batch, source_len)`` and
     ``(batch, target_len)`` int ids -> logits ``(batch, target_len, target_vocab_size)``
@@ -59,7 +71,8 @@ class Transformer(TransformerBase):
                  layer_norm_epsilon=1e-6, source_embeddings=None, target_embeddings=None,
                  embeddings_trainable=True, min_timescale=1.0, max_timescale=1.0e4,
                  source_embeddings_trainable=None, target_embeddings_trainable=None,
-                 projection_trainable=None, **kwargs):
+                 projection_trainable=None, scale_embeddings=True, final_logits_bias=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self._set_options(TransformerOptions.from_arguments(locals()))
         source_trainable, target_trainable, projection_trainable = \
@@ -67,7 +80,7 @@ class Transformer(TransformerBase):
 
         self.source_embedding = self._token_embedding(
             self.source_vocab_size, source_embeddings, "source_embedding",
-            trainable=source_trainable)
+            scale=self.scale_embeddings, trainable=source_trainable)
         if self.tie_embeddings == "all":
             if target_embeddings is not None:
                 raise ValueError("tie_embeddings='all' uses one matrix: pass source_embeddings "
@@ -76,7 +89,7 @@ class Transformer(TransformerBase):
         else:
             self.target_embedding = self._token_embedding(
                 self.target_vocab_size, target_embeddings, "target_embedding",
-                trainable=target_trainable)
+                scale=self.scale_embeddings, trainable=target_trainable)
         self.source_positions = self._positions("source_positions")
         self.target_positions = self._positions("target_positions")
         self.embedding_dropout = keras.layers.Dropout(self.dropout)
@@ -87,7 +100,33 @@ class Transformer(TransformerBase):
         self.output_projection = (
             None if self.tie_embeddings != "none"
             else LogitsProjection(self.target_vocab_size, name="output_projection",
+                                  use_bias=not self.final_logits_bias,
                                   trainable=projection_trainable))
+        self.logits_bias = (LogitsBias(self.target_vocab_size, name="final_logits_bias")
+                            if self.final_logits_bias else None)
+
+    @classmethod
+    def from_pretrained(cls, folder, **overrides):
+        """A Transformer with the architecture and weights of a local Hugging Face Marian
+        (OPUS-MT) checkpoint folder (``config.json`` with ``model_type: marian`` +
+        safetensors or ``pytorch_model.bin``).
+
+        Args:
+            folder: path to the checkpoint folder.
+            **overrides: other constructor arguments, e.g. ``dropout=0.0`` (the
+                architecture's own must keep the config's values, or the weights do not
+                fit).
+
+        Its ids are Marian's reordered so that 0..3 are ``<pad> <s> </s> <unk>``:
+        :class:`transformerkit.models.pretrained_marian.MarianIds`, which also has the
+        mapping, the options and what is refused (a ``CheckpointError`` naming the key).
+        """
+        if cls is not Transformer:
+            raise TypeError("from_pretrained builds a Transformer, not a subclass")
+        config = load_marian_config(folder)
+        weights = read_hf_weights(folder)  # before building: a broken file fails fast
+        model = Transformer(**{**transformer_kwargs(config), **overrides})
+        return load_marian_weights(model, folder, weights, config)
 
     def build(self, input_shape=None):
         hidden = (None, None, self.d_model)
@@ -99,6 +138,8 @@ class Transformer(TransformerBase):
             block.build(hidden)
         for block in self.decoder_blocks:
             block.build(hidden, hidden)
+        if self.logits_bias is not None and not self.logits_bias.built:
+            self.logits_bias.build(None)
         for norm in (self.encoder_norm, self.decoder_norm, self.output_projection):
             if norm is not None:
                 norm.build(hidden)
@@ -166,6 +207,8 @@ class Transformer(TransformerBase):
             logits = call_sublayer(self.output_projection, hidden)
         else:
             logits = call_sublayer(self.target_embedding, hidden, reverse=True)
+        if self.logits_bias is not None:
+            logits = call_sublayer(self.logits_bias, logits)
         return ops.cast(logits, "float32")
 
     def call(self, inputs, training=None, return_logits=True, logit_positions=None):
@@ -192,6 +235,9 @@ class Transformer(TransformerBase):
         return (self.target_embedding, self.target_positions, self.decoder_blocks,
                 self.decoder_norm, self.output_projection)
 
+    def _logits_bias_weight(self):
+        return None if self.logits_bias is None else self.logits_bias.bias
+
     def components(self):
         embeddings = [self.source_embedding, self.source_positions, self.target_positions]
         if self.target_embedding is not self.source_embedding:
@@ -200,7 +246,8 @@ class Transformer(TransformerBase):
             "embeddings": embeddings,
             "encoder": self.encoder_blocks + [n for n in [self.encoder_norm] if n],
             "decoder": self.decoder_blocks + [n for n in [self.decoder_norm] if n],
-            "output_head": [self.output_projection] if self.output_projection else [],
+            "output_head": [layer for layer in (self.output_projection, self.logits_bias)
+                            if layer is not None],
         }
 
 
