@@ -5,7 +5,19 @@ import keras
 from transformerkit.layers.calls import call_sublayer, inference_linear, kernels_and_biases, linear
 from transformerkit.layers.dropout import apply_dropout
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+def gelu_tanh(x):
+    """GELU's tanh approximation, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (Hendrycks and Gimpel 2016): GPT-2's activation (``transformers``' ``gelu_new`` and
+    ``gelu_pytorch_tanh``), which a GPT-2 checkpoint needs to reproduce its outputs."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+# option name -> the Dense activation (Keras' "gelu" is the exact erf form)
+_DENSE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": gelu_tanh}
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -15,7 +27,8 @@ class FeedForward(keras.layers.Layer):
     Args:
         d_model: int, input and output width.
         d_ff: int, inner width (2048 in the base model).
-        activation: "relu" (the paper) or "gelu" (exact erf form, as in BERT).
+        activation: "relu" (the paper), "gelu" (exact erf form, as in BERT) or "gelu_tanh"
+            (its tanh approximation, as in GPT-2: :func:`gelu_tanh`).
         dropout: float, dropout on the inner activations (tensor2tensor's relu_dropout).
         use_bias: bool, biases ``b1``, ``b2`` (default True; nanoGPT's GPTs have none).
 
@@ -35,7 +48,8 @@ class FeedForward(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, input_shape):
-        self.inner = keras.layers.Dense(self.d_ff, activation=self.activation,
+        self.inner = keras.layers.Dense(self.d_ff,
+                                        activation=_DENSE_ACTIVATIONS[self.activation],
                                         kernel_initializer=self.kernel_initializer,
                                         use_bias=self.use_bias,
                                         dtype=self.dtype_policy, name="inner")
@@ -60,7 +74,8 @@ class FeedForward(keras.layers.Layer):
         :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``)."""
         import torch.nn.functional as F
 
-        activation = F.relu if self.activation == "relu" else F.gelu
+        activation = {"relu": F.relu, "gelu": F.gelu,
+                      "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[self.activation]
         return linear(activation(linear(x, weights["inner"])), weights["outer"])
 
     def get_config(self):

@@ -19,7 +19,8 @@ class GPT(TransformerBase):
         vocab_size: int (id 0 is padding).
         num_layers, d_model, num_heads, d_ff, dropout, max_length: as in ``Transformer``.
         norm_position: "pre" by default (GPT-2, nanoGPT), or "post" (the paper).
-        activation: "gelu" by default (GPT-2), or "relu".
+        activation: "gelu" by default, "gelu_tanh" (GPT-2's own tanh approximation), or
+            "relu".
         positional: "learned" by default (GPT-2), "sinusoidal" or "t2t".
         min_timescale, max_timescale: the fixed tables' timescales, as in ``Transformer``.
         tie_embeddings: "none" (default) or "all"/"decoder" (both mean: the input embedding

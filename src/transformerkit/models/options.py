@@ -37,7 +37,7 @@ from transformerkit.declared import check, option
 from transformerkit.declared import value_type as value_type  # the config schema's types
 
 NORM_POSITIONS = ("post", "pre")  # LayerNorm after (the paper) or before each sublayer
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONAL_KINDS = ("sinusoidal", "t2t", "learned")
 TIE_OPTIONS = ("none", "decoder", "all")
 INITIALIZATIONS = ("gpt2", "paper")
@@ -74,7 +74,8 @@ class ModelOptions:
         "post", choices=NORM_POSITIONS, own_default=True,
         help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
     activation: str = option("relu", choices=ACTIVATIONS, own_default=True,
-                             help="feed-forward activation: relu (the paper) or gelu (GPT-2)")
+                             help="feed-forward activation: relu (the paper), gelu (exact, BERT) or "
+                                  "gelu_tanh (its tanh approximation, GPT-2's gelu_new)")
     positional: str = option(
         "sinusoidal", choices=POSITIONAL_KINDS, own_default=True,
         help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")
