@@ -75,6 +75,30 @@ class GPT(TransformerBase):
             self.build(None)
             self._gpt2_initialization()
 
+    @classmethod
+    def from_pretrained(cls, folder, **overrides):
+        """A GPT with the architecture and weights of a local Hugging Face GPT-2 folder
+        (``GPT2LMHeadModel``: ``config.json`` + safetensors or ``pytorch_model.bin``).
+
+        ``**overrides``: other constructor arguments, e.g. ``dropout=0.0``. Its ids are
+        GPT-2's + 2 (``<pad>`` and ``<s>`` first); the folder's tokenizer loads with the same
+        ids with :func:`transformerkit.data.gpt2_tokenizer.load_gpt2_tokenizer`. See
+        :mod:`transformerkit.models.pretrained_gpt2` for the mapping and what is refused.
+        """
+        from transformerkit.models.pretrained import read_hf_weights
+        from transformerkit.models.pretrained_gpt2 import (
+            gpt_kwargs,
+            load_gpt2_config,
+            load_gpt2_weights,
+        )
+
+        if cls is not GPT:
+            raise TypeError("from_pretrained builds a GPT, not a subclass")
+        config = load_gpt2_config(folder)
+        weights = read_hf_weights(folder)  # before building: a broken file fails fast
+        gpt = GPT(**{**gpt_kwargs(config), **overrides})
+        return load_gpt2_weights(gpt, folder, weights)
+
     def build(self, input_shape=None):
         if self.built:  # built at construction (GPT-2 initialisation)
             return

@@ -74,8 +74,8 @@ class ModelOptions:
         "post", choices=NORM_POSITIONS, own_default=True,
         help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
     activation: str = option("relu", choices=ACTIVATIONS, own_default=True,
-                             help="feed-forward activation: relu (the paper), gelu (exact, BERT) or "
-                                  "gelu_tanh (its tanh approximation, GPT-2's gelu_new)")
+                             help="feed-forward activation: relu (the paper), gelu (exact, "
+                                  "BERT) or gelu_tanh (its tanh approximation, GPT-2's)")
     positional: str = option(
         "sinusoidal", choices=POSITIONAL_KINDS, own_default=True,
         help="positions: sinusoidal (the paper), t2t (tensor2tensor's timescales) or learned")

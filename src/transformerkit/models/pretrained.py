@@ -196,6 +196,14 @@ def load_hf_config(folder):
     for unparsable JSON or an architecture the
     :class:`~transformerkit.models.Encoder` cannot reproduce.
     """
+    config, path = read_config(folder)
+    _check_architecture(config, path)
+    return config
+
+
+def read_config(folder):
+    """``(config dict, path)`` of ``folder/config.json``, unchecked beyond being a JSON
+    object (``FileNotFoundError`` / :class:`CheckpointError` otherwise)."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
@@ -209,8 +217,7 @@ def load_hf_config(folder):
         raise CheckpointError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
-    _check_architecture(config, path)
-    return config
+    return config, path
 
 
 def _check_architecture(config, path):
@@ -436,4 +443,4 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
 
 __all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "CheckpointError", "HFArchitecture",
            "architecture", "encoder_kwargs", "load_hf_config", "load_hf_weights",
-           "read_hf_weights"]
+           "read_config", "read_hf_weights"]
