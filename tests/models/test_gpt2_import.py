@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import tolerances as tol
 from backends import BACKENDS, FAST_XLA_COMPILE
+from gpt2_checkpoints import END, tiny_gpt2
 from hf_checkpoints import to_numpy
 
 import transformerkit  # noqa: F401  (picks the backend before keras is imported)
@@ -34,59 +35,14 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 import keras  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from transformerkit.data.gpt2_tokenizer import ID_OFFSET, load_gpt2_tokenizer  # noqa: E402
 from transformerkit.decoding.sampling import generate_ids  # noqa: E402
 from transformerkit.models import GPT  # noqa: E402
 from transformerkit.models.pretrained import CheckpointError  # noqa: E402
 
-CORPUS = [
-    "A man in an orange hat starring at something.",
-    "Two young, White males are outside near many bushes.",
-    "A little girl climbing into a wooden playhouse.",
-    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
-    "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
-    "Un café à Paris coûte 3,50 € en 2024; déjà vu!",
-    "The 12 dogs ran 1,000 meters in 3.5 minutes.",
-    "She said: \"don't go\" -- and he didn't.",
-] * 8
 TEXTS = ["A dog runs.", "Zwei Männer gehen über die Straße.", "Crème brûlée, 42 times!",
          "unseen: 東京 🙂 ǅ", "", "  spaces   and\ttabs\n", "<|endoftext|> is text here"]
-END = "<|endoftext|>"
-
-
-def byte_level_bpe(vocab_size=300):
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    return transformers.GPT2TokenizerFast(tokenizer_object=tokenizer, bos_token=END,
-                                          eos_token=END, unk_token=END)
-
-
-def tiny_gpt2(folder, tokenizer=None, seed=0, **overrides):
-    """Save a small random GPT-2 (and ``tokenizer``) to ``folder``; the eval-mode model."""
-    tokenizer = tokenizer or byte_level_bpe()
-    end = tokenizer.convert_tokens_to_ids(END)
-    settings = dict(vocab_size=len(tokenizer), n_positions=40, n_embd=32, n_layer=3,
-                    n_head=4, activation_function="gelu_new", bos_token_id=end,
-                    eos_token_id=end)
-    config = transformers.GPT2Config(**{**settings, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "ln" in name and name.endswith("weight"):
-                parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
-            else:
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return model, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +94,7 @@ def test_logits_equal_transformers(checkpoint):
     assert gpt.vocab_size == len(tokenizer) + ID_OFFSET and gpt.max_length == 40
     ours, theirs, mask = batch_of(tokenizer, LOGIT_TEXTS)
     assert not mask.all()  # padding in the batch
+    assert (theirs[mask] == 0).any()  # GPT-2's id 0 ("!"), an ordinary token, not padding
     assert_logits_equal(gpt, to_numpy(gpt(ours)), hf_logits(model, theirs, mask), mask)
 
 
@@ -202,9 +159,9 @@ def test_greedy_generation_equals_transformers(checkpoint):
 @pytest.mark.parametrize("files", ["tokenizer.json", "vocab.json + merges.txt"])
 def test_tokenization_equals_gpt2_tokenizer_fast(checkpoint, tmp_path, files):
     folder, _, tokenizer = checkpoint
-    if files != "tokenizer.json":  # GPT-2's original files, written by `tokenizers`
-        assert sorted(tokenizer.backend_tokenizer.model.save(str(tmp_path))) == [
-            str(tmp_path / "merges.txt"), str(tmp_path / "vocab.json")]
+    if files != "tokenizer.json":  # GPT-2's original files: vocab.json holds <|endoftext|>
+        tokenizer.backend_tokenizer.model.save(str(tmp_path))  # merges.txt (and vocab.json)
+        (tmp_path / "vocab.json").write_text(json.dumps(tokenizer.get_vocab()))
         folder = tmp_path
     ours = load_gpt2_tokenizer(folder)
     assert ours.vocab_size == len(tokenizer) + ID_OFFSET

@@ -70,16 +70,16 @@ def shift_vocabulary(tokenizer, where="the tokenizer"):
         raise ValueError(f"{where} is not a byte-level BPE tokenizer (GPT-2's): its model is "
                          f"{model.get('type')!r}")
     vocab = model["vocab"]
-    if END_OF_TEXT not in vocab:
+    added = payload.get("added_tokens") or []
+    if END_OF_TEXT not in vocab and END_OF_TEXT not in {entry["content"] for entry in added}:
         raise ValueError(f"{where} has no {END_OF_TEXT} token, GPT-2's end of text")
-    clash = [t for t in RESERVED if t in vocab]
+    clash = [t for t in RESERVED if t in vocab or t in {entry["content"] for entry in added}]
     if clash:
         raise ValueError(f"{where} already holds {', '.join(clash)}: not GPT-2's vocabulary "
                          "layout (ids would be ambiguous)")
     model["vocab"] = {**{t: i for i, t in enumerate(RESERVED)},
                       **{t: int(i) + ID_OFFSET for t, i in vocab.items()}}
-    added = [dict(entry, id=int(entry["id"]) + ID_OFFSET)
-             for entry in payload.get("added_tokens") or []]
+    added = [dict(entry, id=int(entry["id"]) + ID_OFFSET) for entry in added]
     if END_OF_TEXT not in {entry["content"] for entry in added}:
         added.append(_special(END_OF_TEXT, model["vocab"][END_OF_TEXT]))
     payload["added_tokens"] = [_special(t, i) for i, t in enumerate(RESERVED)] + added
