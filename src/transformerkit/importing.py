@@ -40,13 +40,14 @@ def _import_gpt2(folder, config):
     """A GPT-2 folder -> a GPT run (``models/pretrained_gpt2.py``)."""
     from transformerkit.data.gpt2_tokenizer import load_gpt2_tokenizer
     from transformerkit.models.gpt import GPT
-    from transformerkit.models.pretrained_gpt2 import gpt_kwargs
+    from transformerkit.models.pretrained_gpt2 import folder_offset, gpt_kwargs
 
     tokenizer = load_gpt2_tokenizer(folder)
     model = GPT.from_pretrained(folder)
     if tokenizer.vocab_size != model.vocab_size:
-        raise ValueError(f"{folder}: the tokenizer has {tokenizer.vocab_size - 2} tokens but "
-                         f"config.json's vocab_size is {model.vocab_size - 2}")
+        offset = folder_offset(folder)
+        raise ValueError(f"{folder}: the tokenizer has {tokenizer.vocab_size - offset} tokens "
+                         f"but config.json's vocab_size is {model.vocab_size - offset}")
     options = {k: v for k, v in gpt_kwargs(config).items() if k != "vocab_size"}
     sections = {"model": {"type": "gpt", **options},
                 "data": {"dataset": "text", "vocab_size": tokenizer.vocab_size}}

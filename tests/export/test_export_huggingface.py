@@ -3,9 +3,10 @@ a folder that ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer`` load.
 
 Checked: an imported GPT-2 run (``gpt2_checkpoints.py``) exported back gives the run's
 logits on a padded batch, all columns (the two reserved ones included), and, on GPT-2's
-columns, the original checkpoint's; its tokenizer encodes as the run's. A GPT trained here
+columns, the original checkpoint's; its tokenizer encodes as the run's; the exported folder
+imports back with the same ids and logits. A GPT trained here
 from scratch with a byte-level BPE (``tie_embeddings: all``, ``gelu``) exports with its
-tokenizer and gives its logits; the options GPT-2 lacks are refused by name.
+tokenizer, gives its logits and imports back; the options GPT-2 lacks are refused by name.
 
 Bound: ours and ``transformers`` are two float32 paths of the same weights
 (``tolerances.model_roundings``).
@@ -70,6 +71,21 @@ def test_imported_run_round_trip(tmp_path):
         run.source_tokenizer.eos_id == exported.config.eos_token_id
     for text in TEXTS + ["", "unseen 🙂 ǅ"]:
         assert hf_tokenizer(text)["input_ids"] == run.source_tokenizer.encode(text), text
+    assert_imports_back(run, folder, tmp_path / "again", ids)
+
+
+def assert_imports_back(run, folder, out, ids):
+    """The export imports back unshifted: the same ids, specials and logits as ``run``."""
+    assert main(["import", str(folder), "--out", str(out)]) == 0
+    again = transformerkit.load(out)
+    before, after = run.source_tokenizer, again.source_tokenizer
+    assert after.vocab_size == before.vocab_size == again.model.vocab_size
+    assert [getattr(after, f"{k}_id") for k in ("pad", "bos", "eos", "unk")] == \
+        [getattr(before, f"{k}_id") for k in ("pad", "bos", "eos", "unk")]
+    for text in TEXTS:
+        assert after.encode(text) == before.encode(text)
+    np.testing.assert_array_equal(to_numpy(again.model(ids.astype("int32"))),
+                                  to_numpy(run.model(ids.astype("int32"))))
 
 
 def test_gpt_trained_here_exports(tmp_path):
@@ -96,6 +112,7 @@ def test_gpt_trained_here_exports(tmp_path):
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     for text in TEXTS:
         assert hf_tokenizer(text)["input_ids"] == run.source_tokenizer.encode(text), text
+    assert_imports_back(run, tmp_path / "hf", tmp_path / "again", ids)
 
 
 @pytest.mark.parametrize("options,message", [

@@ -15,6 +15,11 @@ text encodes to); BOS = EOS = UNK = ``<|endoftext|>`` (50258 for GPT-2 itself). 
 import (``models/pretrained_gpt2.py``) shifts the embedding rows the same way. As every
 tokenizer here, the spelling ``<|endoftext|>`` inside a text is plain text, never the
 special id (``transformers`` would turn it into the special id).
+
+A folder whose vocabulary already starts with ``<pad>`` 0 and ``<s>`` 1 (what ``transformerkit
+export --format huggingface`` writes) is read as it is, its ids unshifted
+(:func:`vocabulary_offset` 0), its special tokens named by ``tokenizer_config.json``: an
+exported run imports back to the same ids.
 """
 
 import json
@@ -22,7 +27,11 @@ import pathlib
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from transformerkit.data.tokenizers import SubwordTokenizer
+from transformerkit.data.tokenizers import (
+    SubwordTokenizer,
+    _hf_special_token_names,
+    _special_ids_from_vocab,
+)
 from transformerkit.special_tokens import BOS, PAD
 
 ID_OFFSET = 2  # our id = GPT-2's id + ID_OFFSET: <pad> 0 and <s> 1 come first
@@ -31,13 +40,38 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 def load_gpt2_tokenizer(folder):
-    """The byte-level BPE tokenizer of a GPT-2 folder, ids shifted by :data:`ID_OFFSET`.
+    """The byte-level BPE tokenizer of a GPT-2 folder, ids shifted by :data:`ID_OFFSET`
+    (unshifted where the vocabulary already starts with ``<pad>`` and ``<s>``).
 
     Reads ``tokenizer.json``, else ``vocab.json`` + ``merges.txt``. Raises
     ``FileNotFoundError`` when the folder has neither and ``ValueError`` for a file that is
     not a byte-level BPE vocabulary or lacks ``<|endoftext|>``.
     """
     folder = pathlib.Path(folder)
+    tokenizer, path = _read(folder)
+    if _reserves_ids(tokenizer):
+        _check_byte_level(json.loads(tokenizer.to_str()), path)
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        names = _hf_special_token_names(folder)
+        return SubwordTokenizer(tokenizer, kind="hf",
+                                special_ids=_special_ids_from_vocab(tokenizer, path, names))
+    return shift_vocabulary(tokenizer, path)
+
+
+def vocabulary_offset(folder):
+    """What to add to the ids of the GPT-2 folder's vocabulary: :data:`ID_OFFSET`, or 0
+    where it already starts with ``<pad>`` and ``<s>`` (or ``FileNotFoundError``)."""
+    tokenizer, _ = _read(pathlib.Path(folder))
+    return 0 if _reserves_ids(tokenizer) else ID_OFFSET
+
+
+def _reserves_ids(tokenizer):
+    return [tokenizer.id_to_token(i) for i in range(len(RESERVED))] == list(RESERVED)
+
+
+def _read(folder):
+    """``(tokenizers.Tokenizer, path)`` of a folder's GPT-2 tokenizer files."""
     path = folder / "tokenizer.json"
     if path.is_file():
         try:
@@ -57,7 +91,7 @@ def load_gpt2_tokenizer(folder):
     else:
         raise FileNotFoundError(f"{folder} has no GPT-2 tokenizer: expected tokenizer.json or "
                                 "vocab.json + merges.txt")
-    return shift_vocabulary(tokenizer, path)
+    return tokenizer, path
 
 
 def shift_vocabulary(tokenizer, where="the tokenizer"):
@@ -65,10 +99,8 @@ def shift_vocabulary(tokenizer, where="the tokenizer"):
     original ones + :data:`ID_OFFSET`, with ``<pad>`` and ``<s>`` first (see the module
     docstring)."""
     payload = json.loads(tokenizer.to_str())
-    model = payload.get("model") or {}
-    if model.get("type") != "BPE" or not _is_byte_level(payload.get("pre_tokenizer")):
-        raise ValueError(f"{where} is not a byte-level BPE tokenizer (GPT-2's): its model is "
-                         f"{model.get('type')!r}")
+    _check_byte_level(payload, where)
+    model = payload["model"]
     vocab = model["vocab"]
     added = payload.get("added_tokens") or []
     if END_OF_TEXT not in vocab and END_OF_TEXT not in {entry["content"] for entry in added}:
@@ -89,6 +121,13 @@ def shift_vocabulary(tokenizer, where="the tokenizer"):
     eos = shifted.token_to_id(END_OF_TEXT)
     return SubwordTokenizer(shifted, kind="hf",
                             special_ids={"pad": 0, "bos": eos, "eos": eos, "unk": eos})
+
+
+def _check_byte_level(payload, where):
+    model = payload.get("model") or {}
+    if model.get("type") != "BPE" or not _is_byte_level(payload.get("pre_tokenizer")):
+        raise ValueError(f"{where} is not a byte-level BPE tokenizer (GPT-2's): its model is "
+                         f"{model.get('type')!r}")
 
 
 def _special(content, i):

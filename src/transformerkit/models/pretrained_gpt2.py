@@ -36,7 +36,9 @@ Ids. Every model here masks id 0 as padding and never generates ids 0 and 1, whi
 ordinary tokens of GPT-2 (``!`` and ``"``). So our ids are GPT-2's + 2
 (:data:`~transformerkit.data.gpt2_tokenizer.ID_OFFSET`): ``vocab_size`` is GPT-2's + 2, rows
 0 and 1 of the embedding are zero (logit 0 for ``<pad>`` and ``<s>``, which decoding
-forbids) and logits ``[..., 2:]`` are GPT-2's. The tokenizer import shifts the same way.
+forbids) and logits ``[..., 2:]`` are GPT-2's. The tokenizer import shifts the same way. A
+folder whose tokenizer already starts with ``<pad>`` and ``<s>`` (an export of ours) is not
+shifted (:func:`~transformerkit.data.gpt2_tokenizer.vocabulary_offset`).
 
 Refused with :class:`~transformerkit.models.pretrained.CheckpointError` naming the key, as the
 ``GPT`` cannot reproduce them: another ``activation_function`` (``gelu_fast``, ``silu``, ...),
@@ -59,7 +61,7 @@ import pathlib
 
 import numpy as np
 
-from transformerkit.data.gpt2_tokenizer import ID_OFFSET
+from transformerkit.data.gpt2_tokenizer import ID_OFFSET, vocabulary_offset
 from transformerkit.models.pretrained import CheckpointError, read_config, read_hf_weights
 
 log = logging.getLogger("transformerkit")
@@ -103,13 +105,23 @@ def load_gpt2_config(folder):
     return config
 
 
-def gpt_kwargs(config):
-    """``GPT`` constructor arguments equivalent to a checked GPT-2 ``config.json`` dict."""
+def folder_offset(folder):
+    """The id shift of a GPT-2 folder: its tokenizer's (0 or 2), :data:`ID_OFFSET` for a
+    folder without one."""
+    try:
+        return vocabulary_offset(folder)
+    except FileNotFoundError:
+        return ID_OFFSET
+
+
+def gpt_kwargs(config, offset=ID_OFFSET):
+    """``GPT`` constructor arguments equivalent to a checked GPT-2 ``config.json`` dict
+    whose ids are shifted by ``offset``."""
     dropout = float(config.get("resid_pdrop", 0.1))
     if float(config.get("embd_pdrop", dropout)) != dropout:
         log.info("GPT-2 embd_pdrop=%s differs from resid_pdrop=%s: the GPT has one dropout "
                  "rate, resid_pdrop's", config.get("embd_pdrop"), dropout)
-    return dict(vocab_size=config["vocab_size"] + ID_OFFSET, num_layers=config["n_layer"],
+    return dict(vocab_size=config["vocab_size"] + offset, num_layers=config["n_layer"],
                 d_model=config["n_embd"], num_heads=config["n_head"],
                 d_ff=config.get("n_inner") or 4 * config["n_embd"],
                 max_length=config["n_positions"], norm_position="pre",
@@ -148,16 +160,18 @@ def _block_pairs(gpt):
     return pairs
 
 
-def _shifted_rows(matrix):
-    """GPT-2's ``(vocab, d)`` rows after ID_OFFSET zero rows: ours."""
-    return np.concatenate([np.zeros((ID_OFFSET, matrix.shape[1]), matrix.dtype), matrix])
+def _shifted_rows(matrix, offset):
+    """GPT-2's ``(vocab, d)`` rows after ``offset`` zero rows: ours."""
+    return np.concatenate([np.zeros((offset, matrix.shape[1]), matrix.dtype), matrix])
 
 
-def load_gpt2_weights(gpt, folder, weights=None):
-    """Copy the tensors of a GPT-2 ``folder`` into ``gpt`` (built from :func:`gpt_kwargs`).
+def load_gpt2_weights(gpt, folder, weights=None, offset=None):
+    """Copy the tensors of a GPT-2 ``folder`` into ``gpt`` (built from :func:`gpt_kwargs`),
+    its ids shifted by ``offset`` (None: :func:`folder_offset`).
 
     Raises :class:`CheckpointError` naming missing tensors or the first tensor whose shape
     differs from the config's; tensors not used are named in one log line."""
+    offset = folder_offset(folder) if offset is None else offset
     weights = _strip(read_hf_weights(folder) if weights is None else weights)
     gpt._ensure_built()
     pairs = _block_pairs(gpt)
@@ -171,13 +185,14 @@ def load_gpt2_weights(gpt, folder, weights=None):
                                           if len(missing) > 5 else "")
         raise CheckpointError(f"{folder}: the weights lack {len(missing)} tensor(s) a GPT-2 "
                               f"needs: {shown}")
-    values = [(embedding, "wte.weight", _shifted_rows(weights["wte.weight"])),
+    values = [(embedding, "wte.weight", _shifted_rows(weights["wte.weight"], offset)),
               (gpt.positions.table, "wpe.weight", weights["wpe.weight"])]
     values += [(variable, name, weights[name] if columns is None else
                 weights[name][..., columns]) for variable, name, columns in pairs]
     if gpt.output_projection is not None:
         head = gpt.output_projection
-        values += [(head.kernel, "lm_head.weight", _shifted_rows(weights["lm_head.weight"]).T),
+        rows = _shifted_rows(weights["lm_head.weight"], offset)
+        values += [(head.kernel, "lm_head.weight", rows.T),
                    (head.bias, "lm_head (no bias)", np.zeros(head.bias.shape, "float32"))]
     for variable, name, value in values:
         if tuple(value.shape) != tuple(variable.shape):
