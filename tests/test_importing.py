@@ -104,6 +104,10 @@ def test_summary_attention_and_serve(imported, tmp_path, capsys):
     assert main(["attention", str(root / "run"), "A man in a hat", "--out",
                  str(tmp_path / "a.png")]) == 0
     assert (tmp_path / "a.png").stat().st_size > 0
+    run = transformerkit.load(root / "run")
+    tokens = run.attention("Zwei Männer!")["tokens"]  # GPT-2's id 0 is "!", ours 2
+    assert tokens[-1] == "!" and "</s>" not in tokens
+    assert run.attention("A man")["self"].shape[:2] == (3, 4)  # layers, heads
     with TestClient(create_app(load_runs([root / "run"]))) as client:
         answer = client.post("/generate", json={"prompt": "A man", "temperature": 0,
                                                 "max_new_tokens": NEW_TOKENS}).json()

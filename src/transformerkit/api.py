@@ -293,12 +293,16 @@ SPECIAL_LABELS = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", "</s>"
 
 def token_labels(tokenizer, ids):
     """Readable labels for ids: each piece detokenized on its own, a leading space shown
-    as "▁", special ids by name."""
+    as "▁", special ids by name: the tokenizer's own special ids (an imported GPT-2's
+    ``<|endoftext|>``; its ids 2 and 3 are ordinary tokens), else ids 0-3."""
+    special = {int(getattr(tokenizer, f"{name}_id", i)): SPECIAL_LABELS[i]
+               for i, name in enumerate(("pad", "bos", "eos", "unk"))}
     labels = []
     for i in ids:
         i = int(i)
-        if i in SPECIAL_LABELS:
-            labels.append(SPECIAL_LABELS[i])
+        if i in special:
+            spelled = getattr(tokenizer, "id_to_token", None)
+            labels.append(spelled(i) if spelled is not None else special[i])
             continue
         text = tokenizer.decode([i])
         labels.append(text.replace(" ", "▁").replace("\n", "\\n") if text else "?")
