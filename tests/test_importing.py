@@ -150,9 +150,9 @@ def test_hub_names_resolve_from_the_offline_cache(imported, tmp_path):
     missing = cli(["import", "tiny-org/absent", "--out", str(tmp_path / "absent")], env)
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines()[-1] == (
-        f"transformerkit import: error: tiny-org/absent is not in the Hugging Face cache "
-        f"({tmp_path / 'hub'}) and HF_HUB_OFFLINE is set: download it on a machine with "
-        "internet access, or give a local folder")
+        f"transformerkit import: error: tiny-org/absent is no folder here and not in the "
+        f"Hugging Face cache ({tmp_path / 'hub'}), and HF_HUB_OFFLINE is set: download it on "
+        "a machine with internet access, or give a local folder")
     assert not (tmp_path / "absent").exists()
     # the snapshot folder given as a path imports the same run
     assert main(["import", str(snapshot), "--out", str(tmp_path / "from_snapshot")]) == 0

@@ -87,11 +87,13 @@ def _snapshot(name):
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as err:
         where = constants.HF_HUB_CACHE
         if offline:
-            raise FileNotFoundError(f"{name} is not in the Hugging Face cache ({where}) and "
-                                    "HF_HUB_OFFLINE is set: download it on a machine with "
-                                    "internet access, or give a local folder") from err
-        raise FileNotFoundError(f"{name} could not be downloaded (no connection?) and is not "
-                                f"in the Hugging Face cache ({where})") from err
+            raise FileNotFoundError(f"{name} is no folder here and not in the Hugging Face "
+                                    f"cache ({where}), and HF_HUB_OFFLINE is set: download it "
+                                    "on a machine with internet access, or give a local "
+                                    "folder") from err
+        raise FileNotFoundError(f"{name} is no folder here, could not be downloaded (no "
+                                f"connection?) and is not in the Hugging Face cache "
+                                f"({where})") from err
     except errors.RepositoryNotFoundError as err:
         raise FileNotFoundError(f"{name}: no such model on the Hugging Face hub (or it is "
                                 "private)") from err
