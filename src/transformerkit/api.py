@@ -45,7 +45,8 @@ def load(run_dir, checkpoint="model"):
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
-    labels = run.read_labels() if config.model["type"] == "encoder" else None
+    # an encoder without a classifier head (an imported BERT) has no labels
+    labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
     return Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
 
 
@@ -181,6 +182,9 @@ class Run:
         from transformerkit.decoding.translate import as_text_list
 
         self._require("encoder", "classify")
+        if self.labels is None:
+            raise TypeError(f"classify() needs a classifier run; {self.run_dir} holds an "
+                            "encoder without a classifier head (use embed)")
         texts, single = as_text_list(texts)
         table = class_probabilities(self.model, self.source_tokenizer, texts,
                                     batch_size=batch_size)

@@ -8,6 +8,10 @@ the local cache (``HF_HUB_CACHE``) when offline (``HF_HUB_OFFLINE=1``), download
 config, tokenizer and weight files when online. Only what the import reads is fetched
 (``.safetensors``, else ``pytorch_model.bin``; no TensorFlow, Flax or ONNX files).
 
+A BERT or DistilBERT folder becomes an encoder run without a classifier head (``embed``
+takes it; ``model.pretrained`` fine-tunes such a folder into a classifier, see
+docs/encoders.md).
+
 The run directory is an ordinary one (:mod:`transformerkit.run_directory`): ``config.yaml``
 with the imported model options, the tokenizer file(s) and ``model.keras``, which
 ``transformerkit.load``, ``generate``, ``summary``, ``attention``, ``serve`` and ``export``
@@ -54,7 +58,26 @@ def _import_gpt2(folder, config):
     return model, sections, {"tokenizer.json": tokenizer}
 
 
-IMPORTERS = {"gpt2": _import_gpt2}
+def _import_encoder(folder, config):
+    """A BERT or DistilBERT folder -> an encoder run without a classifier head (its hidden
+    states; ``embed`` pools them), as ``Encoder.from_pretrained`` (``models/pretrained.py``)."""
+    from transformerkit.data.tokenizers import load_hf_tokenizer
+    from transformerkit.models.encoder import Encoder
+    from transformerkit.models.pretrained import encoder_kwargs, load_hf_config
+
+    options = encoder_kwargs(load_hf_config(folder))
+    tokenizer = load_hf_tokenizer(folder)
+    model = Encoder.from_pretrained(folder)
+    if tokenizer.vocab_size != model.vocab_size:
+        raise ValueError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens but "
+                         f"config.json's vocab_size is {model.vocab_size}")
+    sections = {"model": {"type": "encoder",
+                          **{k: v for k, v in options.items() if k != "vocab_size"}},
+                "data": {"dataset": "tsv", "vocab_size": tokenizer.vocab_size}}
+    return model, sections, {"tokenizer.json": tokenizer}
+
+
+IMPORTERS = {"gpt2": _import_gpt2, "bert": _import_encoder, "distilbert": _import_encoder}
 
 
 def resolve_source(source):

@@ -115,8 +115,8 @@ def build_parser():
     _add_overrides(config)
     _add_use_commands(command)
 
-    imported = command("import", "a Hugging Face checkpoint (GPT-2) as a run directory that "
-                                 "every command takes")
+    imported = command("import", "a Hugging Face checkpoint (GPT-2; BERT, DistilBERT) as a "
+                                 "run directory that every command takes")
     imported.add_argument("source", metavar="SOURCE",
                           help="a checkpoint folder (save_pretrained, huggingface-cli download "
                                "--local-dir, a snapshot folder of the Hugging Face cache) or a "
