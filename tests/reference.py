@@ -36,6 +36,11 @@ def gelu(x):
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def gelu_tanh(x):
+    """GELU's tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 def relu(x):
     return np.maximum(x, 0.0)
 
@@ -100,7 +105,7 @@ def multi_head_attention(query, value, params, num_heads, key=None, key_mask=Non
 
 def feedforward(x, params):
     """FFN(x) = act(x W1 + b1) W2 + b2 (paper equation 2)."""
-    act = {"relu": relu, "gelu": gelu, "swish": swish}[params["activation"]]
+    act = {"relu": relu, "gelu": gelu, "swish": swish, "gelu_tanh": gelu_tanh}[params["activation"]]
     return dense(act(dense(x, *params["inner"])), *params["outer"])
 
 

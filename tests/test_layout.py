@@ -31,6 +31,7 @@ LEVELS = {
     "training": 3,
     "decoding": 3,
     "export": 3,  # a model's weights -> a CTranslate2 model; api and serving run it
+    "importing": 3,  # a Hugging Face checkpoint (folder or hub name) -> a run directory
     "api": 4,
     "serving": 4,  # the HTTP server over api.Run
     "__init__": 4,  # ``transformerkit`` itself: the facade resolving ``load`` lazily

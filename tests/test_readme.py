@@ -28,7 +28,7 @@ DOCS = ROOT / "docs"
 # The docs pages that are user manuals, in the order their blocks run (after the README's,
 # whose runs they use).
 MANUAL_PAGES = ["cli.md", "decoding.md", "serving.md", "models.md", "training.md",
-                "encoders.md", "data.md"]
+                "encoders.md", "data.md", "pretrained.md"]
 # The docs pages whose blocks this test does not run, and why.
 NOT_MANUAL_PAGES = {
     "benchmarks.md": "benchmark methods and history: its commands are the `bench/` scripts, "
@@ -51,6 +51,9 @@ NOT_RUN_HERE = {
            "tests/training/test_jax_processes.py launches 2 on loopback and checks their "
            "weights; `transformerkit serve` with its API keys: tests/serving/test_auth.py "
            "runs it",
+    "hf": "downloading from the Hugging Face hub needs the internet: the scratch folder holds "
+          "a GPT-2 folder `transformers` wrote (tests/gpt2_checkpoints.py), and "
+          "tests/test_importing.py resolves hub names from a cache it fills",
     "torchrun": "several training processes: tests/training/test_multiprocess.py launches "
                 "them (2 gloo processes on loopback) and checks their weights",
 }
@@ -123,6 +126,9 @@ def scratch(tmp_path_factory):
     for name, text in SENTENCES.items():
         (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
+    from gpt2_checkpoints import tiny_gpt2
+
+    tiny_gpt2(folder / "gpt2")  # what `hf download gpt2 --local-dir gpt2` gives, in small
     env = os.environ.copy()
     data = env.get("TRANSFORMERKIT_DATA") or str(ROOT.parent / "shared" / "data")
     env["TRANSFORMERKIT_DATA"] = str(Path(data).resolve())

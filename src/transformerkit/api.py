@@ -45,7 +45,8 @@ def load(run_dir, checkpoint="model"):
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
-    labels = run.read_labels() if config.model["type"] == "encoder" else None
+    # an encoder without a classifier head (an imported BERT) has no labels
+    labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
     return Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
 
 
@@ -220,6 +221,9 @@ class Run:
         from transformerkit.decoding.translate import as_text_list
 
         self._require("encoder", "classify")
+        if self.labels is None:
+            raise TypeError(f"classify() needs a classifier run; {self.run_dir} holds an "
+                            "encoder without a classifier head (use embed)")
         texts, single = as_text_list(texts)
         table = class_probabilities(self.model, self.source_tokenizer, texts,
                                     batch_size=batch_size)
@@ -332,12 +336,16 @@ SPECIAL_LABELS = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", "</s>"
 
 def token_labels(tokenizer, ids):
     """Readable labels for ids: each piece detokenized on its own, a leading space shown
-    as "▁", special ids by name."""
+    as "▁", special ids by name: the tokenizer's own special ids (an imported GPT-2's
+    ``<|endoftext|>``; its ids 2 and 3 are ordinary tokens), else ids 0-3."""
+    special = {int(getattr(tokenizer, f"{name}_id", i)): SPECIAL_LABELS[i]
+               for i, name in enumerate(("pad", "bos", "eos", "unk"))}
     labels = []
     for i in ids:
         i = int(i)
-        if i in SPECIAL_LABELS:
-            labels.append(SPECIAL_LABELS[i])
+        if i in special:
+            spelled = getattr(tokenizer, "id_to_token", None)
+            labels.append(spelled(i) if spelled is not None else special[i])
             continue
         text = tokenizer.decode([i])
         labels.append(text.replace(" ", "▁").replace("\n", "\\n") if text else "?")

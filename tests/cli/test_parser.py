@@ -98,6 +98,9 @@ ORDERS = {  # command -> argument lists that must parse to the same namespace
     "serve": [["serve", "R1", "R2", "--port", "8001", "--engine", "keras"],
               ["serve", "--port", "8001", "R1", "R2", "--engine", "keras"],
               ["serve", "--port", "8001", "--engine", "keras", "R1", "R2"]],
+    "import": [["import", "gpt2", "--out", "runs/gpt2", "--force"],
+               ["import", "--out", "runs/gpt2", "gpt2", "--force"],
+               ["import", "--force", "--out", "runs/gpt2", "gpt2"]],
 }
 
 
@@ -293,3 +296,17 @@ def test_help_points_to_config(capsys):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert "transformerkit config" in capsys.readouterr().out
+
+
+def test_export_huggingface_refusals_are_one_line(runs, capsys, tmp_path):
+    """A translation run, and a GPT whose untied output projection has a bias (GPT-2's
+    lm_head has none): one line each, nothing written."""
+    cases = [(runs["translation"], "exports GPT runs (as GPT2LMHeadModel); "),
+             (runs["gpt"], "the output projection has a bias, which GPT-2's lm_head lacks")]
+    for run, message in cases:
+        assert cli.main(["export", str(run), "--format", "huggingface", "--out",
+                         str(tmp_path / "hf")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("transformerkit export: error: ") and message in err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "hf").exists()

@@ -138,6 +138,7 @@ def test_tolerances_still_catch_an_export_without_layer_norm_offsets(tmp_path, m
 
 GPT_OPTIONS = [
     {},  # GPT-2: pre-norm, gelu, learned positions, untied, no embedding scale
+    {"activation": "gelu_tanh", "tie_embeddings": "all"},  # GPT-2's own GELU (GELUTanh)
     {"norm_position": "post", "activation": "relu", "positional": "sinusoidal",
      "tie_embeddings": "all", "scale_embeddings": True, "use_bias": False,
      "layer_norm_epsilon": 0.2},

@@ -27,7 +27,8 @@ def ids(rows, length, vocab, seed, pad_from=None):
     return x
 
 
-@pytest.mark.parametrize("norm_position,activation", [("post", "relu"), ("pre", "gelu")])
+@pytest.mark.parametrize("norm_position,activation", [("post", "relu"), ("pre", "gelu"),
+                                                     ("pre", "gelu_tanh")])
 def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position, activation):
     model = Transformer(40, 40, norm_position=norm_position, activation=activation, **SMALL)
     source, target = ids(3, 7, 40, 0, pad_from=4), ids(3, 6, 40, 1, pad_from=3)

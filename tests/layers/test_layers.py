@@ -337,7 +337,7 @@ def test_token_embedding_loads_pretrained_matrix(rng):
 # -- feed-forward ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish", "gelu_tanh"])
 def test_feedforward_matches_reference(rng, activation):
     x = rng.normal(size=(2, 5, 6)).astype("float32")
     layer = FeedForward(6, 10, activation=activation)
@@ -372,6 +372,19 @@ def test_swish_is_x_times_sigmoid_x():
     out = to_numpy(layer(x.reshape(1, -1, 1).astype("float32"))).ravel()
     tol.assert_within(out, ref.swish(x), tol.chain_atol(tol.feedforward_roundings(1, 1),
                                                         ref.swish(x)))
+
+
+def test_gelu_tanh_is_the_tanh_approximation():
+    """gelu_tanh (GPT-2's gelu_new) against the float64 formula, and not the erf form."""
+    x = np.linspace(-3, 3, 13)
+    layer = FeedForward(1, 1, activation="gelu_tanh")
+    layer(np.zeros((1, 1, 1), "float32"))
+    layer.inner.kernel.assign(np.ones((1, 1)))
+    layer.outer.kernel.assign(np.ones((1, 1)))
+    out = to_numpy(layer(x.reshape(1, -1, 1).astype("float32"))).ravel()
+    bound = tol.chain_atol(tol.feedforward_roundings(1, 1), ref.gelu_tanh(x))
+    tol.assert_within(out, ref.gelu_tanh(x), bound)
+    assert np.abs(out - ref.gelu(x)).max() > 100 * bound
 
 
 # -- encoder and decoder blocks ------------------------------------------------------------

@@ -1,18 +1,19 @@
 """Command line: ``transformerkit train | summary | config | translate | generate | evaluate |
-classify | embed | attention | export | plot | average | serve`` and ``transformerkit
---version``.
+classify | embed | attention | export | plot | average | serve | import`` and
+``transformerkit --version``.
 
 ``parser.py`` defines the commands and options; each command is a function of
 ``training.py`` (train, summary, config, plot, average), ``translation.py`` (translate,
-generate, evaluate, attention, export, serve) or ``encoders.py`` (classify, embed, a
-classifier's evaluate), sharing ``common.py``. Keras is imported only after ``--backend``
-is read, because the backend is fixed at import.
+generate, evaluate, attention, export, serve), ``encoders.py`` (classify, embed, a
+classifier's evaluate) or ``checkpoints.py`` (import), sharing ``common.py``. Keras is
+imported only after ``--backend`` is read, because the backend is fixed at import.
 """
 
 import logging
 import os
 import sys
 
+from transformerkit.cli.checkpoints import import_command
 from transformerkit.cli.encoders import classify_command, embed_command
 from transformerkit.cli.parser import BACKENDS, build_parser, package_version
 from transformerkit.cli.training import (
@@ -37,7 +38,7 @@ COMMANDS = {"train": train_command, "summary": summary_command, "config": config
             "translate": translate_command, "generate": generate_command,
             "evaluate": evaluate_command, "classify": classify_command, "embed": embed_command,
             "attention": attention_command, "export": export_command, "plot": plot_command,
-            "average": average_command, "serve": serve_command}
+            "average": average_command, "serve": serve_command, "import": import_command}
 
 # commands that run a model over many batches: they keep freed memory for reuse
 # (transformerkit.allocator; a process-wide setting the library never makes on import)

@@ -114,6 +114,16 @@ def build_parser():
                         help="a config YAML or a run directory (default: the defaults)")
     _add_overrides(config)
     _add_use_commands(command)
+
+    imported = command("import", "a Hugging Face checkpoint (GPT-2; BERT, DistilBERT) as a "
+                                 "run directory that every command takes")
+    imported.add_argument("source", metavar="SOURCE",
+                          help="a checkpoint folder (save_pretrained, huggingface-cli download "
+                               "--local-dir, a snapshot folder of the Hugging Face cache) or a "
+                               "hub name such as gpt2 (from the cache when HF_HUB_OFFLINE=1, "
+                               "else downloaded)")
+    imported.add_argument("--out", required=True, help="the run directory to write")
+    imported.add_argument("--force", action="store_true", help="replace an existing --out")
     return parser
 
 
@@ -241,15 +251,19 @@ def _add_use_commands(command):
     attention.add_argument("--layer", type=int, default=-1,
                            help="layer index, negative from the end (default -1: the last)")
 
-    export = run_parser("export", "write the run's model in another format (CTranslate2)")
-    export.add_argument("--format", choices=("ctranslate2",), default="ctranslate2",
-                        help="the format (ctranslate2)")
+    export = run_parser("export", "write the run's model in another format (CTranslate2, "
+                                  "Hugging Face)")
+    export.add_argument("--format", choices=("ctranslate2", "huggingface"),
+                        default="ctranslate2",
+                        help="ctranslate2 (default), or huggingface: a folder "
+                             "GPT2LMHeadModel.from_pretrained loads (GPT runs with GPT-2's "
+                             "options)")
     export.add_argument("--quantization", default=None,
                         choices=("int8", "int8_float32", "int8_float16", "int8_bfloat16",
                                  "int16", "float16", "bfloat16", "float32"),
                         help="weight type of the export (default: float32 as trained)")
     export.add_argument("--out", help="output folder (default RUN_DIR/ctranslate2 or "
-                                      "RUN_DIR/ctranslate2-QUANTIZATION)")
+                                      "RUN_DIR/ctranslate2-QUANTIZATION; RUN_DIR/huggingface)")
     export.add_argument("--force", action="store_true", help="replace an existing folder")
 
     plot = command("plot", "training curves from a run's history.csv, or with --lr the "

@@ -149,7 +149,16 @@ def attention_command(args):
 
 
 def export_command(args):
-    """``export RUN --format ctranslate2``: :func:`transformerkit.export.ctranslate2.export_run`."""
+    """``export RUN --format ctranslate2``: :func:`transformerkit.export.ctranslate2.export_run`;
+    ``--format huggingface``: :func:`transformerkit.export.huggingface.export_run`."""
+    if args.format == "huggingface":
+        from transformerkit.export.huggingface import export_run
+
+        if args.quantization:
+            raise ValueError("--quantization applies to --format ctranslate2 only")
+        out = export_run(load_run(args), args.out, force=args.force)
+        echo(f"wrote {out}")
+        return 0
     from transformerkit.export.ctranslate2 import export_run
 
     out = export_run(load_run(args), args.out, quantization=args.quantization, force=args.force)

@@ -118,7 +118,8 @@ def _block(spec, block):
 def _stack_options(model):
     activation = {"relu": ctranslate2.specs.Activation.RELU,
                   "gelu": ctranslate2.specs.Activation.GELU,  # Keras: exact erf
-                  "swish": ctranslate2.specs.Activation.SWISH}[model.activation]
+                  "swish": ctranslate2.specs.Activation.SWISH,
+                  "gelu_tanh": ctranslate2.specs.Activation.GELUTanh}[model.activation]
     head_dim = None if model.key_dim * model.num_heads == model.d_model else model.key_dim
     return dict(pre_norm=model.norm_position == "pre", activation=activation,
                 head_dim=head_dim)

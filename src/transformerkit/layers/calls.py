@@ -23,6 +23,7 @@ if keras.backend.backend() == "torch":
 
     # Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
     # (``keras.activations.gelu`` is exact, ``approximate=False``; ``relu`` has no threshold).
+    # Others (feedforward.gelu_tanh) are called as they are, on the torch tensor.
     _TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu, keras.activations.relu: F.relu,
                           keras.activations.silu: F.silu}
 

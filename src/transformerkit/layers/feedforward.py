@@ -5,9 +5,20 @@ import keras
 from transformerkit.layers.calls import call_sublayer, inference_linear, kernels_and_biases, linear
 from transformerkit.layers.dropout import apply_dropout
 
-ACTIVATIONS = ("relu", "gelu", "swish")
-# the Keras activation of each: swish is x * sigmoid(x) (SiLU; Marian / OPUS-MT)
-_KERAS_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu"}
+ACTIVATIONS = ("relu", "gelu", "swish", "gelu_tanh")
+
+
+@keras.saving.register_keras_serializable(package="transformerkit")
+def gelu_tanh(x):
+    """GELU's tanh approximation, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (Hendrycks and Gimpel 2016): GPT-2's activation (``transformers``' ``gelu_new`` and
+    ``gelu_pytorch_tanh``), which a GPT-2 checkpoint needs to reproduce its outputs."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+# option name -> the Dense activation (Keras' "gelu" is the exact erf form; swish is
+# x * sigmoid(x), SiLU: Marian / OPUS-MT)
+_DENSE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "gelu_tanh": gelu_tanh}
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -17,8 +28,9 @@ class FeedForward(keras.layers.Layer):
     Args:
         d_model: int, input and output width.
         d_ff: int, inner width (2048 in the base model).
-        activation: "relu" (the paper), "gelu" (exact erf form, as in BERT) or "swish"
-            (``x * sigmoid(x)``, also called SiLU: Marian's and OPUS-MT's).
+        activation: "relu" (the paper), "gelu" (exact erf form, as in BERT), "swish"
+            (``x * sigmoid(x)``, also called SiLU: Marian's and OPUS-MT's) or "gelu_tanh"
+            (GELU's tanh approximation, as in GPT-2: :func:`gelu_tanh`).
         dropout: float, dropout on the inner activations (tensor2tensor's relu_dropout).
         use_bias: bool, biases ``b1``, ``b2`` (default True; nanoGPT's GPTs have none).
 
@@ -39,7 +51,7 @@ class FeedForward(keras.layers.Layer):
 
     def build(self, input_shape):
         self.inner = keras.layers.Dense(self.d_ff,
-                                        activation=_KERAS_ACTIVATIONS[self.activation],
+                                        activation=_DENSE_ACTIVATIONS[self.activation],
                                         kernel_initializer=self.kernel_initializer,
                                         use_bias=self.use_bias,
                                         dtype=self.dtype_policy, name="inner")
@@ -64,7 +76,8 @@ class FeedForward(keras.layers.Layer):
         :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``)."""
         import torch.nn.functional as F
 
-        activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[self.activation]
+        activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu,
+                      "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[self.activation]
         return linear(activation(linear(x, weights["inner"])), weights["outer"])
 
     def get_config(self):

@@ -19,7 +19,8 @@ class GPT(TransformerBase):
         vocab_size: int (id 0 is padding).
         num_layers, d_model, num_heads, d_ff, dropout, max_length: as in ``Transformer``.
         norm_position: "pre" by default (GPT-2, nanoGPT), or "post" (the paper).
-        activation: "gelu" by default (GPT-2), or "relu".
+        activation: "gelu" by default, "gelu_tanh" (GPT-2's own tanh approximation), or
+            "relu".
         positional: "learned" by default (GPT-2), "sinusoidal" or "t2t".
         min_timescale, max_timescale: the fixed tables' timescales, as in ``Transformer``.
         tie_embeddings: "none" (default) or "all"/"decoder" (both mean: the input embedding
@@ -73,6 +74,33 @@ class GPT(TransformerBase):
             # built now: Keras' own first build can be symbolic, where assignments are lost
             self.build(None)
             self._gpt2_initialization()
+
+    @classmethod
+    def from_pretrained(cls, folder, **overrides):
+        """A GPT with the architecture and weights of a local Hugging Face GPT-2 folder
+        (``GPT2LMHeadModel``: ``config.json`` + safetensors or ``pytorch_model.bin``).
+
+        ``**overrides``: other constructor arguments, e.g. ``dropout=0.0``. Its ids are
+        GPT-2's + 2 (``<pad>`` and ``<s>`` first; a folder exported from a run keeps its
+        ids); the folder's tokenizer loads with the same ids with
+        :func:`transformerkit.data.gpt2_tokenizer.load_gpt2_tokenizer`. See
+        :mod:`transformerkit.models.pretrained_gpt2` for the mapping and what is refused.
+        """
+        from transformerkit.models.pretrained import read_hf_weights
+        from transformerkit.models.pretrained_gpt2 import (
+            folder_offset,
+            gpt_kwargs,
+            load_gpt2_config,
+            load_gpt2_weights,
+        )
+
+        if cls is not GPT:
+            raise TypeError("from_pretrained builds a GPT, not a subclass")
+        config = load_gpt2_config(folder)
+        weights = read_hf_weights(folder)  # before building: a broken file fails fast
+        offset = folder_offset(folder)
+        gpt = GPT(**{**gpt_kwargs(config, offset), **overrides})
+        return load_gpt2_weights(gpt, folder, weights, offset)
 
     def build(self, input_shape=None):
         if self.built:  # built at construction (GPT-2 initialisation)

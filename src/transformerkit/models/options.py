@@ -37,7 +37,7 @@ from transformerkit.declared import check, option
 from transformerkit.declared import value_type as value_type  # the config schema's types
 
 NORM_POSITIONS = ("post", "pre")  # LayerNorm after (the paper) or before each sublayer
-ACTIVATIONS = ("relu", "gelu", "swish")
+ACTIVATIONS = ("relu", "gelu", "swish", "gelu_tanh")
 POSITIONAL_KINDS = ("sinusoidal", "sinusoidal_split", "t2t", "learned")
 TIE_OPTIONS = ("none", "decoder", "all")
 INITIALIZATIONS = ("gpt2", "paper")
@@ -76,8 +76,9 @@ class ModelOptions:
         "post", choices=NORM_POSITIONS, own_default=True,
         help="LayerNorm after each sublayer (post, the paper) or before it (pre, GPT-2)")
     activation: str = option("relu", choices=ACTIVATIONS, own_default=True,
-                             help="feed-forward activation: relu (the paper), gelu (GPT-2) "
-                                  "or swish (x sigmoid(x), SiLU: Marian, OPUS-MT)")
+                             help="feed-forward activation: relu (the paper), gelu (exact, "
+                                  "BERT), gelu_tanh (its tanh approximation, GPT-2's) or swish "
+                                  "(x sigmoid(x), SiLU: Marian, OPUS-MT)")
     positional: str = option(
         "sinusoidal", choices=POSITIONAL_KINDS, own_default=True,
         help="positions: sinusoidal (the paper), sinusoidal_split (the paper's frequencies, "

@@ -196,8 +196,8 @@ def load_hf_config(folder):
     for unparsable JSON or an architecture the
     :class:`~transformerkit.models.Encoder` cannot reproduce.
     """
-    config = read_hf_config(folder)
-    _check_architecture(config, pathlib.Path(folder) / "config.json")
+    config, path = read_config(folder)
+    _check_architecture(config, path)
     return config
 
 
@@ -207,6 +207,12 @@ def read_hf_config(folder):
     Raises ``FileNotFoundError`` for a missing folder or file, :class:`CheckpointError`
     for unparsable JSON or JSON that is not an object.
     """
+    return read_config(folder)[0]
+
+
+def read_config(folder):
+    """``(config dict, path)`` of ``folder/config.json``, unchecked beyond being a JSON
+    object (``FileNotFoundError`` / :class:`CheckpointError` otherwise)."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
@@ -220,7 +226,7 @@ def read_hf_config(folder):
         raise CheckpointError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
-    return config
+    return config, path
 
 
 def _check_architecture(config, path):
@@ -446,4 +452,4 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
 
 __all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "CheckpointError", "HFArchitecture",
            "architecture", "encoder_kwargs", "load_hf_config", "load_hf_weights",
-           "read_hf_config", "read_hf_weights"]
+           "read_config", "read_hf_config", "read_hf_weights"]

@@ -25,7 +25,8 @@ class Transformer(TransformerBase):
         d_model: int, model width (512). num_heads: int (8). d_ff: int, inner FFN width (2048).
         dropout: float, residual/embedding dropout (0.1).
         max_length: int, longest source or target sequence accepted.
-        norm_position: "post" (paper) or "pre". activation: "relu" (paper) or "gelu".
+        norm_position: "post" (paper) or "pre". activation: "relu" (paper), "gelu"
+            or "gelu_tanh".
         positional: "sinusoidal" (paper), "t2t" or "learned".
         min_timescale, max_timescale: the fixed tables' timescales (t2t: both; sinusoidal:
             the paper's 10000 is ``max_timescale``; see ``layers.embeddings.sinusoidal_table``).
