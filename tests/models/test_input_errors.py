@@ -160,10 +160,10 @@ def test_unknown_pooling():
 
 
 def test_unknown_layer_options():
-    with pytest.raises(ValueError, match=r"activation must be one of .*'swish'"):
-        FeedForward(8, 16, activation="swish")
-    with pytest.raises(ValueError, match=r"activation must be one of .*'swish'"):
-        EncoderBlock(8, 2, 16, activation="swish")
+    with pytest.raises(ValueError, match=r"activation must be one of .*'mish'"):
+        FeedForward(8, 16, activation="mish")
+    with pytest.raises(ValueError, match=r"activation must be one of .*'mish'"):
+        EncoderBlock(8, 2, 16, activation="mish")
     with pytest.raises(ValueError, match=r"norm_position must be one of .*'sandwich'"):
         DecoderBlock(8, 2, 16, norm_position="sandwich")
     with pytest.raises(ValueError, match=r"positional must be one of .*'rotary'"):
