@@ -6,6 +6,7 @@ of formulas that differ by the placement of epsilon, computed in float64 here
 (:func:`adam_paths_atol`).
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -169,3 +170,17 @@ def test_import_keeps_the_c_allocator_and_keep_freed_memory_changes_it():
     assert out[0] == "False"  # the import changed nothing
     if out[1] == "True":  # glibc's mallopt was there
         assert out[2] == "True"
+
+
+def test_bound_kernel_caches_sets_what_the_user_left_unset(monkeypatch):
+    """``serve``'s bound on oneDNN's and ideep's per-shape caches: both variables set to the
+    capacity, a value the user chose kept."""
+    from transformerkit.allocator import KERNEL_CACHE_VARIABLES, bound_kernel_caches
+
+    for name in KERNEL_CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    assert bound_kernel_caches(32) == ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "32"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+    assert bound_kernel_caches(16) == []  # both set now: nothing changes

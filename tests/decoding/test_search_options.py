@@ -119,7 +119,7 @@ def test_the_request_bodies_are_the_declared_options():
 
     for request, options_class, own in ((TranslateRequest, SearchOptions, {"texts", "model"}),
                                         (GenerateRequest, GenerationOptions,
-                                         {"prompt", "model"})):
+                                         {"prompt", "model", "stream"})):
         declared = {f.name: f for f in fields_of(options_class)}
         body = set(request.model_fields) - own
         assert body == set(declared) - {"batch_size"}  # the server batches itself

@@ -9,9 +9,11 @@ without keys answers.
 
 import base64
 import logging
+import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -320,10 +322,22 @@ def served(runs, monkeypatch):
     calls = []
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setattr(server, "check_runs", lambda run_dirs, checkpoint: None)
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):  # serve sets them
+        monkeypatch.setenv(name, os.environ.get(name, "1024"))
     monkeypatch.setattr(server, "load_runs", lambda run_dirs, **options: runs)
     monkeypatch.setattr(shutdown.DrainingServer, "run", lambda self: calls.append(
         (self.config.app, self.config.host)))
     return calls
+
+
+def ready(client):
+    """``client`` once its application says "ready": ``serve`` hands the runs to a loader
+    thread that the application starts (polled for at most a minute)."""
+    deadline = time.monotonic() + 60
+    while client.get("/health").json()["status"] != "ready":
+        assert time.monotonic() < deadline, "the served app never became ready"
+        time.sleep(0.02)
+    return client
 
 
 def test_serve_with_no_auth_or_keys(served, run_dirs, monkeypatch, caplog):
@@ -332,6 +346,7 @@ def test_serve_with_no_auth_or_keys(served, run_dirs, monkeypatch, caplog):
     app, host = served.pop()
     assert host == "0.0.0.0"
     with TestClient(app) as client:
+        ready(client)
         assert client.get("/models").status_code == 200
     [off] = [r for r in caplog.records if r.getMessage().startswith("API keys: off")]
     assert off.getMessage() == "API keys: off; anyone who can reach 0.0.0.0 may call the API"
@@ -340,6 +355,7 @@ def test_serve_with_no_auth_or_keys(served, run_dirs, monkeypatch, caplog):
     assert cli.main(["serve", str(run_dirs[0]), "--host", "0.0.0.0", "--api-key", KEYS[0]]) == 0
     app, _ = served.pop()
     with TestClient(app) as client:
+        ready(client)
         assert_refused(client.get("/models"))
         for key in KEYS:
             assert client.get("/models", headers={"Authorization": f"Bearer {key}"}).is_success
@@ -378,6 +394,7 @@ def test_the_manuals_api_key_commands(served, runs, tmp_path, monkeypatch):
         "localhost:8000")
     header = curl_line[curl_line.index("-H") + 1]
     with TestClient(app) as client:
+        ready(client)
         name, value = header.split(": ")
         answered = client.get(path, headers={name: value.replace("$KEY", KEYS[0])})
         assert answered.status_code == 200 and answered.json()["default"] == "numbers"

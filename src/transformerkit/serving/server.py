@@ -102,6 +102,9 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
     from transformerkit.serving.auth import is_loopback, keys_for_host
 
     keys = keys_for_host(host, api_keys, no_auth)  # in a moment: before Keras is imported
+    from transformerkit.allocator import bound_kernel_caches
+
+    bound_kernel_caches()  # before any product runs; the workers inherit it
 
     import uvicorn
 
