@@ -12,7 +12,12 @@ server's sentences/s to the offline sentences/s (the mean of the offline passes 
 and just after the level, with the machine's load average: other processes on the machine
 change both).
 
+``--workers 1 2`` serves with one, then two worker processes (each level again per server;
+sentences per model call counted from ``GET /metrics``, which sums the workers).
+
     python bench/serve_load.py --run runs/multi30k_de_en   # -> bench/results/serve_load.json, .md
+    python bench/serve_load.py --run runs/multi30k_de_en --workers 1 2 --clients 32
+                                                           # -> serve_load_workers.json, .md
 """
 
 import argparse
@@ -39,11 +44,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(args, port, log):
+def start_server(args, port, log, workers=1):
     command = [sys.executable, "-m", "transformerkit.cli", "serve", args.run, "--host", HOST,
                "--port", str(port), "--engine", args.engine,
                "--max-batch-texts", str(args.batch), "--queue-size", "1024",
-               "--batch-window-ms", str(args.window_ms)]
+               "--batch-window-ms", str(args.window_ms), "--workers", str(workers)]
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -66,6 +71,18 @@ def start_server(args, port, log):
 def health(port):
     with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=30) as answer:
         return json.loads(answer.read())
+
+
+def model_calls(port):
+    """The server's model calls so far, every worker's (``GET /metrics``:
+    ``transformerkit_model_call_seconds_count``, summed over the workers' files)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "transformerkit_model_call_seconds_count")
 
 
 async def load(url, sentences, clients, duration, max_requests, options):
@@ -109,6 +126,31 @@ def offline(run, sentences, args):
     return len(sentences) / (time.perf_counter() - start)
 
 
+def measure_level(args, run, sentences, port, url, clients, workers, options):
+    """One level: ``clients`` clients for ``--duration`` s, between two offline passes."""
+    before = offline(run, sentences, args)
+    calls = model_calls(port)
+    latencies, errors, wall = asyncio.run(load(
+        url, sentences, clients, args.duration, args.max_requests, options))
+    calls = model_calls(port) - calls
+    after = offline(run, sentences, args)
+    offline_rate = (before + after) / 2
+    ms = np.array(latencies) * 1000
+    rate = len(latencies) / wall
+    return {"workers": workers, "clients": clients, "requests": len(latencies) + len(errors),
+            "seconds": round(wall, 2), "requests_per_s": round(rate, 2),
+            "sentences_per_s": round(rate, 2),
+            "p50_ms": round(float(np.percentile(ms, 50)), 1),
+            "p95_ms": round(float(np.percentile(ms, 95)), 1),
+            "p99_ms": round(float(np.percentile(ms, 99)), 1),
+            "errors": len(errors), "error_samples": errors[:3],
+            "mean_batch": round((len(latencies) + len(errors)) / max(calls, 1), 1),
+            "offline_sentences_per_s": round(offline_rate, 2),
+            "offline_before_after": [round(before, 2), round(after, 2)],
+            "load_average_1min": round(os.getloadavg()[0], 2),
+            "ratio_to_offline": round(rate / offline_rate, 3)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="runs/multi30k_de_en")
@@ -123,6 +165,9 @@ def main():
     parser.add_argument("--threads", type=int, default=0,
                         help="PyTorch threads of the server and of the offline pass "
                              "(0: PyTorch's default)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="the server's --workers: one server per value, each through "
+                             "every level (results named serve_load_workers if any is > 1)")
     parser.add_argument("--window-ms", type=float, default=10.0,
                         help="the server's --batch-window-ms (10, its default)")
     args = parser.parse_args()
@@ -136,51 +181,32 @@ def main():
     sentences = sources[:args.sentences]
     run = transformerkit.load(args.run)
     offline(run, sentences, args)  # warm-up
-    port = free_port()
-    url = f"http://{HOST}:{port}/translate"
     options = {"beam_size": args.beam, "max_new_tokens": args.max_new_tokens}
     os.makedirs(common.RESULTS, exist_ok=True)
     log_path = os.path.join(common.RESULTS, "tmp", "serve_load_server.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     levels = []
     with open(log_path, "w") as log:
-        server = start_server(args, port, log)
-        try:
-            asyncio.run(load(url, sentences, 1, 5.0, 4, options))  # warm-up
-            for clients in args.clients:
-                before = offline(run, sentences, args)
-                batches = health(port)["batches"]
-                latencies, errors, wall = asyncio.run(load(
-                    url, sentences, clients, args.duration, args.max_requests, options))
-                batches = health(port)["batches"] - batches
-                after = offline(run, sentences, args)
-                offline_rate = (before + after) / 2
-                ms = np.array(latencies) * 1000
-                rate = len(latencies) / wall
-                level = {"clients": clients, "requests": len(latencies) + len(errors),
-                         "seconds": round(wall, 2), "requests_per_s": round(rate, 2),
-                         "sentences_per_s": round(rate, 2),
-                         "p50_ms": round(float(np.percentile(ms, 50)), 1),
-                         "p95_ms": round(float(np.percentile(ms, 95)), 1),
-                         "p99_ms": round(float(np.percentile(ms, 99)), 1),
-                         "errors": len(errors), "error_samples": errors[:3],
-                         "mean_batch": round((len(latencies) + len(errors)) / batches, 1),
-                         "offline_sentences_per_s": round(offline_rate, 2),
-                         "offline_before_after": [round(before, 2), round(after, 2)],
-                         "load_average_1min": round(os.getloadavg()[0], 2),
-                         "ratio_to_offline": round(rate / offline_rate, 3)}
-                levels.append(level)
-                print(json.dumps(level), flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+        for workers in args.workers:
+            port = free_port()
+            url = f"http://{HOST}:{port}/translate"
+            server = start_server(args, port, log, workers)
+            try:
+                asyncio.run(load(url, sentences, 1, 5.0, 4, options))  # warm-up
+                for clients in args.clients:
+                    levels.append(measure_level(args, run, sentences, port, url, clients,
+                                                workers, options))
+                    print(json.dumps(levels[-1]), flush=True)
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
     payload = {"run": os.path.abspath(args.run), "engine": args.engine, "beam_size": args.beam,
                "batch_window_ms": args.window_ms, "threads": args.threads,
                "max_new_tokens": args.max_new_tokens, "batch": args.batch,
                "sentences": len(sentences), "duration_s": args.duration,
                "max_requests": args.max_requests, "machine": common.machine(),
                "date": time.strftime("%Y-%m-%d"), "levels": levels}
-    rows = [f"| {x['clients']} | {x['requests_per_s']} | {x['sentences_per_s']} | "
+    rows = [f"| {x['workers']} | {x['clients']} | {x['requests_per_s']} | {x['sentences_per_s']} | "
             f"{x['p50_ms']} | {x['p95_ms']} | {x['p99_ms']} | {x['errors']} | {x['mean_batch']} | "
             f"{x['offline_sentences_per_s']} | **{x['ratio_to_offline']}** |" for x in levels]
     table = "\n".join([
@@ -189,10 +215,12 @@ def main():
         f"{args.duration:g} s per level, loopback, {common.machine()['cores']} cores shared by "
         "server and clients.",
         "",
-        "| clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | errors | "
+        "| workers | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | errors | "
         "sentences per model call | offline sentences/s | server / offline |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
     name = "serve_load" if args.engine == "keras" else f"serve_load_{args.engine}"
+    if max(args.workers) > 1:
+        name += "_workers"
     common.write_results(name, payload, table)
 
 
