@@ -273,6 +273,36 @@ def test_marian_side_saves_as_one_file_and_loads_back(marian, tmp_path):
                                                                                add_eos=True)
 
 
+def test_marian_renumbered_to_model_ids_encodes_and_decodes_the_same(marian, tmp_path):
+    from transformerkit.models.pretrained_marian import MarianIds
+
+    (source, target), _ = marian
+    for side in (source, target):
+        config = {"vocab_size": side.vocab_size, "pad_token_id": side.pad_id,
+                  "eos_token_id": side.eos_id, "decoder_start_token_id": side.pad_id}
+        ids = MarianIds.from_config(config, unk_id=side.unk_id)
+        ours = side.renumbered(ids.source_rows)
+        assert (ours.pad_id, ours.bos_id, ours.eos_id, ours.unk_id) == (0, 1, 2, 3)
+        assert ours.model_ids and not side.model_ids and ours.vocab_size == side.vocab_size + 1
+        assert ours.id_to_token(1) == "<s>" and ours.decoder_start_id == 1
+        texts = GERMAN if side is source else ENGLISH
+        for text in [*texts, "", "Ein Hund ☃ 42"]:
+            raw = side.encode(text, add_eos=True)
+            assert ours.encode(text, add_bos=True, add_eos=True) == \
+                [1, *ids.to_ours(raw, "source").tolist()], text
+            decoder_input = [1, *ids.to_ours(raw, "source").tolist()]
+            assert ids.to_marian(decoder_input, "source").tolist() == [side.pad_id, *raw]
+            assert ours.decode(decoder_input) == side.decode(raw)
+        path = tmp_path / f"{side.side}.json"
+        ours.save(path)
+        loaded = load_tokenizer(path)
+        assert loaded.model_ids and loaded.vocab == ours.vocab and loaded.bos_id == 1
+        with pytest.raises(ValueError, match="already renumbered"):
+            ours.renumbered(ids.source_rows)
+        with pytest.raises(ValueError, match="rows"):
+            side.renumbered(ids.source_rows[:-1])
+
+
 def test_marian_batch_encoding_equals_one_by_one(marian):
     (source, _), _ = marian
     assert source.encode_batch(GERMAN, add_eos=True) == [source.encode(t, add_eos=True)

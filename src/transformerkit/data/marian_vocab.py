@@ -37,6 +37,7 @@ from transformerkit.data.tokenizer_base import (
 )
 
 SPIECE_UNDERLINE = "\u2581"
+BOS_PIECE = "<s>"  # the decoder start of a renumbered vocabulary
 FILES = {"source_spm": "source.spm", "target_spm": "target.spm", "vocab": "vocab.json",
          "target_vocab": "target_vocab.json", "config": "tokenizer_config.json"}
 SIDES = ("source", "target")
@@ -72,13 +73,42 @@ class MarianTokenizer(_TokenizerBase):
             if token not in self._vocab:
                 raise ValueError(f"{where} has no {name} token {token!r} in its vocabulary")
             setattr(self, f"{name}_id", self._vocab[token])
-        self.bos_id = self.pad_id  # no BOS in Marian: the decoder starts with the pad id
+        if "bos" not in self.special_tokens:
+            self.bos_id = self.pad_id  # no BOS in Marian: the decoder starts with the pad id
         self.training_stats = {}
 
     @property
     def decoder_start_id(self):
-        """The first decoder input (Marian's ``decoder_start_token_id``): the pad id."""
-        return self.pad_id
+        """The first decoder input: Marian's ``decoder_start_token_id`` (the pad id), or
+        ``<s>`` after :meth:`renumbered`."""
+        return self.bos_id
+
+    @property
+    def model_ids(self):
+        """True after :meth:`renumbered`: the ids are a model's of this package (``<pad>``
+        0, ``<s>`` 1, ``</s>`` 2, ``<unk>`` 3), not the checkpoint's."""
+        return "bos" in self.special_tokens
+
+    def renumbered(self, rows):
+        """This side with the ids of an imported model (``MarianIds``): ``rows[i]`` is the
+        Marian id that becomes id ``i``; ``rows[:4]`` are Marian's pad, decoder start, eos
+        and unk. Id 1 becomes a piece of its own, ``<s>`` (the decoder start); every other
+        piece keeps its segmentation. The result encodes and decodes exactly as this side,
+        in the model's ids."""
+        if self.model_ids:
+            raise ValueError("this Marian vocabulary is already renumbered")
+        rows = [int(r) for r in rows]
+        expected = [self.pad_id, self.eos_id, self.unk_id]
+        if len(rows) != self.vocab_size + 1 or [rows[0], rows[2], rows[3]] != expected:
+            raise ValueError(f"rows ({len(rows)}) must hold pad, start, eos, unk, then the "
+                             f"other ids of this vocabulary ({self.vocab_size} ids)")
+        start = BOS_PIECE
+        while start in self._vocab:  # a vocabulary that has "<s>" as a piece of text
+            start = "<" + start
+        vocab = {self._pieces[marian]: ours for ours, marian in enumerate(rows) if ours != 1}
+        vocab[start] = 1
+        return MarianTokenizer(self._proto, vocab, side=self.side,
+                               special_tokens={**self.special_tokens, "bos": start})
 
     @property
     def vocab_size(self):
@@ -140,7 +170,7 @@ class MarianTokenizer(_TokenizerBase):
             i = int(i)
             if i == self.eos_id:
                 break
-            if i not in (self.pad_id, self.unk_id):
+            if i not in (self.pad_id, self.unk_id, self.bos_id):
                 pieces.append(self.id_to_token(i))
         return self._sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
 
