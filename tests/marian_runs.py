@@ -22,7 +22,7 @@ from paths import SHARED_DATA
 
 SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-             max_position_embeddings=64, init_std=0.3, activation_function="swish",
+             max_position_embeddings=160, init_std=0.3, activation_function="swish",
              scale_embedding=True)
 # Held out from the SentencePiece training lines: accents, digits, characters no training
 # line has (a snowman, an emoji, CJK), a language code, punctuation.
@@ -63,13 +63,14 @@ def _table(pieces):
     return {token: i for i, token in enumerate(tokens)}
 
 
-def marian_folder(folder, separate=False, seed=0, **config):
+def marian_folder(folder, separate=False, seed=0, eos_bias=3.0, **config):
     """Write a Marian folder (see the module docstring) into ``folder``; returns it.
 
     ``separate``: one table per side (``vocab.json`` for the source, ``target_vocab.json``
     for the target) and separate embeddings (``share_encoder_decoder_embeddings`` false), as
     the Tatoeba-Challenge models; the two tables have the same size, so that ``<pad>`` (the
-    one ``pad_token_id``) is the last id of both. ``config``: MarianConfig keys to change.
+    one ``pad_token_id``) is the last id of both. ``eos_bias``: added to ``</s>``'s logit
+    bias. ``config``: MarianConfig keys to change.
     """
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
@@ -98,7 +99,7 @@ def marian_folder(folder, separate=False, seed=0, **config):
     model = transformers.MarianMTModel(transformers.MarianConfig(**options)).eval()
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5)
-        model.final_logits_bias[0, options["eos_token_id"]] += 3.0
+        model.final_logits_bias[0, options["eos_token_id"]] += eos_bias
         model.final_logits_bias[0, options["pad_token_id"]] = -100.0
     model.save_pretrained(str(folder))
     return folder
