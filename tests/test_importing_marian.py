@@ -326,3 +326,77 @@ def test_logits_and_greedy_on_every_backend(imported, tmp_path, backend):
         translations = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
     assert_logits_equal(run, logits, hf, tokenizer, ids, theirs)
     assert translations == hf_generate(hf, tokenizer, texts(), 1)[1]
+
+
+# -- hub names and errors ------------------------------------------------------------------
+
+def test_a_hub_name_resolves_from_the_offline_cache(imported, tmp_path):
+    from test_importing import fill_hub_cache
+
+    _, folder, _, hf, tokenizer, _ = imported
+    repo = "Helsinki-NLP/opus-mt-de-en"
+    fill_hub_cache(tmp_path / "hub", repo, folder)
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-m", "transformerkit", "import", repo, "--out",
+                           str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"imported {repo} (marian) into {tmp_path / 'run'}" in done.stdout
+    run = transformerkit.load(tmp_path / "run")
+    sources = texts()[:6]
+    assert run.translate(sources, beam_size=4, **OURS) == hf_generate(hf, tokenizer, sources,
+                                                                       4)[1]
+
+
+def _copy(folder, to, leave_out=()):
+    to.mkdir()
+    for path in folder.iterdir():
+        if path.name not in leave_out:
+            (to / path.name).write_bytes(path.read_bytes())
+    return to
+
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_errors_are_one_line_naming_the_file_or_key(imported, tmp_path, capsys):
+    _, folder, _, hf, _, _ = imported
+    vocab = hf.config.vocab_size
+    cases = []
+    for name in ("source.spm", "vocab.json"):
+        broken = _copy(folder, tmp_path / f"no-{name}", leave_out=(name,))
+        cases.append((broken, f"{broken} is not a Marian tokenizer folder: no {name}"))
+    if not hf.config.share_encoder_decoder_embeddings:
+        broken = _copy(folder, tmp_path / "no-target-vocab", leave_out=("target_vocab.json",))
+        cases.append((broken, f"{broken / 'tokenizer_config.json'} says separate_vocabs, but "
+                              f"{broken} has no target_vocab.json"))
+    broken = _copy(folder, tmp_path / "vocab-size")
+    _edit_config(broken, vocab_size=vocab + 1, decoder_vocab_size=vocab + 1)
+    cases.append((broken, f"{broken}: the source vocabulary has {vocab} pieces but "
+                          f"config.json's vocab_size is {vocab + 1}"))
+    broken = _copy(folder, tmp_path / "pad")
+    _edit_config(broken, pad_token_id=5, decoder_start_token_id=5)
+    cases.append((broken, f"{broken}: config.json's pad_token_id is 5, but the source "
+                          f"vocabulary has '<pad>' at id {vocab - 1}"))
+    broken = _copy(folder, tmp_path / "pre-ln")
+    _edit_config(broken, normalize_before=True)
+    cases.append((broken, f"{broken}/config.json: normalize_before=True cannot be mapped onto "
+                          "Transformer: transformers' MarianMTModel and CTranslate2 ignore it "
+                          "and compute post-LN blocks, so a pre-LN checkpoint is reproduced "
+                          "by neither"))
+    capsys.readouterr()
+    for source, message in cases:
+        assert main(["import", str(source), "--out", str(tmp_path / "out")]) == 2, message
+        assert capsys.readouterr().err == f"transformerkit import: error: {message}\n"
+        assert not (tmp_path / "out").exists()
+    assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_training_with_the_marian_tokenizer_alone_is_one_clear_error(imported):
+    from transformerkit.training.tokenizer_setup import reused_tokenizer_files
+
+    run = transformerkit.load(imported[2])
+    with pytest.raises(ValueError, match="marian is the vocabulary of an imported model"):
+        reused_tokenizer_files(run.config.data.tokenizer)

@@ -40,7 +40,8 @@ from transformerkit.run_directory import RunDirectory
 # when a repository has no safetensors weights)
 _HUB_FILES = ["config.json", "generation_config.json", "*.safetensors",
               "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "vocab.json", "merges.txt", "vocab.txt", "*.spm"]
+              "special_tokens_map.json", "vocab.json", "target_vocab.json", "merges.txt",
+              "vocab.txt", "*.spm"]
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -106,6 +107,14 @@ def _import_marian(folder, config):
                 else "decoder_vocab_size"
             raise ValueError(f"{folder}: the {side} vocabulary has {tokenizer.vocab_size} "
                              f"pieces but config.json's {key} is {size - 1}")
+    for side, tokenizer, rows in (("source", source, ids.source_rows),
+                                  ("target", target, ids.target_rows)):
+        for key, marian, own in (("pad_token_id", rows[0], tokenizer.pad_id),
+                                 ("eos_token_id", rows[2], tokenizer.eos_id)):
+            if marian != own:
+                token = tokenizer.id_to_token(own)
+                raise ValueError(f"{folder}: config.json's {key} is {marian}, but the {side} "
+                                 f"vocabulary has {token!r} at id {own}")
     source = source.renumbered(ids.source_rows)
     target = target.renumbered(ids.target_rows)
     model = Transformer.from_pretrained(folder)
