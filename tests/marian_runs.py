@@ -16,6 +16,8 @@ search (see tests/models/test_marian_import.py's docstring).
 
 import io
 import json
+import pathlib
+import tempfile
 
 import pytest
 from paths import SHARED_DATA
@@ -75,22 +77,22 @@ def marian_folder(folder, separate=False, seed=0, eos_bias=3.0, **config):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     source, target = _spm(multi30k_lines("de"), 200), _spm(multi30k_lines("en"), 180)
-    raw = folder.parent / f"{folder.name}-raw"
-    raw.mkdir(parents=True)
-    (raw / "source.spm").write_bytes(source)
-    (raw / "target.spm").write_bytes(target)
     if separate:
         size = min(len(_pieces(source)), len(_pieces(target)))
         tables = [_table(_pieces(source)[:size]), _table(_pieces(target)[:size])]
     else:
         tables = [_table(_pieces(source) + _pieces(target))]
-    for name, table in zip(["vocab.json", "target_vocab.json"], tables, strict=False):
-        (raw / name).write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
-    tokenizer = transformers.MarianTokenizer(
-        str(raw / "source.spm"), str(raw / "target.spm"), str(raw / "vocab.json"),
-        target_vocab_file=str(raw / "target_vocab.json") if separate else None,
-        separate_vocabs=separate, source_lang="de", target_lang="en")
-    tokenizer.save_pretrained(str(folder))
+    with tempfile.TemporaryDirectory() as raw:
+        raw = pathlib.Path(raw)
+        (raw / "source.spm").write_bytes(source)
+        (raw / "target.spm").write_bytes(target)
+        for name, table in zip(["vocab.json", "target_vocab.json"], tables, strict=False):
+            (raw / name).write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
+        tokenizer = transformers.MarianTokenizer(
+            str(raw / "source.spm"), str(raw / "target.spm"), str(raw / "vocab.json"),
+            target_vocab_file=str(raw / "target_vocab.json") if separate else None,
+            separate_vocabs=separate, source_lang="de", target_lang="en")
+        tokenizer.save_pretrained(str(folder))
     vocab = len(tables[0])
     options = {**SIZES, "vocab_size": vocab, "decoder_vocab_size": vocab,
                "pad_token_id": vocab - 1, "decoder_start_token_id": vocab - 1,
