@@ -100,21 +100,7 @@ def _import_marian(folder, config):
     options = transformer_kwargs(config)
     source, target = load_marian_tokenizers(folder)
     ids = MarianIds.from_folder(folder, config)
-    for side, tokenizer, size in (("source", source, options["source_vocab_size"]),
-                                  ("target", target, options["target_vocab_size"])):
-        if tokenizer.vocab_size + 1 != size:  # the renumbering adds <s>
-            key = "vocab_size" if side == "source" or options["tie_embeddings"] == "all" \
-                else "decoder_vocab_size"
-            raise ValueError(f"{folder}: the {side} vocabulary has {tokenizer.vocab_size} "
-                             f"pieces but config.json's {key} is {size - 1}")
-    for side, tokenizer, rows in (("source", source, ids.source_rows),
-                                  ("target", target, ids.target_rows)):
-        for key, marian, own in (("pad_token_id", rows[0], tokenizer.pad_id),
-                                 ("eos_token_id", rows[2], tokenizer.eos_id)):
-            if marian != own:
-                token = tokenizer.id_to_token(own)
-                raise ValueError(f"{folder}: config.json's {key} is {marian}, but the {side} "
-                                 f"vocabulary has {token!r} at id {own}")
+    _check_marian_sides(folder, options, ids, source, target)
     source = source.renumbered(ids.source_rows)
     target = target.renumbered(ids.target_rows)
     model = Transformer.from_pretrained(folder)
@@ -128,6 +114,24 @@ def _import_marian(folder, config):
         "data": {"dataset": "tsv", "tokenizer": "marian", "vocab_size": source.vocab_size,
                  "shared_vocab": options["tie_embeddings"] == "all", **languages}}
     return model, sections, {SOURCE_TOKENIZER: source, TARGET_TOKENIZER: target}
+
+
+def _check_marian_sides(folder, options, ids, source, target):
+    """One clear ValueError where a vocabulary side contradicts ``config.json`` (its size,
+    its ``<pad>`` or ``</s>`` id), instead of a failed renumbering or a wrong embedding."""
+    for side, tokenizer, rows, size in (
+            ("source", source, ids.source_rows, options["source_vocab_size"]),
+            ("target", target, ids.target_rows, options["target_vocab_size"])):
+        if tokenizer.vocab_size + 1 != size:  # the renumbering adds <s>
+            key = "vocab_size" if side == "source" or options["tie_embeddings"] == "all" \
+                else "decoder_vocab_size"
+            raise ValueError(f"{folder}: the {side} vocabulary has {tokenizer.vocab_size} "
+                             f"pieces but config.json's {key} is {size - 1}")
+        for key, marian, own in (("pad_token_id", rows[0], tokenizer.pad_id),
+                                 ("eos_token_id", rows[2], tokenizer.eos_id)):
+            if marian != own:
+                raise ValueError(f"{folder}: config.json's {key} is {marian}, but the {side} "
+                                 f"vocabulary has {tokenizer.id_to_token(own)!r} at id {own}")
 
 
 def _read_json_object(path):
