@@ -28,9 +28,9 @@ log-probabilities to -inf after the log-softmax, sampling their logits before th
 ``generation_config.json`` makes ``generate`` do the same: ``bad_words_ids`` ``[[pad]]`` (as
 OPUS-MT's configs; ``generate`` applies it at the same two places), ``forced_eos_token_id``
 null (ours never forces ``</s>``), ``num_beams`` 4 and ``early_stopping`` true (our beam
-search's defaults) and ``max_length`` the model's. The length penalties differ by definition (ours GNMT's
-``((5+n)/6)^alpha``, theirs ``n^length_penalty``); both are off at ``alpha=0`` /
-``length_penalty=0``.
+search's defaults) and ``max_length`` the model's. The length penalties differ by
+definition (ours GNMT's ``((5+n)/6)^alpha``, theirs ``n^length_penalty``); both are off at
+``alpha=0`` / ``length_penalty=0``.
 
 Refused, with a ``ValueError`` naming the option before anything is written: another model
 than ``Transformer``; ``model.positional`` other than ``sinusoidal_split`` (or a position
@@ -68,7 +68,9 @@ POSITION_TOLERANCE = 1e-5  # the import's check of a stored table against the fo
 
 
 def _numpy(variable):
-    return np.asarray(variable.numpy(), dtype="float32")
+    from keras import ops
+
+    return np.ascontiguousarray(ops.convert_to_numpy(variable), dtype=np.float32)
 
 
 def _refuse(option, value, wanted):
