@@ -3,33 +3,35 @@
 ``MarianTokenizer.from_pretrained`` load.
 
 Checked, for (a) imported Marian runs (random ``MarianMTModel`` folders with tiny
-SentencePiece vocabularies: one shared vocabulary with tied embeddings, separate ones with
-a tied decoder, separate ones with an untied ``lm_head``) and (b) runs trained here with
+SentencePiece vocabularies: one shared vocabulary with tied embeddings, separate ones with a
+tied decoder, separate ones with an untied ``lm_head``) and (b) runs trained here with
 ``data.tokenizer: sentencepiece`` (a shared vocabulary, ``tie_embeddings: all``; separate
 ones, ``none`` without ``final_logits_bias``, so the projection's own bias is exported;
-separate ones, ``decoder``): the folder's tokenizer encodes as the run's, its logits on a
-padded batch are the run's (``tolerances``: two float32 paths), ``generate`` (greedy and
-beam 4, ``length_penalty=0`` against our ``alpha=0``) gives the run's translations token for
-token and text for text on two dozen held-out sentences; (a) also gives back the source
-folder's tensors and vocabulary exactly; the export imports back to the run's ids and
-logits. Options and tokenizers with no ``MarianMTModel`` equivalent are refused by name,
+separate ``sentencepiece-bpe`` ones, ``decoder``): the folder's tokenizer encodes as the
+run's, its logits on a padded batch are the run's (``tolerances``: two float32 paths),
+``generate`` (greedy and beam 4, ``length_penalty=0`` against our ``alpha=0``) gives the
+run's translations token for token and text for text on two dozen held-out sentences; (a)
+also gives back the source folder's tensors and vocabulary exactly, and, with its ``<s>``
+row changed as a fine-tune may, exports that row as Marian's pad (its decoder start); the
+export imports back to the run's ids and logits (separate vocabularies of different sizes
+excepted: the import reads one ``pad_token_id`` for both sides and refuses such a folder in
+one line). Options and tokenizers with no ``MarianMTModel`` equivalent are refused by name,
 before anything is written.
 """
 
-import io
 import json
 
+import marian_runs
 import numpy as np
 import pytest
 import tolerances as tol
-from paths import SHARED_DATA
 from tiny_run import tiny_config
 
 import transformerkit
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-sentencepiece = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 import keras  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
@@ -42,12 +44,9 @@ from transformerkit.models import Transformer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
-SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-             max_position_embeddings=128, eos_token_id=0, init_std=0.3)
 IMPORTED = {
     "shared": dict(activation_function="swish", scale_embedding=True),
-    "separate": dict(activation_function="gelu", scale_embedding=False,
+    "separate": dict(activation_function="gelu", scale_embedding=True,
                      share_encoder_decoder_embeddings=False),
     "separate-untied": dict(activation_function="relu", scale_embedding=True,
                             share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
@@ -65,73 +64,22 @@ FILES = ["config.json", "generation_config.json", "model.safetensors", "source.s
          "target.spm", "tokenizer_config.json", "vocab.json"]
 
 
-def _lines(lang, start=0, count=400):
-    path = SHARED_DATA / "multi30k" / f"train.{lang}"
-    if not path.is_file():
-        pytest.skip(f"shared data not found at {path} (set TRANSFORMERKIT_DATA)")
-    return path.read_text(encoding="utf-8").splitlines()[start:start + count]
-
-
-def _spm(lines, vocab_size):
-    """A SentencePiece model with `sentencepiece`'s default ids (as OPUS-MT's ``.spm``)."""
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model,
-                                             vocab_size=vocab_size, minloglevel=2)
-    return model.getvalue()
-
-
-def _marian_table(*protos, size=None):
-    """A ``vocab.json`` in Marian's layout: ``</s>`` 0, ``<unk>`` 1, the pieces (every 40th
-    left out, as pieces Marian never saw are; cut to ``size`` ids), ``<pad>`` last."""
-    table = {"</s>": 0, "<unk>": 1}
-    for proto in protos:
-        processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
-        for i in range(processor.get_piece_size()):
-            if not (processor.is_control(i) or processor.is_unknown(i) or i % 40 == 0):
-                table.setdefault(processor.id_to_piece(i), len(table))
-    pieces = list(table)[: (size or len(table) + 1) - 1]
-    return {piece: i for i, piece in enumerate([*pieces, "<pad>"])}
-
-
-def marian_folder(folder, variant, seed=0):
-    """A random ``MarianMTModel`` with a SentencePiece vocabulary, saved by ``transformers``
-    (model and tokenizer). Separate vocabularies get the same size: the import reads one
-    ``pad_token_id`` for both sides."""
-    config = {**SIZES, **IMPORTED[variant]}
-    separate = not config.get("share_encoder_decoder_embeddings", True)
-    source = _spm(_lines("de"), 150)
-    target = _spm(_lines("en"), 150) if separate else _spm(_lines("en"), 120)
-    if separate:
-        size = min(len(_marian_table(source)), len(_marian_table(target)))
-        tables = [_marian_table(source, size=size), _marian_table(target, size=size)]
-    else:
-        tables = [_marian_table(source, target)]
-    folder.mkdir(parents=True)
-    (folder / "raw").mkdir()
-    for name, content in (("source.spm", source), ("target.spm", target)):
-        (folder / "raw" / name).write_bytes(content)
-    for name, table in zip(["vocab.json", "target_vocab.json"], tables, strict=False):
-        (folder / "raw" / name).write_text(json.dumps(table))
-    hf_tokenizer = transformers.MarianTokenizer(
-        *(str(folder / "raw" / n) for n in ("source.spm", "target.spm", "vocab.json")),
-        target_vocab_file=str(folder / "raw" / "target_vocab.json") if separate else None,
-        separate_vocabs=separate)
-    pad = len(tables[-1]) - 1
-    torch.manual_seed(seed)
-    hf = transformers.MarianMTModel(transformers.MarianConfig(
-        **config, vocab_size=len(tables[0]), decoder_vocab_size=len(tables[-1]),
-        pad_token_id=pad, decoder_start_token_id=pad)).eval()
+def marian_folder(folder, variant):
+    """A random ``MarianMTModel`` folder with SentencePiece vocabularies
+    (:func:`marian_runs.marian_folder`), its ``</s>`` bias raised by :func:`_raise_eos`."""
+    config = dict(IMPORTED[variant])
+    separate = not config.pop("share_encoder_decoder_embeddings", True)
+    marian_runs.marian_folder(folder, separate=separate, eos_bias=0.0, **config)
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
     with torch.no_grad():
-        hf.final_logits_bias.normal_(0.0, 0.5)
-        hf.final_logits_bias[0, pad] = -100.0  # see test_marian_import's docstring
-        _raise_eos(hf, hf_tokenizer(test_sources(), padding=True, return_tensors="pt"))
-    hf.save_pretrained(str(folder / "hf"))
-    hf_tokenizer.save_pretrained(str(folder / "hf"))
-    return folder / "hf"
+        _raise_eos(hf, tokenizer(test_sources(), padding=True, return_tensors="pt"))
+    hf.save_pretrained(str(folder))
+    return folder
 
 
 def test_sources():
-    return _lines("de", 1000, 24)
+    return marian_runs.multi30k_lines("de", 1000, 24)
 
 
 def _raise_eos(hf, batch):
@@ -152,41 +100,8 @@ def _raise_eos(hf, batch):
 
 
 def import_run(folder, out):
-    """The run of ``transformerkit import`` where it reads Marian folders, else the same
-    run directory assembled from ``Transformer.from_pretrained`` and the renumbered
-    ``MarianTokenizer`` sides."""
-    from transformerkit.importing import IMPORTERS
-
-    if "marian" in IMPORTERS:
-        assert main(["import", str(folder), "--out", str(out)]) == 0
-        return out
-    from transformerkit.config import resolve, save_config
-    from transformerkit.data.marian_vocab import load_marian_tokenizers
-    from transformerkit.models.pretrained_marian import (
-        MarianIds,
-        load_marian_config,
-        transformer_kwargs,
-    )
-    from transformerkit.run_directory import RunDirectory
-
-    config = load_marian_config(folder)
-    ids = MarianIds.from_folder(folder, config)
-    source, target = load_marian_tokenizers(folder)
-    source, target = source.renumbered(ids.source_rows), target.renumbered(ids.target_rows)
-    options = {k: v for k, v in transformer_kwargs(config).items()
-               if not k.endswith("vocab_size")}
-    shared = source.vocab == target.vocab and \
-        source.serialized_model == target.serialized_model  # one file holds one .spm
-    run = RunDirectory(out)
-    out.mkdir(parents=True)
-    save_config(resolve({"model": {"type": "transformer", **options},
-                         "data": {"shared_vocab": shared}}), run.config)
-    if shared:
-        source.save(out / "tokenizer.json")
-    else:
-        source.save(out / "source_tokenizer.json")
-        target.save(out / "target_tokenizer.json")
-    Transformer.from_pretrained(folder).save(run.model)
+    """``transformerkit import FOLDER --out OUT``; returns ``out``."""
+    assert main(["import", str(folder), "--out", str(out)]) == 0
     return out
 
 
@@ -247,7 +162,7 @@ def _cut(row, pad):
     return out
 
 
-def assert_same_model(run, folder, sources, targets):
+def assert_same_model(run, folder, sources, targets, varied=True):
     """The export's tokenizer encodes as the run's; its logits on a padded batch are the
     run's; ``generate`` (greedy, beam 4) gives the run's outputs, ids and texts."""
     hf, hf_tokenizer = load_export(folder)
@@ -301,7 +216,7 @@ def assert_same_model(run, folder, sources, targets):
                                                       alpha=0.0, stopping="early")]
         ours = [ids.to_marian(list(row)).tolist() for row in found]
         assert ours == expected, beams
-        assert len({len(row) for row in expected}) > 1  # some end early, at </s>
+        assert len({len(row) for row in expected}) > varied  # some end early, at </s>
         texts = run.translate(sources, beam_size=beams, alpha=0.0, max_new_tokens=MAX_NEW,
                               max_len_a=None, max_len_b=None)
         # MarianTokenizer looks special ids up in the source table: with separate
@@ -353,8 +268,29 @@ def test_imported_run_exports_to_the_source_folder(imported, tmp_path):
 
 def test_imported_run_logits_and_translations(imported):
     _, run, export = imported
-    sources, targets = test_sources(), _lines("en", 1000, 24)
+    sources, targets = test_sources(), marian_runs.multi30k_lines("en", 1000, 24)
     assert_same_model(run, export, sources, targets)
+
+
+def test_a_fine_tuned_start_row_is_exported_not_the_pad_row(imported, tmp_path):
+    """Fine-tuning may make our ``<pad>`` (0) and ``<s>`` (1) rows differ (they are copies
+    of Marian's pad row after the import): Marian's pad row, its decoder start, takes
+    ``<s>``'s."""
+    _, run, _ = imported
+    run = transformerkit.load(run.run_dir)  # a copy to change
+    embedding = run.model.target_embedding.embeddings
+    values = to_numpy(embedding).copy()
+    values[0] = 5.0  # an input at padded positions only
+    values[1] = np.random.default_rng(4).normal(0.0, 0.3, values.shape[1])
+    embedding.assign(values)
+    export_translation(run.model, run.source_tokenizer, run.target_tokenizer, tmp_path / "hf")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    name = "model.shared.weight" if run.model.tie_embeddings == "all" else \
+        "model.decoder.embed_tokens.weight"
+    pad = json.loads((tmp_path / "hf" / "config.json").read_text())["pad_token_id"]
+    np.testing.assert_array_equal(tensors[name][pad], values[1])
+    assert_same_model(run, tmp_path / "hf", test_sources(),
+                      marian_runs.multi30k_lines("en", 1000, 24), varied=False)
 
 
 def test_trained_run_logits_and_translations(trained):
@@ -372,11 +308,13 @@ def test_trained_run_logits_and_translations(trained):
     assert config["bad_words_ids"] == [[config["decoder_start_token_id"]]]
 
 
-def test_trained_run_imports_back(trained, tmp_path):
+def test_trained_run_imports_back(trained, tmp_path, capsys):
     run, export = trained
     if run.source_tokenizer.vocab_size != run.target_tokenizer.vocab_size:
-        pytest.skip("the import reads one pad_token_id for both sides, so separate "
-                    "vocabularies of different sizes do not import back")
+        # the import reads one pad_token_id for both sides: such a folder is refused
+        assert main(["import", str(export), "--out", str(tmp_path / "again")]) != 0
+        assert "but the source vocabulary has '<pad>' at id" in capsys.readouterr().err
+        return
     assert_imports_back(run, export, tmp_path / "again", ["ein zwei drei", "vier ☃ fuenf"])
 
 
