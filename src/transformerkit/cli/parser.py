@@ -257,7 +257,8 @@ def _add_use_commands(command):
                         default="ctranslate2",
                         help="ctranslate2 (default), or huggingface: a folder "
                              "GPT2LMHeadModel.from_pretrained loads (GPT runs with GPT-2's "
-                             "options)")
+                             "options) or MarianMTModel.from_pretrained loads (translation "
+                             "runs with Marian's options and SentencePiece vocabularies)")
     export.add_argument("--quantization", default=None,
                         choices=("int8", "int8_float32", "int8_float16", "int8_bfloat16",
                                  "int16", "float16", "bfloat16", "float32"),

@@ -120,6 +120,11 @@ class MarianTokenizer(_TokenizerBase):
         return self._sp
 
     @property
+    def serialized_model(self):
+        """The bytes of the side's SentencePiece model (``source.spm`` / ``target.spm``)."""
+        return self._proto
+
+    @property
     def vocab(self):
         """A copy of the piece -> id table."""
         return dict(self._vocab)

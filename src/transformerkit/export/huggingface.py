@@ -1,4 +1,6 @@
-"""A GPT run as a Hugging Face ``GPT2LMHeadModel`` folder (``export --format huggingface``).
+"""A run as a Hugging Face folder (``export --format huggingface``): a GPT run as a
+``GPT2LMHeadModel`` folder (below), a translation run as a ``MarianMTModel`` folder
+(:mod:`transformerkit.export.huggingface_marian` makes its files; :func:`export_translation`).
 
 The folder holds ``config.json`` and ``model.safetensors`` (the tensors of
 :func:`~transformerkit.models.pretrained_gpt2.gpt2_tensors`, named as ``GPT2LMHeadModel``
@@ -16,7 +18,8 @@ does (except that ``transformers`` reads the spelling of a special token inside 
 that token, which the run's tokenizer reads as text). Other tokenizers are not written (a
 line in the log says so).
 
-The folder is written beside ``out`` and renamed onto it at the end.
+Either folder is written beside ``out`` and renamed onto it at the end
+(:func:`write_folder`).
 """
 
 import json
@@ -27,6 +30,7 @@ import tempfile
 
 from transformerkit.data.gpt2_tokenizer import is_gpt2_layout
 from transformerkit.data.tokenizers import METADATA_KEY
+from transformerkit.export.huggingface_marian import marian_files
 from transformerkit.files import TEMPORARY_PREFIX
 from transformerkit.models.pretrained_gpt2 import check_gpt2_exportable, gpt2_config, gpt2_tensors
 
@@ -51,33 +55,21 @@ def tokenizer_files(tokenizer, max_length):
             "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
 
 
-def export_model(model, tokenizer, out_dir, force=False):
-    """Write ``model`` (a ``GPT``) and ``tokenizer`` as a ``GPT2LMHeadModel`` folder
-    ``out_dir``; ``force`` replaces an existing one. Returns ``out_dir``."""
-    from safetensors.numpy import save_file
-
-    check_gpt2_exportable(model)
+def write_folder(out_dir, files, force=False):
+    """Write ``files`` (``{name: str or bytes}``) as the folder ``out_dir``: into a temporary
+    folder beside it, renamed onto it at the end (``force`` replaces an existing one), so
+    ``out_dir`` is never half written. Returns ``out_dir``."""
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not force:
         raise FileExistsError(f"{out_dir} exists; pass --force to replace it")
-    if tokenizer.vocab_size != model.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
-                         f"vocabulary has {model.vocab_size}")
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent)
     try:
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(gpt2_config(model, tokenizer), f, indent=2)
-        save_file(gpt2_tensors(model), os.path.join(tmp, "model.safetensors"),
-                  metadata={"format": "pt"})
-        files = tokenizer_files(tokenizer, model.max_length)
-        if files is None:
-            log.info("the run's %s tokenizer has no Hugging Face GPT-2 equivalent (a "
-                     "byte-level BPE); only the model is exported", type(tokenizer).__name__)
-        for name, text in (files or {}).items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
+        for name, content in files.items():
+            mode, encoding = ("wb", None) if isinstance(content, bytes) else ("w", "utf-8")
+            with open(os.path.join(tmp, name), mode, encoding=encoding) as f:
+                f.write(content)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.rename(tmp, out_dir)
@@ -87,17 +79,51 @@ def export_model(model, tokenizer, out_dir, force=False):
     return out_dir
 
 
+def export_model(model, tokenizer, out_dir, force=False):
+    """Write ``model`` (a ``GPT``) and ``tokenizer`` as a ``GPT2LMHeadModel`` folder
+    ``out_dir``; ``force`` replaces an existing one. Returns ``out_dir``."""
+    from safetensors.numpy import save
+
+    check_gpt2_exportable(model)
+    if os.path.exists(out_dir) and not force:
+        raise FileExistsError(f"{os.fspath(out_dir)} exists; pass --force to replace it")
+    if tokenizer.vocab_size != model.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
+                         f"vocabulary has {model.vocab_size}")
+    files = {"config.json": json.dumps(gpt2_config(model, tokenizer), indent=2),
+             "model.safetensors": save(gpt2_tensors(model), metadata={"format": "pt"})}
+    tokenizer_texts = tokenizer_files(tokenizer, model.max_length)
+    if tokenizer_texts is None:
+        log.info("the run's %s tokenizer has no Hugging Face GPT-2 equivalent (a "
+                 "byte-level BPE); only the model is exported", type(tokenizer).__name__)
+    return write_folder(out_dir, {**files, **(tokenizer_texts or {})}, force=force)
+
+
+def export_translation(model, source_tokenizer, target_tokenizer, out_dir, force=False):
+    """Write ``model`` (a ``Transformer``) and its tokenizers as a ``MarianMTModel`` folder
+    ``out_dir`` (:func:`~transformerkit.export.huggingface_marian.marian_files`); ``force``
+    replaces an existing one. Returns ``out_dir``."""
+    if os.path.exists(out_dir) and not force:
+        raise FileExistsError(f"{os.fspath(out_dir)} exists; pass --force to replace it")
+    return write_folder(out_dir, marian_files(model, source_tokenizer, target_tokenizer),
+                        force=force)
+
+
 def export_run(run, out_dir=None, force=False):
-    """Export a loaded GPT run (``transformerkit.api.Run``) to ``out_dir`` (default
-    ``RUN/huggingface``); returns ``out_dir``."""
-    if run.kind != "gpt":
-        raise ValueError(f"--format huggingface exports GPT runs (as GPT2LMHeadModel); "
-                         f"{run.run_dir} holds a {run.kind}")
+    """Export a loaded GPT or translation run (``transformerkit.api.Run``) to ``out_dir``
+    (default ``RUN/huggingface``); returns ``out_dir``."""
+    if run.kind not in ("gpt", "transformer"):
+        raise ValueError(f"--format huggingface exports GPT runs (as GPT2LMHeadModel) and "
+                         f"translation runs (as MarianMTModel); {run.run_dir} holds a "
+                         f"{run.kind}")
     if out_dir is None:
         if run.run_dir is None:
             raise ValueError("this Run has no run directory; give out_dir")
         out_dir = os.path.join(os.fspath(run.run_dir), EXPORT_FOLDER)
+    if run.kind == "transformer":
+        return export_translation(run.model, run.source_tokenizer, run.target_tokenizer,
+                                  out_dir, force=force)
     return export_model(run.model, run.source_tokenizer, out_dir, force=force)
 
 
-__all__ = ["export_model", "export_run", "tokenizer_files"]
+__all__ = ["export_model", "export_run", "export_translation", "tokenizer_files", "write_folder"]

@@ -194,9 +194,28 @@ class MarianIds:
             if len({pad, eos, unk_id}) < 3:
                 raise _error(folder, "pad_token_id", pad, f"pad ({pad}), eos ({eos}) and "
                              f"<unk> ({unk_id}) must be three different ids")
-            others = [i for i in range(vocab) if i not in (pad, eos, unk_id)]
-            sides.append(np.array([pad, start, eos, unk_id, *others], dtype="int64"))
+            sides.append(_side_rows(vocab, pad, start, eos, unk_id))
         return cls(*sides)
+
+    @classmethod
+    def layout(cls, source_size, target_size):
+        """The maps of Marian's own layout for vocabularies of ``source_size`` /
+        ``target_size`` ids here (``<pad> <s> </s> <unk>`` at 0..3): one id fewer each,
+        ``</s>`` 0, ``<unk>`` 1, our ids 4.. in order, and ``<pad>`` last, which is also
+        the decoder start (an OPUS-MT folder's layout: its import gives back these ids)."""
+        return cls(*(_side_rows(size - 1, size - 2, size - 2, 0, 1)
+                     for size in (source_size, target_size)))
+
+    def rows_for_marian(self, side="target"):
+        """For each Marian id, the id here whose embedding row (and logit) it takes: the
+        inverse of the import, except that a decoder start that is the pad (Marian's
+        rule) takes ours 1 (``<s>``, the row the decoder starts from, which fine-tuning
+        trains), not 0 (``<pad>``, a row no output depends on)."""
+        rows = self.source_rows if side == "source" else self.target_rows
+        ours = self.to_ours(np.arange(rows.max() + 1), side)
+        if rows[1] == rows[0]:
+            ours[rows[0]] = 1
+        return ours
 
     @classmethod
     def from_folder(cls, folder, config=None):
@@ -218,6 +237,12 @@ class MarianIds:
         return rows[np.asarray(ids, dtype="int64")]
 
 
+def _side_rows(vocab, pad, start, eos, unk):
+    """One side's map: pad, start, eos, unk, then every other Marian id in order."""
+    others = [i for i in range(vocab) if i not in (pad, eos, unk)]
+    return np.array([pad, start, eos, unk, *others], dtype="int64")
+
+
 def _unk_id(folder):
     path = pathlib.Path(folder) / "vocab.json"
     if not path.is_file():
@@ -236,33 +261,67 @@ def _first(weights, names, folder):
     raise CheckpointError(f"{folder}: the weights lack {' or '.join(names)}")
 
 
-def _weight_pairs(model, weights, ids, folder):
-    """``[(keras variable, array already in Keras layout, name)]`` for every weight."""
+# Tensor names of a MarianMTModel state dict without ``model.`` (``lm_head.weight`` and
+# ``final_logits_bias`` have none); the export (``export/huggingface_marian.py``) writes them.
+SHARED_EMBEDDING = "shared.weight"
+ENCODER_EMBEDDING = "encoder.embed_tokens.weight"
+DECODER_EMBEDDING = "decoder.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+FINAL_LOGITS_BIAS = "final_logits_bias"
+UNPREFIXED = (LM_HEAD, FINAL_LOGITS_BIAS)
+POSITIONS = {"encoder": "encoder.embed_positions.weight",
+             "decoder": "decoder.embed_positions.weight"}
+
+
+def block_tensors(model):
+    """``[(keras variable, Marian tensor name, transposed)]`` for every weight of the
+    encoder and decoder blocks: the one table both directions read (``transposed``: a
+    PyTorch ``Linear`` weight, ``(out, in)``, of a Keras ``(in, out)`` kernel)."""
     def dense(layer, name):
-        return [(layer.kernel, _first(weights, [f"{name}.weight"], folder).T, name),
-                (layer.bias, _first(weights, [f"{name}.bias"], folder), name)]
+        return [(layer.kernel, f"{name}.weight", True), (layer.bias, f"{name}.bias", False)]
 
     def norm(layer, name):
-        return [(layer.gamma, _first(weights, [f"{name}.weight"], folder), name),
-                (layer.beta, _first(weights, [f"{name}.bias"], folder), name)]
+        return [(layer.gamma, f"{name}.weight", False), (layer.beta, f"{name}.bias", False)]
 
     def attention(layer, name):
         return [pair for part, sub in (("query_dense", "q_proj"), ("key_dense", "k_proj"),
                                        ("value_dense", "v_proj"), ("output_dense", "out_proj"))
                 for pair in dense(getattr(layer, part), f"{name}.{sub}")]
 
+    table = []
+    for i, block in enumerate(model.encoder_blocks):
+        name = f"encoder.layers.{i}"
+        table += attention(block.self_attention, f"{name}.self_attn")
+        table += norm(block.self_attention_norm, f"{name}.self_attn_layer_norm")
+        table += dense(block.feedforward.inner, f"{name}.fc1")
+        table += dense(block.feedforward.outer, f"{name}.fc2")
+        table += norm(block.feedforward_norm, f"{name}.final_layer_norm")
+    for i, block in enumerate(model.decoder_blocks):
+        name = f"decoder.layers.{i}"
+        table += attention(block.self_attention, f"{name}.self_attn")
+        table += norm(block.self_attention_norm, f"{name}.self_attn_layer_norm")
+        table += attention(block.cross_attention_layer, f"{name}.encoder_attn")
+        table += norm(block.cross_attention_norm, f"{name}.encoder_attn_layer_norm")
+        table += dense(block.feedforward.inner, f"{name}.fc1")
+        table += dense(block.feedforward.outer, f"{name}.fc2")
+        table += norm(block.feedforward_norm, f"{name}.final_layer_norm")
+    return table
+
+
+def _weight_pairs(model, weights, ids, folder):
+    """``[(keras variable, array already in Keras layout, name)]`` for every weight."""
     shared = model.tie_embeddings == "all"
-    source = _first(weights, ["shared.weight", "encoder.embed_tokens.weight"] if shared
-                    else ["encoder.embed_tokens.weight", "shared.weight"], folder)
+    source = _first(weights, [SHARED_EMBEDDING, ENCODER_EMBEDDING] if shared
+                    else [ENCODER_EMBEDDING, SHARED_EMBEDDING], folder)
     pairs = [(model.source_embedding.embeddings, source[ids.source_rows], "encoder embedding")]
     if not shared:
-        target = _first(weights, ["decoder.embed_tokens.weight"], folder)
+        target = _first(weights, [DECODER_EMBEDDING], folder)
         pairs.append((model.target_embedding.embeddings, target[ids.target_rows],
                       "decoder embedding"))
     if model.output_projection is not None:
-        head = _first(weights, ["lm_head.weight"], folder)
+        head = _first(weights, [LM_HEAD], folder)
         pairs.append((model.output_projection.kernel, head[ids.target_rows].T, "lm_head"))
-    bias = weights.get("final_logits_bias")
+    bias = weights.get(FINAL_LOGITS_BIAS)
     if model.logits_bias is None:
         raise CheckpointError(f"{folder}: the Transformer was built with final_logits_bias="
                               "False, so it cannot hold the checkpoint's final_logits_bias")
@@ -271,25 +330,12 @@ def _weight_pairs(model, weights, ids, folder):
         bias = np.zeros((1, len(ids.target_rows) - 1), dtype="float32")
     pairs.append((model.logits_bias.bias, bias.reshape(-1)[ids.target_rows],
                   "final_logits_bias"))
-    for i, block in enumerate(model.encoder_blocks):
-        name = f"encoder.layers.{i}"
-        pairs += attention(block.self_attention, f"{name}.self_attn")
-        pairs += norm(block.self_attention_norm, f"{name}.self_attn_layer_norm")
-        pairs += dense(block.feedforward.inner, f"{name}.fc1")
-        pairs += dense(block.feedforward.outer, f"{name}.fc2")
-        pairs += norm(block.feedforward_norm, f"{name}.final_layer_norm")
-    for i, block in enumerate(model.decoder_blocks):
-        name = f"decoder.layers.{i}"
-        pairs += attention(block.self_attention, f"{name}.self_attn")
-        pairs += norm(block.self_attention_norm, f"{name}.self_attn_layer_norm")
-        pairs += attention(block.cross_attention_layer, f"{name}.encoder_attn")
-        pairs += norm(block.cross_attention_norm, f"{name}.encoder_attn_layer_norm")
-        pairs += dense(block.feedforward.inner, f"{name}.fc1")
-        pairs += dense(block.feedforward.outer, f"{name}.fc2")
-        pairs += norm(block.feedforward_norm, f"{name}.final_layer_norm")
+    for variable, name, transposed in block_tensors(model):
+        value = _first(weights, [name], folder)
+        pairs.append((variable, value.T if transposed else value, name.rsplit(".", 1)[0]))
     for layer, side in ((model.source_positions, "encoder"), (model.target_positions,
                                                               "decoder")):
-        stored = weights.get(f"{side}.embed_positions.weight")
+        stored = weights.get(POSITIONS[side])
         if stored is not None:  # older checkpoints store the table (newer ones recompute it)
             pairs.append((layer.table, stored, f"{side}.embed_positions"))
     return pairs
@@ -325,9 +371,8 @@ def load_marian_weights(model, folder, weights=None, config=None):
                                   f"{tuple(variable.shape)}")
         variable.assign(np.ascontiguousarray(value, dtype=variable.dtype))
     _check_positions(model, folder)
-    used = {"shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-            "lm_head.weight", "final_logits_bias", "encoder.embed_positions.weight",
-            "decoder.embed_positions.weight"}
+    used = {SHARED_EMBEDDING, ENCODER_EMBEDDING, DECODER_EMBEDDING, *UNPREFIXED,
+            *POSITIONS.values()}
     unused = sorted(n for n in weights if n not in used and not n.startswith(
         ("encoder.layers.", "decoder.layers.")))
     if unused:
@@ -336,4 +381,5 @@ def load_marian_weights(model, folder, weights=None, config=None):
     return model
 
 
-__all__ = ["MarianIds", "load_marian_config", "load_marian_weights", "transformer_kwargs"]
+__all__ = ["MarianIds", "block_tensors", "load_marian_config", "load_marian_weights",
+           "transformer_kwargs"]
