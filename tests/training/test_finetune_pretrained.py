@@ -281,7 +281,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_fine_tune(gpt2, tmp_path):
     epoch 2 exists, then --resume: the final weights equal an uninterrupted run's (dropout
     on, accumulation on: the RNG and the position in the epoch are restored)."""
     overrides = gpt_overrides(str(gpt2 / "hf"), _text(tmp_path), **{
-        "data.steps_per_epoch": 40, "train.checkpoint_every": 1, "model.dropout": 0.1,
+        "data.steps_per_epoch": 16, "train.checkpoint_every": 1, "model.dropout": 0.1,
         "train.checkpoints_to_keep": 3, "train.samples": 0})
     config = load_config(GPT_CONFIG, overrides)
     path = tmp_path / "config.yaml"
@@ -297,8 +297,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_fine_tune(gpt2, tmp_path):
     state = killed / "checkpoints" / "latest.json"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
-        if state.exists() and json.loads(state.read_text()).get("step", 0) >= 23:
-            break  # inside epoch 2 (20 updates an epoch)
+        if state.exists() and json.loads(state.read_text()).get("step", 0) >= 10:
+            break  # inside epoch 2 (8 updates an epoch)
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -309,4 +309,42 @@ def test_sigkill_then_resume_equals_an_uninterrupted_fine_tune(gpt2, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for a, b in zip(_weights(tmp_path / "straight" / "model.keras"),
                     _weights(killed / "model.keras"), strict=True):  # exact: the same steps
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_torchrun_fine_tune_equals_one_process(tmp_path):
+    """2 PyTorch processes (gloo) fine-tuning a run directory end with the weights of one
+    process accumulating 2 batches, exactly (tests/training/test_multiprocess.py explains
+    why): every rank starts from the checkpoint and reads the tokenizer rank 0 wrote."""
+    import socket
+
+    base = tmp_path / "base"
+    train(tiny_config(tmp_path, epochs=1), base)
+    overrides = opus_overrides(str(base), _tsv(tmp_path), **{
+        "data.batch_size": 4, "model.dropout": 0.0, "train.bleu_every": "null",
+        "train.early_stopping_metric": "val_loss",
+        "train.patience": "null", "train.samples": 0, "train.checkpoint_every": "null",
+        "train.epochs": 2, "train.process_timeout": "60s"})
+    config = load_config(OPUS_CONFIG, overrides)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KERAS_BACKEND": "torch"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                          "2", "--master_addr", "127.0.0.1", "--master_port", str(port), "-m",
+                          "transformerkit", "train", str(path), "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "transformerkit", "train", str(path), "--out",
+                          str(tmp_path / "one"), "--set", "train.accumulate_steps=2"],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "metrics.json").read_text())["processes"] == 2
+    assert (tmp_path / "two" / "tokenizer.json").read_bytes() == \
+        (base / "tokenizer.json").read_bytes()
+    for a, b in zip(_weights(tmp_path / "two" / "model.keras"),
+                    _weights(tmp_path / "one" / "model.keras"), strict=True):
         np.testing.assert_array_equal(a, b)
