@@ -24,7 +24,11 @@ import pytest
 import tolerances as tol
 import yaml
 from gpt2_checkpoints import CORPUS, tiny_gpt2
-from near_ties import assert_same_ids_or_near_tie, next_logits_after
+from near_ties import (
+    assert_same_ids_or_near_tie,
+    assert_same_texts_or_near_tie,
+    next_logits_after,
+)
 from tiny_run import ENGLISH, GERMAN, tiny_config
 
 import transformerkit
@@ -348,3 +352,42 @@ def test_torchrun_fine_tune_equals_one_process(tmp_path):
     for a, b in zip(_weights(tmp_path / "two" / "model.keras"),
                     _weights(tmp_path / "one" / "model.keras"), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_opus_mt_recipe_fine_tunes_a_marian_folder(tmp_path, capsys):
+    """configs/finetune_opus_mt.yaml from a tiny Marian folder (tests/marian_runs.py) on
+    Multi30k pairs as TSV: its architecture and both vocabulary sides (as `import` writes
+    them), the weights move, translate works with Keras and CTranslate2."""
+    from marian_runs import marian_folder, multi30k_lines
+
+    folder = marian_folder(tmp_path / "marian")
+    assert main(["import", str(folder), "--out", str(tmp_path / "imported")]) == 0
+    pairs = zip(multi30k_lines("de", 1000, 40), multi30k_lines("en", 1000, 40), strict=True)
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{de}\t{en}\n" for de, en in pairs), encoding="utf-8")
+    run = tmp_path / "finetuned"
+    assert main(["train", OPUS_CONFIG, "--out", str(run), *_sets(opus_overrides(
+        str(folder), str(tsv), **{"data.tokens_per_batch": 400, "train.max_steps": 3}))]) == 0
+    for name in ("source_tokenizer.json", "target_tokenizer.json"):
+        assert (run / name).read_bytes() == (tmp_path / "imported" / name).read_bytes()
+    imported = load_config(tmp_path / "imported" / "config.yaml")
+    config = load_config(run / "config.yaml")
+    assert {k: v for k, v in config.model.items() if k not in ("pretrained", "dropout")} == \
+        {k: v for k, v in imported.model.items() if k not in ("pretrained", "dropout")}
+    assert config.data.tokenizer == "marian"
+    before, after = load_model(tmp_path / "imported" / "model.keras"), \
+        load_model(run / "model.keras")
+    for a, b in zip(before.weights, after.weights, strict=True):
+        if a.trainable and len(a.shape) == 2:
+            assert not np.array_equal(np.asarray(a), np.asarray(b)), a.path
+    texts = multi30k_lines("de", 2000, 4)
+    capsys.readouterr()
+    assert main(["translate", str(run), "--beam", "1", *texts]) == 0
+    keras_out = capsys.readouterr().out.splitlines()
+    assert len(keras_out) == 4
+    pytest.importorskip("ctranslate2")
+    assert main(["export", str(run), "--format", "ctranslate2", "--quantization", "float32",
+                 "--out", str(tmp_path / "ct2")]) == 0
+    loaded = transformerkit.load(run)
+    ct2_out = loaded.translate(texts, engine="ctranslate2", beam_size=1)
+    assert_same_texts_or_near_tie(loaded, texts, keras_out, ct2_out)
