@@ -391,3 +391,30 @@ def test_opus_mt_recipe_fine_tunes_a_marian_folder(tmp_path, capsys):
     loaded = transformerkit.load(run)
     ct2_out = loaded.translate(texts, engine="ctranslate2", beam_size=1)
     assert_same_texts_or_near_tie(loaded, texts, keras_out, ct2_out)
+
+
+def test_resume_with_the_original_config_is_exact(tmp_path):
+    """A translation fine-tune stopped by max_steps inside epoch 2, then resumed with the
+    config as written (data.max_length unset: the checkpoint's model.max_length, 40, drops
+    the longer pairs; the written config's default model.max_length, 256, would keep them):
+    the weights of an uninterrupted run, bit for bit, dropout on."""
+    base = tmp_path / "base"
+    train(tiny_config(tmp_path, epochs=1), base)
+    tsv = _tsv(tmp_path)
+    with open(tsv, "a", encoding="utf-8") as f:  # 4 pairs of 50+ characters
+        f.write("".join(" ".join(GERMAN) + f"\t{' '.join(ENGLISH)}\n" for _ in range(4)))
+    keys = {"data.max_length": "null", "train.epochs": 2, "train.bleu_every": "null",
+            "train.early_stopping_metric": "val_loss", "train.patience": "null",
+            "train.samples": 0, "train.checkpoint_every": 1, "data.batch_size": 4}
+    config = load_config(OPUS_CONFIG, opus_overrides(str(base), tsv, **keys))
+    assert config.data.max_length is None and config.model["max_length"] == 256
+    straight = train(config, tmp_path / "straight")
+    assert straight["dropped_train_pairs"] == 4 and straight["steps"] == 20
+    stopped = load_config(OPUS_CONFIG, opus_overrides(str(base), tsv, **keys,
+                                                      **{"train.max_steps": 13}))
+    assert train(stopped, tmp_path / "stopped")["steps"] == 13
+    os.remove(tmp_path / "stopped" / "model.keras")
+    assert train(config, tmp_path / "stopped", resume=True)["steps"] == 20
+    for a, b in zip(_weights(tmp_path / "straight" / "model.keras"),
+                    _weights(tmp_path / "stopped" / "model.keras"), strict=True):
+        np.testing.assert_array_equal(a, b)  # exact: the same steps, resumed

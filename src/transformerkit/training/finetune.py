@@ -90,6 +90,14 @@ def load_pretrained(source):
                       tokenizers)
 
 
+def recorded(config, run_dir):
+    """The :class:`Pretrained` a resumed fine-tune merges ``config`` with: the run's own
+    ``config.yaml`` (the merged config it started with; the source is not read again), so
+    that the original config and the saved one resume the same run."""
+    return Pretrained(config.model["pretrained"], None,
+                      load_config(RunDirectory(run_dir).config), {})
+
+
 def _from_run(source, run):
     from transformerkit.saving import load_model
 

@@ -66,6 +66,7 @@ from transformerkit.training.finetune import (
     fine_tunes,
     finetune_config,
     load_pretrained,
+    recorded,
 )
 from transformerkit.training.gpt_recipe import gpt_optimizer
 from transformerkit.training.losses import (
@@ -115,6 +116,8 @@ def train(config, run_dir, resume=False):
     if fine_tunes(config) and not resume:  # every rank: the merged config, the weights
         pretrained = load_pretrained(config.model["pretrained"])
         config = finetune_config(config, pretrained)
+    elif fine_tunes(config) and os.path.isfile(run.config):  # resumed: as it started
+        config = finetune_config(config, recorded(config, run))
     if group.is_main:
         _check_run_dir(run, resume)
         if not resume:
