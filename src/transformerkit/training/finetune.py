@@ -132,8 +132,8 @@ def finetune_config(config, pretrained, source="config"):
             raise ConfigError(f"{where}: model.{key}: the pretrained checkpoint brings its own "
                               "embeddings; remove it")
     model = dict(theirs)
-    recorded = pretrained.source  # a local folder's absolute path, a hub name as given
-    model["pretrained"] = os.path.abspath(recorded) if os.path.isdir(recorded) else recorded
+    origin = pretrained.source  # a local folder's absolute path, a hub name as given
+    model["pretrained"] = os.path.abspath(origin) if os.path.isdir(origin) else origin
     for key, value in own.items():
         if key in DROPOUT_KEYS:
             model[key] = value
