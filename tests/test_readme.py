@@ -75,6 +75,15 @@ TINY = {  # appended to every `train` command of the manual
         "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64",
         "data.steps_per_epoch=2", "train.max_steps=2", "train.epochs=1", "train.samples=1",
         "train.verbose=0", "train.time_budget=2m"],
+    "configs/finetune_gpt2_shakespeare.yaml": [  # gpt2: the scratch folder's tiny GPT-2
+        "data.block_size=16", "data.batch_size=2", "data.steps_per_epoch=4", "train.epochs=1",
+        "train.accumulate_steps=2", "train.decode_max_length=8", "train.verbose=0",
+        "train.time_budget=2m"],
+    "configs/finetune_opus_mt.yaml": [  # no OPUS-MT here: the README's translation run
+        "model.pretrained=runs/small", "data.max_length=48", "data.tokens_per_batch=256",
+        "train.max_steps=2", "train.epochs=1", "train.checkpoint_every=1",
+        "train.bleu_max_sentences=4", "train.decode_max_length=8", "train.samples=1",
+        "train.verbose=0", "train.time_budget=2m"],
     "configs/text_classifier.yaml": [
         "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64",
         "data.vocab_size=200", "data.batch_size=4", "train.epochs=2", "train.verbose=0",
@@ -88,7 +97,11 @@ SENTENCES = {"sentences.de": "Ein Hund läuft.\nZwei Männer spielen Fußball.\n
              # the text classifier's files (configs/text_classifier.yaml reads data/*.tsv)
              "data/train.tsv": "\n".join(["text\tlabel", *REVIEWS * 4]) + "\n",
              "data/val.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n",
-             "data/test.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n"}
+             "data/test.tsv": "\n".join(["text\tlabel", *REVIEWS]) + "\n",
+             # configs/finetune_opus_mt.yaml's pairs
+             **{f"data/{split}.de-en.tsv": "Ein Hund läuft.\tA dog runs.\n"
+                "Zwei Männer spielen Fußball.\tTwo men play soccer.\n" * 4
+                for split in ("train", "val", "test")}}
 
 
 def blocks(language, document=None):

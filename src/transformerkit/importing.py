@@ -198,16 +198,12 @@ def _snapshot(name):
     return folder
 
 
-def import_checkpoint(source, out, force=False):
-    """Write the run directory ``out`` from the checkpoint ``source``; returns
-    ``(RunDirectory, model_type)``. ``force`` replaces an existing ``out``."""
-    from transformerkit.config import resolve, save_config
+def read_checkpoint(source):
+    """The checkpoint ``source`` (a folder or a hub name) read by its importer: ``(model,
+    config.yaml sections, {file name: tokenizer}, model_type)``. ``import_checkpoint``
+    writes these as a run; ``model.pretrained`` fine-tunes them (training/finetune.py)."""
     from transformerkit.models.pretrained import CheckpointError, read_config
 
-    out = pathlib.Path(out)
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists; choose another --out or pass --force to "
-                              "replace it")
     folder = resolve_source(source)
     config, path = read_config(folder)
     model_type = config.get("model_type")
@@ -215,6 +211,19 @@ def import_checkpoint(source, out, force=False):
         raise CheckpointError(f"{path}: model_type {model_type!r} cannot be imported as a "
                               f"run (supported: {', '.join(IMPORTERS)})")
     model, sections, tokenizers = IMPORTERS[model_type](folder, config)
+    return model, sections, tokenizers, model_type
+
+
+def import_checkpoint(source, out, force=False):
+    """Write the run directory ``out`` from the checkpoint ``source``; returns
+    ``(RunDirectory, model_type)``. ``force`` replaces an existing ``out``."""
+    from transformerkit.config import resolve, save_config
+
+    out = pathlib.Path(out)
+    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists; choose another --out or pass --force to "
+                              "replace it")
+    model, sections, tokenizers, model_type = read_checkpoint(source)
     run_config = resolve(sections, source=f"the import of {source}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=out.parent))
@@ -233,4 +242,4 @@ def import_checkpoint(source, out, force=False):
     return RunDirectory(out), model_type
 
 
-__all__ = ["IMPORTERS", "import_checkpoint", "resolve_source"]
+__all__ = ["IMPORTERS", "import_checkpoint", "read_checkpoint", "resolve_source"]

@@ -354,8 +354,6 @@ def test_bad_classifier_configs_are_clear_errors(tmp_path):
         load_config(None, ["model.type=encoder", "train.bleu_every=1"])
     with pytest.raises(ConfigError, match="val_accuracy is an encoder"):
         load_config(None, ["train.early_stopping_metric=val_accuracy"])
-    with pytest.raises(ConfigError, match="model.pretrained"):
-        load_config(None, ["model.pretrained=/x"])
     multi30k = config.replace(data={"dataset": "multi30k"})
     with pytest.raises(ValueError, match="encoder classifier reads"):
         train(multi30k, tmp_path / "m30k")

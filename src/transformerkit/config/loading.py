@@ -105,7 +105,10 @@ def schema():
     model["pretrained"] = Key(None, str, "encoder: a local Hugging Face BERT or DistilBERT "
                                          "folder to start from (its architecture, dropout, "
                                          "weights and tokenizer; of the other model keys only "
-                                         "pooling and num_classes are used)")
+                                         "pooling and num_classes are used); transformer, "
+                                         "gpt: a Hugging Face folder or hub name, or a run "
+                                         "directory, to fine-tune (its architecture and "
+                                         "vocabulary; docs/pretrained.md)")
     return {"model": model, **{name: _section_keys(options_class)
                                for name, options_class in SECTION_OPTIONS.items()}}
 
@@ -338,10 +341,6 @@ def _check_model_task(config, source):
     if train.early_stopping_metric == "val_accuracy":
         raise ConfigError(f"{source}: train.early_stopping_metric val_accuracy is an encoder "
                           "classifier's; use val_loss (or val_bleu with train.bleu_every)")
-    if model["pretrained"] is not None:
-        raise ConfigError(f"{source}: model.pretrained (a Hugging Face BERT/DistilBERT "
-                          "folder) starts an encoder; this model.type is "
-                          f"{model['type']!r}")
 
 
 def _check_embeddings(model, source):

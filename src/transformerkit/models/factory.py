@@ -65,9 +65,11 @@ def _pretrained_encoder(model_config, kwargs, embeddings):
     """``model.pretrained``: an Encoder with the architecture and weights of a Hugging Face
     folder (its dropout rates included); of the config's model keys only the task's,
     pooling and num_classes, apply (the others describe a model built from scratch)."""
-    if model_config["type"] != "encoder":
-        raise ValueError("model.pretrained (a Hugging Face folder) starts an encoder, not a "
-                         f"{model_config['type']}")
+    if model_config["type"] != "encoder":  # fine-tuning: training/finetune.py merges first
+        raise ValueError(f"model.pretrained: a {model_config['type']} fine-tuned from a "
+                         "checkpoint has the checkpoint's architecture, which `train` reads; "
+                         "give a run directory instead (`transformerkit import SOURCE --out "
+                         "RUN`)")
     if embeddings or model_config.get("pretrained_embeddings") is not None:
         raise ValueError("model.pretrained brings its own embeddings; remove model.embeddings "
                          "/ model.pretrained_embeddings")

@@ -69,6 +69,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.resume_at = resume_at
         self.stopped_early = False
         self._epoch, self._batches, self._last_step = 0, 0, None
+        self._batch_end_rng = None
         if self.group.is_main:
             os.makedirs(self.directory, exist_ok=True)
             remove_temporaries(self.directory)  # left by a killed save
@@ -84,6 +85,9 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches += 1
+        # where the last batch left the global RNG: a stop inside the epoch is saved at
+        # on_epoch_end, after Keras' validation pass has drawn from it
+        self._batch_end_rng = global_rng_state()
         if not self.every:
             return
         step = optimizer_steps(self.model.optimizer)
@@ -97,11 +101,11 @@ class RunCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.epoch_batches is not None and self._batches < self.epoch_batches:
             # fit stopped inside the epoch (max_steps, time_budget): where it stopped
-            self._save(epoch, self._batches, logs, evaluate=True)
+            self._save(epoch, self._batches, logs, evaluate=True, rng=self._batch_end_rng)
         else:
             self._save(epoch + 1, 0, logs, evaluate=True)
 
-    def _save(self, epoch, batch, logs, evaluate=False):
+    def _save(self, epoch, batch, logs, evaluate=False, rng=None):
         logs = logs or {}
         loss = logs.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
@@ -110,7 +114,7 @@ class RunCheckpoint(keras.callbacks.Callback):
                           stacklevel=3)
             return False
         name = self.directory.position_name(epoch, batch)
-        rng = self.group.gather(global_rng_state(), "a checkpoint")
+        rng = self.group.gather(rng if rng is not None else global_rng_state(), "a checkpoint")
         digest = None
         if self.group.is_main:
             with atomic_path(self.directory.file(name)) as tmp:

@@ -61,6 +61,13 @@ from transformerkit.training.distribution import (
     check_model_parallel_shapes,
     divisible,
 )
+from transformerkit.training.finetune import (
+    copy_weights,
+    fine_tunes,
+    finetune_config,
+    load_pretrained,
+    recorded,
+)
 from transformerkit.training.gpt_recipe import gpt_optimizer
 from transformerkit.training.losses import (
     ClassificationCrossEntropy,
@@ -105,15 +112,23 @@ def train(config, run_dir, resume=False):
                          "processes (torchrun); set train.jit_compile: auto or false")
     if not group.is_main:  # rank 0 reports; the others only warn
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+    pretrained = None
+    if fine_tunes(config) and not resume:  # every rank: the merged config, the weights
+        pretrained = load_pretrained(config.model["pretrained"])
+        config = finetune_config(config, pretrained)
+    elif fine_tunes(config) and os.path.isfile(run.config):  # resumed: as it started
+        config = finetune_config(config, recorded(config, run))
     if group.is_main:
         _check_run_dir(run, resume)
         if not resume:
             save_config(config, run.config)
+            if pretrained is not None:  # read back by every rank's data preparation
+                pretrained.write_tokenizers(run)
     keras.utils.set_random_seed(train_cfg.seed)
     try:
         with precision_policy(train_cfg.precision_policy), \
                 (dist.scope() if dist else contextlib.nullcontext()):
-            return _train(config, run, checkpoints, resume, dist, group)
+            return _train(config, run, checkpoints, resume, dist, group, pretrained)
     finally:
         if group.kind == "torch":
             import torch.distributed
@@ -133,9 +148,9 @@ def _prepare_data(config, run, resume, group):
     return data
 
 
-def _train(config, run, checkpoints, resume, dist, group):
+def _train(config, run, checkpoints, resume, dist, group, pretrained=None):
     train_cfg = config.train
-    data = _prepare_data(config, run, resume, group)
+    data = _prepare_data(config, run, resume or pretrained is not None, group)
     for key, value in data.info.items():
         log.info("%s: %s", key, value)
     # PyTorch processes: each rank its shard of every epoch's batches (JAX processes split
@@ -147,6 +162,8 @@ def _train(config, run, checkpoints, resume, dist, group):
     if not resume:
         model = build_model(_model_section(config, data), data.source_tokenizer.vocab_size,
                             data.target_tokenizer.vocab_size, embeddings=data.embeddings)
+        if pretrained is not None:
+            copy_weights(pretrained, model)
         compile_model(model, config, _total_steps(train_cfg, batches.updates_per_epoch))
         state = None
         initial_epoch, start_batch, best, wait = 0, 0, None, 0
@@ -247,8 +264,8 @@ def _model_section(config, data):
     """``config.model`` as a dict; an encoder's as a classifier of the data's classes: pooling
     ``mean`` unless set, ``num_classes`` from the labels (a different one set is an error)."""
     model = dict(config.model)
-    if model["type"] != "encoder":
-        return model
+    if model["type"] != "encoder":  # a fine-tuned checkpoint's weights: copy_weights
+        return {**model, "pretrained": None}
     classes = len(data.labels)
     if model["num_classes"] not in (None, classes):
         raise ValueError(f"model.num_classes={model['num_classes']} but the training data has "
