@@ -77,6 +77,25 @@ def test_resume_inside_an_epoch_is_exact(tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_stop_at_an_epochs_end_resumes_exactly(tmp_path):
+    """max_steps at the last batch of epoch 1 (6 batches per epoch), then --resume: the
+    weights of the straight run, bit for bit. Keras' data iterator draws from the global
+    RNG when an epoch runs out; a stop that cut the epoch short of that left the saved
+    state one draw behind the straight run's (StopConditions stops at the epoch's end)."""
+    straight = tmp_path / "straight"
+    train(_config(tmp_path), straight)
+    stopped = tmp_path / "stopped"
+    metrics = train(_config(tmp_path, max_steps=6), stopped)
+    assert metrics["stopped_by"] == "max_steps" and metrics["steps"] == 6
+    state = json.loads((stopped / "checkpoints" / "latest.json").read_text())
+    assert (state["epoch"], state["batch"]) == (1, 0)
+    os.remove(stopped / "model.keras")
+    assert train(_config(tmp_path), stopped, resume=True)["steps"] == 12
+    for a, b in zip(_weights(straight / "model.keras"), _weights(stopped / "model.keras"),
+                    strict=True):  # exact: the same steps, kernels and order, resumed
+        np.testing.assert_array_equal(a, b)
+
+
 def test_average_is_the_float64_mean_of_the_checkpoints(tmp_path):
     run = tmp_path / "run"
     metrics = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=4,

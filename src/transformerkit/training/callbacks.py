@@ -283,13 +283,21 @@ class EpochTimer(keras.callbacks.Callback):
 class StopConditions(keras.callbacks.Callback):
     """Stops ``fit`` after ``max_steps`` optimizer steps or ``time_budget`` seconds, checked
     after every optimizer update (with gradient accumulation: never between the batches of
-    one update). ``stopped_by`` says which rule fired (or None)."""
+    one update). ``stopped_by`` says which rule fired (or None).
+
+    A rule that fires at an epoch's last batch stops ``fit`` at the epoch's end instead
+    (``on_epoch_end``), so the epoch ends as in a run that goes on: Keras' data iterator
+    makes the next epoch's iterator when it runs out, which draws from the global RNG that
+    dropout draws from, and a checkpoint saved there then holds the uninterrupted run's
+    state (exact resume).
+    """
 
     def __init__(self, max_steps=None, time_budget=None):
         super().__init__()
         self.max_steps, self.time_budget = max_steps, time_budget
         self.stopped_by = None
         self._start = self._last_step = None
+        self._stop_at_epoch_end = False
 
     def on_train_begin(self, logs=None):
         if self._start is None:  # a resume inside an epoch calls fit twice
@@ -306,6 +314,15 @@ class StopConditions(keras.callbacks.Callback):
         elif self.time_budget is not None and time.monotonic() - self._start >= self.time_budget:
             self.stopped_by = "time_budget"
         if self.stopped_by:
+            steps = (self.params or {}).get("steps")
+            if steps is not None and batch + 1 >= steps:
+                self._stop_at_epoch_end = True  # the epoch's last batch: see the docstring
+            else:
+                self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._stop_at_epoch_end:
+            self._stop_at_epoch_end = False
             self.model.stop_training = True
 
 
