@@ -38,15 +38,16 @@ def call_sublayer(layer, *args, **kwargs):
     call (input conversion, call context, mask inference, name and autocast scopes) than a
     small layer's arithmetic, and each ``keras.ops`` function adds its own wrapper around
     the ``torch`` kernel. For a built layer called on PyTorch
-    tensors of its compute dtype (floats; ids are not cast), with no mixed-precision
-    autocast (compute dtype = variable dtype) and no distribution layout to apply,
-    ``__call__`` does nothing but run ``layer.call``: this helper then calls ``layer.call``
-    directly, and for plain ``Dense`` and ``LayerNormalization`` layers (no LoRA, no
-    quantization, last-axis normalisation) the same ``torch`` kernels that their ``call``
-    reaches through ``keras.ops``. Everywhere
-    else (JAX and TensorFlow, which trace once; symbolic inputs; mixed precision; a
-    ``keras.distribution``) it is ``layer(*args, **kwargs)``. The outputs carry no Keras
-    mask: callers pass masks on explicitly.
+    tensors of its compute dtype (floats; ids are not cast), with no autocast scope to open
+    (compute dtype = variable dtype, or an enclosing mixed-precision scope of the layer's
+    compute dtype already in force: the training step's, :func:`cast_once`, or Keras' own)
+    and no distribution layout to apply, ``__call__`` does nothing but run ``layer.call``:
+    this helper then calls ``layer.call`` directly, and for plain ``Dense`` and
+    ``LayerNormalization`` layers (no LoRA, no quantization, last-axis normalisation) the
+    same ``torch`` kernels that their ``call`` reaches through ``keras.ops``. Everywhere
+    else (JAX and TensorFlow, which trace once; symbolic inputs; a layer that would open a
+    scope of its own; a ``keras.distribution``) it is ``layer(*args, **kwargs)``. The
+    outputs carry no Keras mask: callers pass masks on explicitly.
     """
     x = args[0]
     kind = type(layer).call
