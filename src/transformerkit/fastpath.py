@@ -21,6 +21,8 @@ one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
 search-loop bookkeeping        ``decoding/loop_ops.py`` (``keras.ops`` or torch)
 masked cross-entropy           ``training/losses.py``
 train step                     ``training/step.py: TrainStep`` (beside Keras' step)
+mixed precision: each weight   ``layers/calls.py: cast_once`` (Keras' autocast
+cast once per step             scope casts at every use), ``training/step.py``
 fused Adam / AdamW, clipping   ``training/optimizers.py``
 =============================  ===============================================
 

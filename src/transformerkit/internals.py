@@ -13,6 +13,9 @@ internal                   used by, and why
 =========================  ===========================================================
 ``get_autocast_scope``     ``layers/calls.py``: a direct sub-layer call must not skip
                            an enclosing mixed-precision autocast scope
+``AutocastScope``          ``layers/calls.py: cast_once``: the mixed-precision training
+                           step's scope, a subclass casting each weight once per step
+                           (without it, Keras' scope casts at every use)
 ``in_stateless_scope``     ``training/optimizers.py``: inside a stateless scope the
                            update must go through Keras (no in-place kernels)
 ``torch._foreach_norm``,   ``training/optimizers.py``: global-norm clipping in two
@@ -59,6 +62,7 @@ TESTED = {"keras": "3.15", "torch": "2.13"}
 # name -> (module, attribute) of a private function
 _FUNCTIONS = {
     "get_autocast_scope": ("keras.src.backend", "get_autocast_scope"),
+    "autocast_scope": ("keras.src.backend", "AutocastScope"),
     "in_stateless_scope": ("keras.src.backend.common.stateless_scope", "in_stateless_scope"),
     "foreach_norm": ("torch", "_foreach_norm"),
     "foreach_mul_": ("torch", "_foreach_mul_"),

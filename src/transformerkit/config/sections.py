@@ -31,7 +31,8 @@ from transformerkit.declared import check, option
 from transformerkit.declared import nullable as nullable  # tests/test_config.py reads it here
 
 STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")  # Keras dtype policies
+TRAIN_PRECISIONS = ("auto", *PRECISIONS)  # train.precision: auto is resolved per machine
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 DATASETS = ("multi30k", "parallel", "tsv", "files", "text", "ted_hrlr")
@@ -232,9 +233,12 @@ class TrainOptions(_Section):
                                                   "false")
     mixed_precision: bool = option(False, help="true: an older spelling of precision: "
                                                "mixed_bfloat16")
-    precision: str = option("float32", choices=PRECISIONS,
-                            help="mixed_bfloat16: bfloat16 math, float32 weights; "
-                                 "mixed_float16: float16 math with loss scaling")
+    precision: str = option("auto", choices=TRAIN_PRECISIONS,
+                            help="auto: mixed_bfloat16 on a GPU with bfloat16 and on a "
+                                 "PyTorch CPU with AMX-BF16/AVX512-BF16 (d_model >= 128), "
+                                 "else float32 (metrics.json: precision); mixed_bfloat16: "
+                                 "bfloat16 math, float32 weights; mixed_float16: float16 "
+                                 "math with loss scaling")
     distribution: str = option("none", choices=DISTRIBUTIONS,
                                help="several devices (JAX backend): data_parallel or "
                                     "model_parallel (training/distribution.py)")
@@ -321,8 +325,9 @@ class TrainOptions(_Section):
 
     @property
     def precision_policy(self):
-        """The Keras dtype policy: ``precision``, or ``mixed_bfloat16`` under the older
-        spelling ``mixed_precision: true``."""
+        """``precision``, or ``mixed_bfloat16`` under the older spelling
+        ``mixed_precision: true``: a Keras dtype policy, or ``auto``
+        (``training/precision.py: resolve_precision`` decides)."""
         return "mixed_bfloat16" if self.mixed_precision else self.precision
 
 

@@ -26,6 +26,8 @@ if keras.backend.backend() == "torch":
     # Others (feedforward.gelu_tanh) are called as they are, on the torch tensor.
     _TORCH_ACTIVATIONS = {keras.activations.gelu: F.gelu, keras.activations.relu: F.relu,
                           keras.activations.silu: F.silu}
+    _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                     "float16": torch.float16, "float64": torch.float64}
 
 
 def call_sublayer(layer, *args, **kwargs):
@@ -36,42 +38,64 @@ def call_sublayer(layer, *args, **kwargs):
     call (input conversion, call context, mask inference, name and autocast scopes) than a
     small layer's arithmetic, and each ``keras.ops`` function adds its own wrapper around
     the ``torch`` kernel. For a built layer called on PyTorch
-    tensors of its compute dtype (floats; ids are not cast), with no mixed-precision
-    autocast (compute dtype = variable dtype) and no distribution layout to apply,
-    ``__call__`` does nothing but run ``layer.call``: this helper then calls ``layer.call``
-    directly, and for plain ``Dense`` and ``LayerNormalization`` layers (no LoRA, no
-    quantization, last-axis normalisation) the same ``torch`` kernels that their ``call``
-    reaches through ``keras.ops``. Everywhere
-    else (JAX and TensorFlow, which trace once; symbolic inputs; mixed precision; a
-    ``keras.distribution``) it is ``layer(*args, **kwargs)``. The outputs carry no Keras
-    mask: callers pass masks on explicitly.
+    tensors of its compute dtype (floats; ids are not cast), with no autocast scope to open
+    (compute dtype = variable dtype, or an enclosing mixed-precision scope of the layer's
+    compute dtype already in force: the training step's, :func:`cast_once`, or Keras' own)
+    and no distribution layout to apply, ``__call__`` does nothing but run ``layer.call``:
+    this helper then calls ``layer.call`` directly, and for plain ``Dense`` and
+    ``LayerNormalization`` layers (no LoRA, no quantization, last-axis normalisation) the
+    same ``torch`` kernels that their ``call`` reaches through ``keras.ops``. Everywhere
+    else (JAX and TensorFlow, which trace once; symbolic inputs; a layer that would open a
+    scope of its own; a ``keras.distribution``) it is ``layer(*args, **kwargs)``. The
+    outputs carry no Keras mask: callers pass masks on explicitly.
     """
     x = args[0]
+    kind = type(layer).call
+    if kind is keras.layers.LayerNormalization.call and not layer.rms_scaling \
+            and layer.axis in (-1, [-1]) and not kwargs and _layer_norm_allowed(layer, x):
+        return _layer_norm(layer, x)
     if not direct_call_allowed(layer, x):
         return layer(*args, **kwargs)
-    kind = type(layer).call
     if kind is keras.layers.Dense.call and not layer.lora_enabled \
             and layer.quantization_mode is None and not kwargs:
         return _dense(layer, x)
-    if kind is keras.layers.LayerNormalization.call and not layer.rms_scaling \
-            and layer.axis in (-1, [-1]) and not kwargs:
-        return _layer_norm(layer, x)
     return layer.call(*args, **kwargs)
 
 
 def direct_call_allowed(layer, x):
     """Whether ``layer(x, ...)`` would only run ``layer.call(x, ...)`` (see
     :func:`call_sublayer`): the shortcuts apply to ``x`` (:func:`~transformerkit.fastpath.applies`),
-    a built layer, an input of its compute dtype (or ids), no mixed-precision autocast (the
-    layer's own or an enclosing one), no distribution layout to apply."""
+    a built layer, an input of its compute dtype (or ids), no distribution layout to apply,
+    and the autocast scope Keras' call would leave in force: none for a layer whose compute
+    dtype is its variables' dtype, or an enclosing mixed-precision scope of the layer's
+    compute dtype (Keras keeps that scope for an autocasting layer, and the weights the call
+    reads are cast by it as under Keras' call)."""
     if not fastpath.applies(x):
         return False
     autocast_scope = internals.get("get_autocast_scope")
-    return (autocast_scope is not None and layer.built
-            and layer.compute_dtype == layer.variable_dtype and autocast_scope() is None
-            and (not x.is_floating_point()  # Keras would cast float inputs to compute_dtype
-                 or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
-            and keras.distribution.distribution() is None)
+    if autocast_scope is None or not layer.built or keras.distribution.distribution() is not None:
+        return False
+    scope = autocast_scope()
+    if scope is None:
+        allowed = layer.compute_dtype == layer.variable_dtype
+    else:
+        allowed = layer.autocast and scope.dtype == layer.compute_dtype
+    return allowed and (not x.is_floating_point()  # Keras would cast floats to compute_dtype
+                        or keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype)
+
+
+def _layer_norm_allowed(layer, x):
+    """Whether the ``LayerNormalization`` shortcut may replace ``layer(x)``: as
+    :func:`direct_call_allowed`, or inside a mixed-precision autocast scope of the layer's
+    compute dtype, where Keras' LayerNormalization (``autocast=False``: its float32 weights
+    are never cast, nor its input) normalises in float32 and returns the compute dtype."""
+    if direct_call_allowed(layer, x):
+        return True
+    autocast_scope = internals.get("get_autocast_scope")
+    scope = None if autocast_scope is None else autocast_scope()
+    return (scope is not None and fastpath.applies(x) and layer.built
+            and not layer.autocast and scope.dtype == layer.compute_dtype
+            and x.is_floating_point() and keras.distribution.distribution() is None)
 
 
 def _dense(layer, x):
@@ -87,8 +111,13 @@ def _dense(layer, x):
 
 
 def _layer_norm(layer, x):
-    """``LayerNormalization.call`` over the last axis (``F.layer_norm``, as ``keras.ops``)."""
-    return normalize(x, norm_weights(layer))
+    """``LayerNormalization.call`` over the last axis (``F.layer_norm``, as ``keras.ops``).
+    Under mixed precision (a bfloat16 ``x``, float32 weights) PyTorch's kernel normalises in
+    float32 and rounds its result to ``x``'s dtype once, as Keras' float32 normalisation and
+    cast do; the output is then in the layer's compute dtype."""
+    y = normalize(x, norm_weights(layer))
+    dtype = layer.compute_dtype
+    return y if keras.backend.standardize_dtype(y.dtype) == dtype else y.to(_TORCH_DTYPES[dtype])
 
 
 # Weights as torch tensors, and the two kernels that use them. The one-position decoder step
@@ -174,6 +203,69 @@ if keras.backend.backend() == "torch":
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 grad_bias = grad.sum(0)
             return grad_x, grad_kernel, grad_bias
+
+
+def cast_once(dtype):
+    """A Keras autocast scope (``keras.src.backend.AutocastScope``, through
+    :mod:`transformerkit.internals`) to ``dtype`` that casts each float variable once while it
+    is in force, not at every use: the mixed-precision training step
+    (``training/step.py: TrainStep``) runs its forward pass in one, so that every weight's
+    bfloat16 copy is made once per step. None where Keras lacks the scope class.
+
+    A copy is keyed on the variable's tensor and its in-place version counter (an update
+    writes a new version, which is cast anew). Where autograd records, each use is an
+    autograd node of its own over the one copy (:class:`_CastOnceGrad`): its gradient
+    reaches the float32 variable converted to float32 per use and summed there in float32,
+    exactly as under Keras' scope, whose every use is a cast of its own. The copies live as
+    long as the scope object: make one per step."""
+    base = internals.get("autocast_scope")
+    if base is None:
+        return None
+    if base not in _CAST_ONCE_CLASSES:
+        _CAST_ONCE_CLASSES[base] = type("CastOnceScope", (base,), {
+            "__doc__": cast_once.__doc__, "maybe_cast": _cast_once_maybe_cast})
+    scope = _CAST_ONCE_CLASSES[base](dtype)
+    scope.copies = {}
+    return scope
+
+
+_CAST_ONCE_CLASSES = {}
+
+
+def _cast_once_maybe_cast(self, value):
+    """``AutocastScope.maybe_cast`` with the copies of :func:`cast_once`."""
+    if self.dtype is None or not isinstance(value, torch.Tensor) \
+            or not value.is_floating_point():
+        return super(type(self), self).maybe_cast(value)
+    target = _TORCH_DTYPES[self.dtype]
+    if value.dtype == target:
+        return value
+    entry = self.copies.get(id(value))
+    version = value._version
+    if entry is None or entry[0] is not value or entry[1] != version:
+        with torch.no_grad():
+            entry = (value, version, value.to(target))
+        self.copies[id(value)] = entry
+    if torch.is_grad_enabled() and value.requires_grad:
+        return _CastOnceGrad.apply(value, entry[2])
+    return entry[2]
+
+
+if keras.backend.backend() == "torch":
+    class _CastOnceGrad(torch.autograd.Function):
+        """One use of :func:`cast_once`'s copy ``cast`` of ``master``: forward the copy (a
+        view of it), backward the gradient converted to ``master``'s dtype, what the
+        backward pass of ``master.to(cast.dtype)`` gives."""
+
+        @staticmethod
+        def forward(ctx, master, cast):
+            ctx.master_dtype = master.dtype
+            return cast.view_as(cast)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            return grad.to(ctx.master_dtype), None
 
 
 class PackedLinear(NamedTuple):

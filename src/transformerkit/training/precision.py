@@ -1,18 +1,148 @@
-"""``train.precision``: float32, or mixed_bfloat16 (bfloat16 math, float32 weights).
+"""``train.precision``: auto, float32, or mixed_bfloat16 (bfloat16 math, float32 weights).
 
 Under ``mixed_bfloat16`` the layers compute in bfloat16 and keep float32 variables; the
 numerically delicate parts stay in float32: the attention softmax
 (:func:`transformerkit.layers.attention.scaled_dot_product_attention` casts its logits,
 and the fused kernels of JAX and PyTorch accumulate the softmax in float32), layer
 normalisation (Keras computes it in float32), the models' logits (cast to float32) and the
-masked cross-entropy (computed in float32).
+masked cross-entropy (computed in float32). On eager PyTorch the training step casts each
+weight to bfloat16 once per step (``training/step.py``, ``layers/calls.py: cast_once``)
+and its products run on oneDNN's bfloat16 kernels (AVX512-BF16 or AMX).
+
+``auto`` (the default) is resolved per machine by :func:`resolve_precision`:
+``mixed_bfloat16`` where the bfloat16 step is the faster one, ``float32`` elsewhere.
 """
 
 import contextlib
+import os
+from typing import NamedTuple
 
 import keras
 
 from transformerkit.config import PRECISIONS
+
+# The widths from which the PyTorch CPU step gains from bfloat16 products: below it the
+# casts and the float32 parts around the products cost more than the products save
+# (bench/precision_step.py; docs/benchmarks.md, "Training step").
+AUTO_MIN_D_MODEL = 128
+
+# oneDNN's ISA levels (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA) with bfloat16
+# dot-product instructions (AVX512-BF16, AMX-BF16 and their successors); a cap below them
+# makes oneDNN's bfloat16 products emulated, several times slower than float32
+_BFLOAT16_ISAS = {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX",
+                  "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+                  "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL", "DEFAULT"}
+# the CPU flags (/proc/cpuinfo) of bfloat16 dot products
+_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+class Precision(NamedTuple):
+    """The precision a run trains in: ``used`` (a Keras dtype policy) and why."""
+
+    used: str
+    reason: str
+
+
+def resolve_precision(name, d_model=None, backend=None):
+    """The :class:`Precision` that ``train.precision: name`` means on this machine.
+
+    ``float32``, ``mixed_bfloat16`` and ``mixed_float16`` mean themselves. ``auto``:
+
+    - on a GPU: ``mixed_bfloat16`` where it has bfloat16 (PyTorch's
+      ``torch.cuda.is_bf16_supported``; a TPU, or a JAX/TensorFlow GPU), else ``float32``;
+    - on a CPU, PyTorch backend: ``mixed_bfloat16`` where the CPU has bfloat16 dot products
+      (``amx_bf16`` or ``avx512_bf16`` in ``/proc/cpuinfo``), PyTorch has oneDNN, no
+      ``ONEDNN_MAX_CPU_ISA`` cap keeps oneDNN below them, and the model is at least
+      :data:`AUTO_MIN_D_MODEL` wide (``d_model``; None: not known, taken as wide enough);
+      ``float32`` elsewhere: without those units PyTorch's bfloat16 products are emulated
+      and many times slower (docs/benchmarks.md);
+    - on a CPU, JAX and TensorFlow: ``float32`` (the bfloat16 CPU step made to pay is
+      PyTorch's).
+
+    The decision reads the flags and the environment only (nothing is timed); it is the
+    same for every call in a process.
+    """
+    if name not in (*PRECISIONS, "auto"):
+        raise ValueError(f"precision must be auto or one of {PRECISIONS}, got {name!r}")
+    if name != "auto":
+        return Precision(name, f"train.precision: {name}")
+    backend = backend or keras.backend.backend()
+    accelerator = _accelerator_bfloat16(backend)
+    if accelerator is not None:
+        return accelerator
+    if backend != "torch":
+        return Precision("float32", f"auto: CPU on the {backend} backend, where bfloat16 "
+                                    "training is not faster (the fast bfloat16 CPU step is "
+                                    "PyTorch's)")
+    units = cpu_bfloat16_units()
+    if not units:
+        return Precision("float32", "auto: this CPU has no bfloat16 dot products "
+                                    "(amx_bf16, avx512_bf16); bfloat16 would be emulated")
+    capped = onednn_isa_cap()
+    if capped is not None and capped not in _BFLOAT16_ISAS:
+        return Precision("float32", f"auto: ONEDNN_MAX_CPU_ISA={capped} keeps oneDNN below "
+                                    "its bfloat16 kernels")
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return Precision("float32", "auto: this PyTorch has no oneDNN (its bfloat16 "
+                                    "products)")
+    if d_model is not None and d_model < AUTO_MIN_D_MODEL:
+        return Precision("float32", f"auto: d_model {d_model} < {AUTO_MIN_D_MODEL}: at this "
+                                    "width the casts cost more than bfloat16 products save")
+    return Precision("mixed_bfloat16", f"auto: CPU with {'/'.join(units)}, oneDNN's "
+                                       "bfloat16 products")
+
+
+def _accelerator_bfloat16(backend):
+    """:class:`Precision` for a run on an accelerator, or None on a CPU."""
+    if backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        if torch.cuda.is_bf16_supported():
+            return Precision("mixed_bfloat16", "auto: GPU with bfloat16")
+        return Precision("float32", "auto: GPU without bfloat16")
+    if backend == "jax":
+        import jax
+
+        platform = jax.default_backend()
+        if platform == "cpu":
+            return None
+        return Precision("mixed_bfloat16", f"auto: {platform.upper()} (bfloat16)")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            return None
+        return Precision("mixed_bfloat16", "auto: GPU (bfloat16)")
+    return None
+
+
+def cpu_bfloat16_units():
+    """The bfloat16 dot-product flags of this CPU among ``amx_bf16``, ``avx512_bf16``
+    (``/proc/cpuinfo``; an empty tuple where it cannot be read: not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    flags = set(value.split())
+                    return tuple(flag for flag in _BFLOAT16_FLAGS if flag in flags)
+    except OSError:
+        pass
+    return ()
+
+
+def onednn_isa_cap():
+    """The ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) cap in force, upper-cased, or
+    None when unset."""
+    for variable in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value.upper()
+    return None
 
 
 @contextlib.contextmanager

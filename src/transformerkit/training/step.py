@@ -26,12 +26,13 @@ metrics objects with less Python around them (``tests/layers/test_fast_paths.py`
 numbers). The private Keras pieces both use are looked up in :mod:`transformerkit.internals`.
 """
 
+import contextlib
 import warnings
 
 import keras
 
 from transformerkit import fastpath, internals
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import call_sublayer, cast_once
 from transformerkit.special_tokens import PAD_ID
 
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size
@@ -80,22 +81,37 @@ class TrainStep:
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         clear_losses()
-        positions = self.real_label_positions(model, y, sample_weight)
-        if positions is None:
-            y_pred = call_sublayer(model, x, training=True)
-        else:  # logits, loss and metrics of the real tokens only: (1, n, vocab), (1, n)
-            y_pred = call_sublayer(model, x, training=True, logit_positions=positions)[None]
-            y = torch.as_tensor(y).reshape(1, -1)[:, positions]
         for variable in weights:
             variable.value.grad = None
-        loss = compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                            training=True)
+        positions = self.real_label_positions(model, y, sample_weight)
+        with self._casts(model):
+            if positions is None:
+                y_pred = call_sublayer(model, x, training=True)
+            else:  # logits, loss and metrics of the real tokens only: (1, n, vocab), (1, n)
+                y_pred = call_sublayer(model, x, training=True, logit_positions=positions)[None]
+                y = torch.as_tensor(y).reshape(1, -1)[:, positions]
+            loss = compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                training=True)
         batch_size = next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
         loss_tracker.update_state(loss, sample_weight=batch_size)
         model.optimizer.scale_loss(loss).backward()
         with torch.no_grad():
             self._apply(model.optimizer, [v.value.grad for v in weights], weights)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    @staticmethod
+    def _casts(model):
+        """The scope of the forward pass: for a mixed-precision model (float32 weights,
+        bfloat16 or float16 compute dtype) one that casts each weight once in the step
+        (:func:`~transformerkit.layers.calls.cast_once`: float32 master weights, their
+        low-precision copies made at their first use and dropped with the scope, after the
+        step); for others nothing (Keras' own call casts under its per-use scope where
+        the scope class is missing)."""
+        compute, variables = model.compute_dtype, model.variable_dtype
+        scope = None
+        if compute != variables and compute in ("bfloat16", "float16"):
+            scope = cast_once(compute)
+        return contextlib.nullcontext() if scope is None else scope
 
     def _keras_torch_step(self, model, data):
         """Keras' own PyTorch ``train_step`` (Keras 3.15, line for line) with the gradient

@@ -76,7 +76,7 @@ from transformerkit.training.losses import (
 )
 from transformerkit.training.monitors import build_monitors
 from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
-from transformerkit.training.precision import precision_policy
+from transformerkit.training.precision import precision_policy, resolve_precision
 from transformerkit.training.processes import setup as setup_processes
 from transformerkit.training.reports import write_final_reports
 from transformerkit.training.schedules import paper_optimizer
@@ -125,10 +125,13 @@ def train(config, run_dir, resume=False):
             if pretrained is not None:  # read back by every rank's data preparation
                 pretrained.write_tokenizers(run)
     keras.utils.set_random_seed(train_cfg.seed)
+    precision = resolve_precision(train_cfg.precision_policy, config.model.get("d_model"))
+    log.info("precision: %s (%s)", precision.used, precision.reason)
     try:
-        with precision_policy(train_cfg.precision_policy), \
+        with precision_policy(precision.used), \
                 (dist.scope() if dist else contextlib.nullcontext()):
-            return _train(config, run, checkpoints, resume, dist, group, pretrained)
+            return _train(config, run, checkpoints, resume, dist, group, precision,
+                          pretrained)
     finally:
         if group.kind == "torch":
             import torch.distributed
@@ -148,7 +151,7 @@ def _prepare_data(config, run, resume, group):
     return data
 
 
-def _train(config, run, checkpoints, resume, dist, group, pretrained=None):
+def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=None):
     train_cfg = config.train
     data = _prepare_data(config, run, resume or pretrained is not None, group)
     for key, value in data.info.items():
@@ -245,6 +248,7 @@ def _train(config, run, checkpoints, resume, dist, group, pretrained=None):
         "stopped_by": ("early_stopping" if checkpoint.stopped_early
                        else stop.stopped_by or "epochs"),
         "accumulate_steps": train_cfg.accumulate_steps,
+        "precision": precision._asdict(),  # what train.precision (auto) resolved to, and why
         **({"processes": group.size} if group.distributed else {}),
         **({"gradient_all_reduces": step.gradient_sync.calls,  # one per update
             "gradient_bytes_per_all_reduce": step.gradient_sync.bytes_per_call}
