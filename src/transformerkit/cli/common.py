@@ -8,9 +8,12 @@ import sys
 
 # -- using a trained run ------------------------------------------------------------------------
 def load_run(args):
+    """The run of ``args.run_dir`` at ``--checkpoint``, decoding at ``--precision`` (for the
+    commands that have it; float32 for the others)."""
     from transformerkit.api import load
 
-    return load(args.run_dir, checkpoint=args.checkpoint)
+    return load(args.run_dir, checkpoint=args.checkpoint,
+                precision=getattr(args, "precision", "float32"))
 
 
 def echo(text=""):
