@@ -140,20 +140,19 @@ class Run:
 
     def translate_batches(self, texts, options=None, engine="keras", precision=None,
                           **keywords):
-        """Like :meth:`translate` for a list, but yields ``(indices, results)`` per batch as
-        soon as it is decoded (used by the CLI to stream)."""
+        """Like :meth:`translate` for a list, but returns an iterator of ``(indices,
+        results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
+        arguments are checked before it is returned."""
         from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import translate_batches
+        from transformerkit.layers.lowprec import iterate
 
         self._require("transformer", "translate_batches")
         options = resolve(SearchOptions, options, keywords, "translate_batches()")
         precision = self._precision(precision, engine)
         if engine != "keras":
-            yield from self._engine(engine).translate_batches(texts, options)
-            return
-        from transformerkit.layers.lowprec import iterate
-
-        yield from iterate(precision, translate_batches(
+            return self._engine(engine).translate_batches(texts, options)
+        return iterate(precision, translate_batches(
             self.model, self.source_tokenizer, self.target_tokenizer, texts, options))
 
     def _precision(self, precision, engine):

@@ -486,3 +486,28 @@ def test_serving_loads_runs_at_a_precision(trained_run):
         serve([trained_run.run_dir], engine="ctranslate2", precision="bfloat16")
     with pytest.raises(ValueError, match="--precision must be one of"):
         serve([trained_run.run_dir], precision="fp8")
+
+
+def test_command_line_precision(trained_run, capsys, monkeypatch):
+    """``translate --precision`` prints what ``Run.translate(precision=)`` returns; a bad
+    value is argparse's one-line error naming the choices; bfloat16 with CTranslate2 is a
+    one-line error too."""
+    from transformerkit import cli
+
+    monkeypatch.setenv("TRANSFORMERKIT_MALLOC", "system")  # not this process's malloc
+    capsys.readouterr()
+    assert cli.main(["translate", str(trained_run.run_dir), "--precision", "int8", "--beam",
+                     "1", *SOURCES[:2]]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == trained_run.translate(SOURCES[:2], beam_size=1, precision="int8")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", str(trained_run.run_dir), "--precision", "fp16", "ein"])
+    assert exit_info.value.code == 2
+    assert "argument --precision: invalid choice: 'fp16' (choose from float32, bfloat16, " \
+           "int8, auto)" in capsys.readouterr().err.replace("'float32', 'bfloat16', 'int8', "
+                                                             "'auto'", "float32, bfloat16, "
+                                                                       "int8, auto")
+    status = cli.main(["translate", str(trained_run.run_dir), "--precision", "bfloat16",
+                       "--engine", "ctranslate2", "ein"])
+    err = capsys.readouterr().err
+    assert status == 2 and "precision bfloat16 applies to the keras engine" in err

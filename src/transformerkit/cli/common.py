@@ -79,9 +79,14 @@ def stderr_console():
 
 
 def engine_of(args, run):
-    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine."""
+    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine (which takes no
+    ``--precision`` but float32 and auto: checked before it loads)."""
     if args.engine == "keras":
         return "keras"
+    precision = getattr(args, "precision", "float32")
+    if precision not in ("float32", "auto"):
+        raise ValueError(f"precision {precision} applies to the keras engine; CTranslate2's "
+                         "precision is chosen at export (transformerkit export --quantization)")
     from transformerkit.export.runtime import CTranslate2Engine
 
     return CTranslate2Engine(run, threads=args.threads)
