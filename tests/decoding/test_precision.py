@@ -410,7 +410,8 @@ def test_onednn_cap_reads_the_environment(monkeypatch):
 
 
 def run_python(code, **env):
-    environment = dict(os.environ, PYTHONPATH=str(ROOT / "src"), KERAS_BACKEND="torch", **env)
+    environment = dict(os.environ, PYTHONPATH=str(ROOT / "src"), KERAS_BACKEND="torch",
+                       **{"TRANSFORMERKIT_FAST_PATHS": "1", **env})  # on unless env says
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
