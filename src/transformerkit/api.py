@@ -109,9 +109,9 @@ class Run:
                 :mod:`transformerkit.export.runtime` for how the options map), or a
                 ``transformerkit.export.runtime.CTranslate2Engine``.
             precision: the products of the model's ``Dense`` layers in ``float32``,
-                ``bfloat16`` (about twice as fast where the CPU has AVX512-BF16 or AMX; each
-                product within bfloat16 rounding), ``int8`` (dynamic quantization,
-                per-channel weights) or ``auto`` (bfloat16 where the CPU has bfloat16
+                ``bfloat16`` (faster products where the CPU has AVX512-BF16 or AMX: 1.3-2x
+                on an AVX512-BF16 EPYC; each within bfloat16 rounding), ``int8`` (dynamic
+                quantization, per-channel weights) or ``auto`` (bfloat16 where the CPU has bfloat16
                 units, else float32: :mod:`transformerkit.precisions`); None: the run's
                 ``precision`` (float32 unless :func:`load` set it). The rest (softmax,
                 LayerNorm, the search) stays float32; docs/decoding.md, "Precision".

@@ -6,7 +6,8 @@ products of the ``Dense`` layers at inference (:mod:`transformerkit.layers.lowpr
 
 - **bfloat16** where the CPU has bfloat16 dot-product units (``avx512_bf16`` or
   ``amx_bf16`` in ``/proc/cpuinfo``) and oneDNN may use them (``ONEDNN_MAX_CPU_ISA``, if
-  set, is ``AVX512_CORE_BF16`` or above): its products run twice as fast or more, and its
+  set, is ``AVX512_CORE_BF16`` or above): its products ran 1.3-2x as fast on an
+  AVX512-BF16 CPU (AMX units are faster still), and its
   outputs stay within bfloat16 rounding of float32's (docs/benchmarks.md, "Decoding
   precision").
 - **float32** elsewhere. Not int8: int8 rounds every product's input to 8 bits, which moves

@@ -169,7 +169,7 @@ def _add_use_commands(command):
                        help="CTranslate2 threads (intra_threads; 0: its default)")
         p.add_argument("--precision", choices=PRECISIONS, default="float32",
                        help="the keras engine's Dense products: float32 (default), bfloat16 "
-                            "(AVX512-BF16/AMX CPUs, about 2x faster), int8 (dynamic "
+                            "(faster products on AVX512-BF16/AMX CPUs), int8 (dynamic "
                             "quantization) or auto (bfloat16 where the CPU has bfloat16 "
                             "units, else float32); docs/decoding.md, Precision")
 

@@ -13,8 +13,8 @@ float32 output.
   (``torch.ops.mkldnn._reorder_linear_weight``, the float32 path's kernels; AVX512-BF16 or
   AMX units), the input rounded to bfloat16, the products summed in float32, the output
   rounded to bfloat16 then widened. (Against ``addmm`` on a bfloat16 weight copy the
-  packed kernel was 8-25% faster on the output projection and within the noise elsewhere:
-  docs/benchmarks.md, "Decoding precision".) Where
+  packed kernel was 6-19% faster on the output projection, the largest product, and faster
+  or equal on most others: docs/benchmarks.md, "Decoding precision".) Where
   oneDNN refuses bfloat16 (no such units, or ``ONEDNN_MAX_CPU_ISA`` below
   ``AVX512_CORE_BF16``), the same roundings are made around a float32 product (a warning
   says so once): the numbers of bfloat16, the speed of float32, never the 50x slower
