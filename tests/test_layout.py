@@ -22,7 +22,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "transformerkit"
 
 LEAVES = {"allocator", "backend", "data", "declared", "evaluation", "fastpath", "files",
-          "internals", "plotting", "run_directory", "special_tokens"}
+          "internals", "plotting", "precisions", "run_directory", "special_tokens"}
 LEVELS = {
     "layers": 1,
     "models": 2,

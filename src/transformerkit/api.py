@@ -20,7 +20,7 @@ from transformerkit.run_directory import RunDirectory
 from transformerkit.special_tokens import SPECIAL_TOKENS
 
 
-def load(run_dir, checkpoint="model"):
+def load(run_dir, checkpoint="model", precision="float32"):
     """Load a run directory written by ``transformerkit train``.
 
     Args:
@@ -29,12 +29,17 @@ def load(run_dir, checkpoint="model"):
             score, see ``train.early_stopping_metric``), ``"averaged"`` (``transformerkit
             average``), the name of a file in ``RUN/checkpoints`` or a path to a ``.keras``
             file.
+        precision: what the run decodes in unless a call says otherwise (its
+            ``precision`` attribute): ``float32`` (default), ``bfloat16``, ``int8`` or
+            ``auto`` (see :meth:`Run.translate`).
 
     Returns a :class:`Run`.
     """
     from transformerkit.data.tokenizers import load_tokenizer
+    from transformerkit.precisions import check
     from transformerkit.saving import load_model
 
+    check(precision)
     run = RunDirectory(run_dir)
     if not os.path.isfile(run.config):
         raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
@@ -47,7 +52,9 @@ def load(run_dir, checkpoint="model"):
         load_tokenizer(target_path)
     # an encoder without a classifier head (an imported BERT) has no labels
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
-    return Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
+    loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
+    loaded.precision = precision
+    return loaded
 
 
 class Run:
@@ -57,7 +64,9 @@ class Run:
     resolved :class:`~transformerkit.config.RunConfig`: ``config.train.epochs``, ...),
     ``source_tokenizer``, ``target_tokenizer`` (the same object for a shared vocabulary, a
     GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
-    "encoder"), ``labels`` (an encoder classifier's class names by class id, else None).
+    "encoder"), ``labels`` (an encoder classifier's class names by class id, else None),
+    ``precision`` (what translations and generations compute in when a call names none:
+    ``float32`` unless :func:`load` was told otherwise).
     """
 
     def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None,
@@ -69,6 +78,7 @@ class Run:
         self.run_dir = run_dir
         self.kind = config.model["type"]
         self.labels = labels
+        self.precision = "float32"
 
     def __repr__(self):
         return (f"Run({self.run_dir!r}, {type(self.model).__name__}, "
@@ -80,7 +90,7 @@ class Run:
                             f"{self.kind}")
 
     # -- translation ------------------------------------------------------------------------
-    def translate(self, texts, options=None, engine="keras", **keywords):
+    def translate(self, texts, options=None, engine="keras", precision=None, **keywords):
         """Translate one text (returns a str) or a list of texts (returns a list).
 
         Args:
@@ -98,6 +108,15 @@ class Run:
                 written into the run directory on first use; see
                 :mod:`transformerkit.export.runtime` for how the options map), or a
                 ``transformerkit.export.runtime.CTranslate2Engine``.
+            precision: the products of the model's ``Dense`` layers in ``float32``,
+                ``bfloat16`` (faster products where the CPU has AVX512-BF16 or AMX: 1.3-2x
+                on an AVX512-BF16 EPYC; each within bfloat16 rounding), ``int8`` (dynamic
+                quantization, per-channel weights) or ``auto`` (bfloat16 where the CPU has bfloat16
+                units, else float32: :mod:`transformerkit.precisions`); None: the run's
+                ``precision`` (float32 unless :func:`load` set it). The rest (softmax,
+                LayerNorm, the search) stays float32; docs/decoding.md, "Precision".
+                bfloat16 and int8 need the PyTorch backend with its fast paths and the keras
+                engine (CTranslate2's is chosen at export: ``--quantization``).
 
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
@@ -108,29 +127,51 @@ class Run:
         self._require("transformer", "translate")
         texts, single = as_text_list(texts)
         options = resolve(SearchOptions, options, keywords, "translate()")
+        precision = self._precision(precision, engine)
         if engine != "keras":
             results = self._engine(engine).translate(texts, options)
         else:
-            results = translate_texts(self.model, self.source_tokenizer,
-                                      self.target_tokenizer, texts, options)
+            from transformerkit.layers.lowprec import using
+
+            with using(precision):
+                results = translate_texts(self.model, self.source_tokenizer,
+                                          self.target_tokenizer, texts, options)
         return results[0] if single else results
 
-    def translate_batches(self, texts, options=None, engine="keras", **keywords):
-        """Like :meth:`translate` for a list, but yields ``(indices, results)`` per batch as
-        soon as it is decoded (used by the CLI to stream)."""
+    def translate_batches(self, texts, options=None, engine="keras", precision=None,
+                          **keywords):
+        """Like :meth:`translate` for a list, but returns an iterator of ``(indices,
+        results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
+        arguments are checked before it is returned."""
         from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import translate_batches
+        from transformerkit.layers.lowprec import iterate
 
         self._require("transformer", "translate_batches")
         options = resolve(SearchOptions, options, keywords, "translate_batches()")
+        precision = self._precision(precision, engine)
         if engine != "keras":
-            yield from self._engine(engine).translate_batches(texts, options)
-            return
-        yield from translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
-                                     texts, options)
+            return self._engine(engine).translate_batches(texts, options)
+        return iterate(precision, translate_batches(
+            self.model, self.source_tokenizer, self.target_tokenizer, texts, options))
+
+    def _precision(self, precision, engine):
+        """The precision a call runs at: ``precision``, or the run's for None; checked (a
+        clear ``ValueError`` for a bad name, or bfloat16/int8 with CTranslate2)."""
+        from transformerkit.layers.lowprec import resolve
+        from transformerkit.precisions import check
+
+        precision = self.precision if precision is None else check(precision)
+        if engine != "keras" and precision not in ("float32", "auto"):
+            raise ValueError(f"precision {precision} applies to the keras engine; "
+                             "CTranslate2's precision is chosen at export (transformerkit "
+                             "export --quantization)")
+        if engine == "keras":
+            resolve(precision)  # bfloat16/int8 where they cannot run: the error, now
+        return precision
 
     # -- generation -------------------------------------------------------------------------
-    def generate(self, prompt, options=None, engine="keras", **keywords):
+    def generate(self, prompt, options=None, engine="keras", precision=None, **keywords):
         """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
 
         ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: its
@@ -138,21 +179,26 @@ class Run:
         0 is greedy), ``top_k`` / ``top_p`` (restrict the draw), ``seed`` (the same seed gives
         the same text), ``stop_at_eos``. An empty prompt raises ``ValueError``; a prompt
         longer than the model's ``max_length`` keeps its end, with a warning. ``engine``: as
-        in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only).
+        in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only);
+        ``precision``: as in :meth:`translate`.
         """
         from transformerkit.decoding.sampling import generate_ids
+        from transformerkit.layers.lowprec import using
 
         options = self._generation_options(options, keywords, "generate")
+        precision = self._precision(precision, engine)
         if engine != "keras":
             return self._engine(engine).generate(prompt, options)
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
-        new = generate_ids(self.model, ids, options.max_new_tokens,
-                           temperature=options.temperature, top_k=options.top_k,
-                           top_p=options.top_p, seed=options.seed,
-                           eos_id=eos_id if options.stop_at_eos else None)
+        with using(precision):
+            new = generate_ids(self.model, ids, options.max_new_tokens,
+                               temperature=options.temperature, top_k=options.top_k,
+                               top_p=options.top_p, seed=options.seed,
+                               eos_id=eos_id if options.stop_at_eos else None)
         return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
 
-    def generate_stream(self, prompt, options=None, engine="keras", **keywords):
+    def generate_stream(self, prompt, options=None, engine="keras", precision=None,
+                        **keywords):
         """:meth:`generate`'s continuation while it is made: a generator of text pieces,
         each the new text since the last, empty where a token adds none (an end token, part
         of a character); ``prompt + "".join(pieces)`` is what :meth:`generate` returns with
@@ -171,8 +217,10 @@ class Run:
         ...     print(piece, end="", flush=True)
         """
         from transformerkit.decoding.streaming import stream_ids, text_pieces
+        from transformerkit.layers.lowprec import iterate
 
         options = self._generation_options(options, keywords, "generate_stream")
+        precision = self._precision(precision, engine)
         if engine != "keras":
             return self._engine(engine).generate_stream(prompt, options)
         ids = self._prompt_ids(prompt)
@@ -181,7 +229,7 @@ class Run:
                              top_p=options.top_p, seed=options.seed,
                              eos_id=self.source_tokenizer.eos_id if options.stop_at_eos
                              else None)
-        return text_pieces(self.source_tokenizer, new_ids)
+        return text_pieces(self.source_tokenizer, iterate(precision, new_ids))
 
     def _generation_options(self, options, keywords, method):
         from transformerkit.decoding.options import GenerationOptions, resolve

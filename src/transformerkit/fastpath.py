@@ -13,6 +13,8 @@ direct sub-layer calls,        ``layers/calls.py``
 reshapes, Dense, LayerNorm
 inference weights packed for   ``layers/calls.py: inference_linear`` (the decoder
 oneDNN (no autograd)           step, ``Dense`` under ``torch.no_grad``)
+bfloat16 / int8 inference      ``layers/lowprec.py`` (``--precision``; without the
+products                       shortcuts only float32 runs, the others are refused)
 dropout                        ``layers/dropout.py``
 fused attention kernel         ``layers/attention.py: _fused_attention``
 one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,

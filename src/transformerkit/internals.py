@@ -45,7 +45,14 @@ oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_line
                            stale (without it the weights are packed on every call);
                            ``_linear_pointwise`` also computes the training step's large
                            ``Dense`` products and their input gradients (``_OneDNNLinear``,
-                           faster than ``mm`` there: docs/benchmarks.md, "Training step")
+                           faster than ``mm`` there: docs/benchmarks.md, "Training step");
+                           ``layers/lowprec.py`` packs bfloat16 weights with the same
+                           two kernels (where oneDNN refuses bfloat16: emulated)
+int8 dynamic products      ``layers/lowprec.py``: ``torch.quantize_per_channel``
+                           (deprecated), ``torch.ops.quantized.linear_prepack`` and
+                           ``torch.ops.quantized.linear_dynamic``, the kernels of
+                           ``torch.ao``'s dynamic ``Linear``, for ``precision int8``
+                           (without them the same arithmetic runs in float32)
 optimizer accumulators     ``training/step.py: GradientAllReduce``: a built optimizer's
                            ``_accumulated_gradients``, ``_iterations`` (the micro-batch
                            count) and ``_get_variable_index``, to exchange gradients once
@@ -72,6 +79,9 @@ _FUNCTIONS = {
     "set_global_attribute": ("keras.src.backend.common.global_state", "set_global_attribute"),
     "onednn_pack": ("torch", "ops.mkldnn._reorder_linear_weight"),
     "onednn_linear": ("torch", "ops.mkldnn._linear_pointwise"),
+    "int8_quantize": ("torch", "quantize_per_channel"),
+    "int8_prepack": ("torch", "ops.quantized.linear_prepack"),
+    "int8_linear": ("torch", "ops.quantized.linear_dynamic"),
 }
 # name -> (module, class, private members that our code overrides or reads)
 _MEMBERS = {

@@ -8,9 +8,12 @@ import sys
 
 # -- using a trained run ------------------------------------------------------------------------
 def load_run(args):
+    """The run of ``args.run_dir`` at ``--checkpoint``, decoding at ``--precision`` (for the
+    commands that have it; float32 for the others)."""
     from transformerkit.api import load
 
-    return load(args.run_dir, checkpoint=args.checkpoint)
+    return load(args.run_dir, checkpoint=args.checkpoint,
+                precision=getattr(args, "precision", "float32"))
 
 
 def echo(text=""):
@@ -76,9 +79,14 @@ def stderr_console():
 
 
 def engine_of(args, run):
-    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine."""
+    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine (which takes no
+    ``--precision`` but float32 and auto: checked before it loads)."""
     if args.engine == "keras":
         return "keras"
+    precision = getattr(args, "precision", "float32")
+    if precision not in ("float32", "auto"):
+        raise ValueError(f"precision {precision} applies to the keras engine; CTranslate2's "
+                         "precision is chosen at export (transformerkit export --quantization)")
     from transformerkit.export.runtime import CTranslate2Engine
 
     return CTranslate2Engine(run, threads=args.threads)

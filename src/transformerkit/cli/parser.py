@@ -8,6 +8,8 @@ Nothing here imports Keras: the backend is chosen from ``--backend`` after parsi
 import argparse
 import re
 
+from transformerkit.precisions import PRECISIONS
+
 BACKENDS = ("torch", "jax", "tensorflow")
 
 
@@ -165,6 +167,11 @@ def _add_use_commands(command):
                             "(RUN/ctranslate2, written on first use)")
         p.add_argument("--threads", type=int, default=0,
                        help="CTranslate2 threads (intra_threads; 0: its default)")
+        p.add_argument("--precision", choices=PRECISIONS, default="float32",
+                       help="the keras engine's Dense products: float32 (default), bfloat16 "
+                            "(faster products on AVX512-BF16/AMX CPUs), int8 (dynamic "
+                            "quantization) or auto (bfloat16 where the CPU has bfloat16 "
+                            "units, else float32); docs/decoding.md, Precision")
 
     def options_flags(p, options_class, names=None):
         """One flag per field of ``options_class`` (``decoding/options.py``), with its type,
@@ -299,6 +306,9 @@ def _add_use_commands(command):
     serve.add_argument("--port", type=int, default=8000, help="port (8000)")
     serve.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
                        help="keras (default) or ctranslate2 (the runs' CTranslate2 exports)")
+    serve.add_argument("--precision", choices=PRECISIONS, default="float32",
+                       help="what the keras engine's Dense products compute in, as for "
+                            "translate (default float32)")
     serve.add_argument("--checkpoint", default="model", help="which weights of each run, as "
                                                              "for translate (model)")
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", default=[],

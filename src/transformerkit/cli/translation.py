@@ -183,4 +183,4 @@ def serve_command(args):
     return serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
                  checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins,
                  api_keys=args.api_keys, no_auth=args.no_auth, workers=args.workers,
-                 shutdown_timeout=args.shutdown_timeout)
+                 shutdown_timeout=args.shutdown_timeout, precision=args.precision)

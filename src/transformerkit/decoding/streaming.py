@@ -26,6 +26,7 @@ How the ids come, per backend:
   near-tie of two ids' scores may fall the other way.
 """
 
+import contextvars
 import queue
 import threading
 
@@ -94,7 +95,9 @@ def _stepped_ids(model, prompt, max_new_tokens, options):
         except BaseException as error:  # handed to the consumer, raised there
             made.put(("error", error))
 
-    thread = threading.Thread(target=search, name="transformerkit-stream", daemon=True)
+    # in a copy of this context: the caller's settings (the products' precision) hold there
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(search,),
+                              name="transformerkit-stream", daemon=True)
     thread.start()
     try:
         while True:

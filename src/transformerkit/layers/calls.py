@@ -10,15 +10,16 @@ import keras
 from keras import ops
 
 from transformerkit import fastpath, internals
+from transformerkit.layers import lowprec
 
 if keras.backend.backend() == "torch":
     import torch
     import torch.nn.functional as F
     from torch.utils.weak import WeakIdKeyDictionary
 
-    # inference_linear's cache: first kernel -> {(kernel ids, transposed): ((id, version) of each
-    # source tensor, PackedLinear)}, keyed by identity (tensors compare elementwise); an entry
-    # lives as long as its first kernel
+    # inference_linear's cache: first kernel -> {(kernel ids, transposed, precision): ((id,
+    # version) of each source tensor, PackedLinear or LowPrecisionLinear)}, keyed by identity
+    # (tensors compare elementwise); an entry lives as long as its first kernel
     _PACKED = WeakIdKeyDictionary()
 
     # Keras activations by their torch kernels, as Keras' own PyTorch backend computes them
@@ -146,9 +147,12 @@ def linear(x, weights):
     """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
     :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``
     (a large product under autograd: :class:`_OneDNNLinear`); or for :class:`PackedLinear`
-    weights from :func:`inference_linear`, one oneDNN product."""
+    weights from :func:`inference_linear`, one oneDNN product; for bfloat16 or int8 weights
+    (:class:`~transformerkit.layers.lowprec.LowPrecisionLinear`), their product."""
     if isinstance(weights, PackedLinear):
         return internals.get("onednn_linear")(x, weights.packed, weights.bias, "none", [], "")
+    if isinstance(weights, lowprec.LowPrecisionLinear):
+        return lowprec.apply(x, weights)
     kernel, bias = weights
     if _onednn_trains(x, kernel):
         y = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), kernel, bias)
@@ -283,21 +287,27 @@ def inference_linear(kernels, biases=None, transposed=False):
     several projections) and their ``biases`` (each None, or all given); ``transposed``: one
     ``(d_out, d_in)`` matrix instead (a tied embedding table).
 
-    For float32 weights on CPU, where PyTorch has oneDNN (its x86 builds), the matrix is
-    packed once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
-    graphs run their linear layers, and reused until one of its source tensors changes (their
-    in-place version counters: training steps and ``assign`` update weights in place; code
-    that writes a weight behind PyTorch's back, through ``.data`` or a raw kernel, must call
-    ``torch.autograd.graph.increment_version`` on it, as this package's fused Adam does).
-    Elsewhere ``(kernel, bias)`` for ``addmm``.
+    At the precision of :func:`transformerkit.layers.lowprec.current` (float32 unless a
+    ``lowprec.using`` block says otherwise). For float32 weights on CPU, where PyTorch has
+    oneDNN (its x86 builds), the matrix is packed once into oneDNN's blocked layout
+    (:class:`PackedLinear`), as PyTorch's own frozen graphs run their linear layers; at
+    bfloat16 or int8, once into that precision's form (:func:`~transformerkit.layers.
+    lowprec.pack`). A packed matrix is reused, per precision, until one of its source
+    tensors changes (their in-place version counters: training steps and ``assign`` update
+    weights in place; code that writes a weight behind PyTorch's back, through ``.data`` or a
+    raw kernel, must call ``torch.autograd.graph.increment_version`` on it, as this
+    package's fused Adam does). Elsewhere (float32) ``(kernel, bias)`` for ``addmm``.
     """
     biases = [None] * len(kernels) if biases is None else list(biases)
-    packing = (kernels[0].device.type == "cpu" and kernels[0].dtype == torch.float32
-               and _onednn_available())
+    precision = lowprec.current() if kernels[0].dtype == torch.float32 else "float32"
+    packing = precision != "float32" or (kernels[0].device.type == "cpu"
+                                         and kernels[0].dtype == torch.float32
+                                         and _onednn_available())
     if packing:
         versions = tuple((id(t), getattr(t, "_version", None))
                          for t in [*kernels, *biases] if t is not None)
-        key = (tuple(id(t) for t in kernels), transposed)  # the query kernel starts two products
+        # the query kernel starts two products (qkv and query alone): the key names all
+        key = (tuple(id(t) for t in kernels), transposed, precision)
         cached = _PACKED.get(kernels[0], {}).get(key)
         if cached is not None and cached[0] == versions:
             return cached[1]
@@ -309,8 +319,11 @@ def inference_linear(kernels, biases=None, transposed=False):
             kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, 1)
         if not packing:
             return kernel.contiguous(), bias
-        weight = internals.get("onednn_pack")(kernel.t().contiguous(), _PACK_ROWS)
-    packed = PackedLinear(weight, bias)
+        if precision == "float32":
+            packed = PackedLinear(internals.get("onednn_pack")(kernel.t().contiguous(),
+                                                               _PACK_ROWS), bias)
+        else:
+            packed = lowprec.pack(kernel.t().contiguous(), bias, precision)
     if all(version is not None for _, version in versions):
         _PACKED.setdefault(kernels[0], {})[key] = (versions, packed)
     return packed

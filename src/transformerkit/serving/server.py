@@ -26,16 +26,17 @@ def run_names(run_dirs):
     return names
 
 
-def load_runs(run_dirs, checkpoint="model", engine="keras"):
+def load_runs(run_dirs, checkpoint="model", engine="keras", precision="float32"):
     """``{name: Run}`` for ``run_dirs``, each loaded once (``transformerkit.load``: Keras
-    safe mode) and warmed up with one short request on ``engine`` (for "ctranslate2" this
-    writes the run's export first if it is missing)."""
+    safe mode) to decode at ``precision`` and warmed up with one short request on ``engine``
+    (for "ctranslate2" this writes the run's export first if it is missing; for the keras
+    engine it packs the weights at that precision)."""
     import transformerkit
 
     runs = {}
     for name, path in zip(run_names(run_dirs), run_dirs, strict=True):
-        run = transformerkit.load(path, checkpoint=checkpoint)
-        log.info("loaded %s as %r: %s", path, name, run)
+        run = transformerkit.load(path, checkpoint=checkpoint, precision=precision)
+        log.info("loaded %s as %r: %s (precision %s)", path, name, run, precision)
         if run.kind == "transformer":
             run.translate(["a"], beam_size=1, max_new_tokens=2, engine=engine)
         elif run.kind == "gpt":
@@ -63,12 +64,13 @@ def check_runs(run_dirs, checkpoint="model"):
 
 
 def build_app(run_dirs, engine="keras", checkpoint="model", limits=None, cors_origins=(),
-              api_keys=()):
+              api_keys=(), precision="float32"):
     """The application ``serve`` runs: :func:`~.app.create_app` with a loader that loads and
     warms ``run_dirs`` (:func:`load_runs`) on a thread once the application starts."""
     from transformerkit.serving.app import create_app
 
-    loader = functools.partial(load_runs, list(run_dirs), checkpoint=checkpoint, engine=engine)
+    loader = functools.partial(load_runs, list(run_dirs), checkpoint=checkpoint, engine=engine,
+                               precision=precision)
     return create_app(loader, limits=limits, engine=engine, cors_origins=cors_origins,
                       api_keys=api_keys)
 
@@ -91,15 +93,22 @@ def app_from_environment():
 
 def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="model",
           limits=None, cors_origins=(), api_keys=(), no_auth=False, workers=1,
-          shutdown_timeout=25.0):
+          shutdown_timeout=25.0, precision="float32"):
     """Serve ``run_dirs`` until SIGTERM or SIGINT (Ctrl-C), then drain for at most
     ``shutdown_timeout`` seconds (:mod:`.shutdown`); ``workers`` processes, each with its
     own copy of the runs (:mod:`.workers`); ``cors_origins`` as for
     :func:`~transformerkit.serving.app.create_app`; the API keys are ``api_keys`` and those
     of ``$TRANSFORMERKIT_API_KEYS``, required on a host other than loopback unless
-    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`). Returns the exit
+    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`); ``precision`` that of
+    every run's products (``Run.translate``). Returns the exit
     status: 0, or 1 if the runs could not be loaded (logged)."""
+    from transformerkit.precisions import check
     from transformerkit.serving.auth import is_loopback, keys_for_host
+
+    check(precision, "--precision")
+    if engine != "keras" and precision not in ("float32", "auto"):
+        raise ValueError(f"--precision {precision} applies to the keras engine; CTranslate2's "
+                         "is chosen at export (transformerkit export --quantization)")
 
     keys = keys_for_host(host, api_keys, no_auth)  # in a moment: before Keras is imported
     from transformerkit.allocator import bound_kernel_caches
@@ -126,7 +135,7 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
     limits = limits or Limits()
     settings = {"run_dirs": [os.fspath(p) for p in run_dirs], "engine": engine,
                 "checkpoint": checkpoint, "limits": dataclasses.asdict(limits),
-                "cors_origins": cors_origins, "api_keys": list(keys)}
+                "cors_origins": cors_origins, "api_keys": list(keys), "precision": precision}
     options = {"host": host, "port": port, "log_level": "warning",
                "timeout_graceful_shutdown": CLOSE_GRACE_S}
     log.info("serving %s on http://%s:%d (engine %s, %d worker process%s); GET /health says "

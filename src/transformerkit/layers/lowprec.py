@@ -1,0 +1,251 @@
+"""Inference products in bfloat16 or int8: the weights packed once, everything else float32.
+
+A model decodes at the precision set by :func:`using` (``Run.translate(precision=...)``,
+``translate --precision``, ``serve --precision``). The precision changes the products of
+the ``Dense`` layers under ``torch.no_grad`` only: :func:`transformerkit.layers.calls.
+inference_linear` packs each weight once per precision (the precision is part of its cache
+key) and :func:`transformerkit.layers.calls.linear` multiplies by it here. The embeddings,
+activations, attention scores and softmax, LayerNorm, the residual sums, the logits'
+log-softmax and the search stay float32; each product takes a float32 input and gives a
+float32 output.
+
+- **bfloat16**: the weight rounded to bfloat16 and packed into oneDNN's blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, the float32 path's kernels; AVX512-BF16 or
+  AMX units), the input rounded to bfloat16, the products summed in float32, the output
+  rounded to bfloat16 then widened. (Against ``addmm`` on a bfloat16 weight copy the
+  packed kernel was 6-19% faster on the output projection, the largest product, and faster
+  or equal on most others: docs/benchmarks.md, "Decoding precision".) Where
+  oneDNN refuses bfloat16 (no such units, or ``ONEDNN_MAX_CPU_ISA`` below
+  ``AVX512_CORE_BF16``), the same roundings are made around a float32 product (a warning
+  says so once): the numbers of bfloat16, the speed of float32, never the 50x slower
+  bfloat16 loop PyTorch has for such CPUs. Off CPU: ``addmm`` in bfloat16.
+- **int8**: dynamic quantization, as ``torch.ao``'s dynamic ``Linear``. Each output
+  channel of the weight has its own scale, ``max |w| / 127``, and int8 values ``round(w /
+  scale)``, packed once (``torch.ops.quantized.linear_prepack``); each call quantizes its
+  input to uint8 with one scale and zero point from its minimum and maximum (including 0)
+  and sums the products in int32 (``torch.ops.quantized.linear_dynamic``: FBGEMM or
+  oneDNN, VNNI where present). The input uses all 8 bits where the CPU has VNNI (its
+  8-bit dot products do not saturate) and 7 bits elsewhere (``reduce_range``). Where these
+  kernels are missing, the same arithmetic runs in float32 (a warning says so once).
+
+The private PyTorch functions used are listed in :mod:`transformerkit.internals`.
+"""
+
+import contextlib
+import contextvars
+import warnings
+from typing import NamedTuple
+
+from transformerkit import fastpath, internals, precisions
+
+_PRECISION = contextvars.ContextVar("transformerkit_inference_precision", default="float32")
+_PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
+_warned = set()
+
+
+def current():
+    """The precision the inference products use here: ``float32``, ``bfloat16`` or ``int8``
+    (set by :func:`using`; float32 outside it)."""
+    return _PRECISION.get()
+
+
+def resolve(precision):
+    """``(precision, why)`` with ``auto`` chosen for this machine
+    (:func:`transformerkit.precisions.choose`); bfloat16 and int8 need the PyTorch backend
+    with its fast paths on, else a clear ``ValueError``."""
+    possible = fastpath.applies()
+    chosen, why = precisions.choose(precision, low_precision_possible=possible)
+    if chosen != "float32" and not possible:
+        raise ValueError(
+            f"precision {chosen} runs on the PyTorch backend with its fast paths on "
+            f"({_why_not_fast()}); use precision float32 or auto here")
+    return chosen, why
+
+
+def _why_not_fast():
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return f"the Keras backend is {keras.backend.backend()}"
+    return "TRANSFORMERKIT_FAST_PATHS turns them off"
+
+
+@contextlib.contextmanager
+def using(precision):
+    """Run the block's inference products at ``precision`` (one of
+    :data:`transformerkit.precisions.PRECISIONS`; ``auto`` resolved by :func:`resolve`).
+    Context-local: other threads and tasks keep theirs."""
+    token = _PRECISION.set(resolve(precision)[0])
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
+
+def iterate(precision, iterator):
+    """The items of ``iterator`` (a generator that decodes), each computed at ``precision``
+    (:func:`using` around every ``next``, not across the ``yield``: the caller's code between
+    items keeps its own precision). Closing this generator closes ``iterator``. A bad
+    ``precision`` fails here, before the first item."""
+    resolve(precision)
+    return _iterate(precision, iterator)
+
+
+def _iterate(precision, iterator):
+    try:
+        while True:
+            with using(precision):
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+class LowPrecisionLinear(NamedTuple):
+    """Weights of :func:`transformerkit.layers.calls.linear` at bfloat16 or int8 (see the
+    module docstring): ``kind`` names the kernel (``bfloat16``, ``bfloat16-emulated``,
+    ``bfloat16-mm``, ``int8``, ``int8-emulated``), ``weight`` its packed weight, ``bias``
+    the bias in the form the kernel takes (or None), ``extra`` the kernel's other argument
+    (int8: ``reduce_range``; the emulations: the scales)."""
+
+    kind: str
+    weight: object
+    bias: object
+    extra: object = None
+
+
+def pack(weight, bias, precision):
+    """``weight`` ``(d_out, d_in)`` float32 and ``bias`` ``(d_out,)`` or None, packed for
+    ``precision`` (``bfloat16`` or ``int8``)."""
+    import torch
+
+    with torch.no_grad():
+        if precision == "bfloat16":
+            return _pack_bfloat16(weight, bias)
+        if precision == "int8":
+            return _pack_int8(weight, bias)
+    raise ValueError(f"no low-precision packing for {precision!r}")
+
+
+def _pack_bfloat16(weight, bias):
+    import torch
+
+    low_bias = None if bias is None else bias.to(torch.bfloat16)
+    if weight.device.type != "cpu":
+        return LowPrecisionLinear("bfloat16-mm", weight.t().to(torch.bfloat16).contiguous(),
+                                  low_bias)
+    reorder = internals.get("onednn_pack") if torch.backends.mkldnn.is_available() else None
+    if reorder is not None and internals.available("onednn_linear"):
+        try:
+            return LowPrecisionLinear("bfloat16", reorder(weight.to(torch.bfloat16),
+                                                          _PACK_ROWS), low_bias)
+        except RuntimeError as err:  # oneDNN without bfloat16 instructions (or capped)
+            reason = str(err).splitlines()[0]
+    else:
+        reason = "this PyTorch has no oneDNN linear kernels"
+    _warn_once("bfloat16", f"bfloat16 products are emulated at float32 speed ({reason}; "
+                           f"{precisions.bfloat16_units()[1]})")
+    rounded = weight.to(torch.bfloat16).float().t().contiguous()
+    return LowPrecisionLinear("bfloat16-emulated", rounded,
+                              None if bias is None else low_bias.float())
+
+
+def int8_weights(weight):
+    """``(values, scales)`` of ``weight`` ``(d_out, d_in)`` float32 quantized per output
+    channel: ``scales`` ``(d_out,)`` = ``max |w| / 127`` (1 for an all-zero channel) and
+    ``values`` = ``round(w / scale)`` as int8 in ``[-127, 127]`` (round half to even)."""
+    import torch
+
+    peak = weight.abs().amax(1)
+    scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    values = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return values, scales
+
+
+def _pack_int8(weight, bias):
+    import torch
+
+    values, scales = int8_weights(weight)
+    reduce_range = not precisions.has_vnni()
+    names = ("int8_quantize", "int8_prepack", "int8_linear")
+    if weight.device.type == "cpu" and all(internals.available(n) for n in names):
+        try:
+            with warnings.catch_warnings():  # quantized tensors are deprecated: our one use
+                warnings.simplefilter("ignore", UserWarning)
+                # values * scale quantizes back to exactly ``values`` (|error| << 1/2)
+                quantized = internals.get("int8_quantize")(
+                    values.float() * scales[:, None], scales.double(),
+                    torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+                packed = internals.get("int8_prepack")(
+                    quantized, None if bias is None else bias.float().contiguous())
+            return LowPrecisionLinear("int8", packed, None, reduce_range)
+        except RuntimeError as err:
+            reason = str(err).splitlines()[0]
+    else:
+        reason = ("not on CPU" if weight.device.type != "cpu"
+                  else "this PyTorch lacks its quantized linear kernels")
+    _warn_once("int8", f"int8 products are emulated in float32 ({reason})")
+    dequantized = (values.float() * scales[:, None]).t().contiguous()  # (d_in, d_out)
+    return LowPrecisionLinear("int8-emulated", dequantized, bias, reduce_range)
+
+
+def activation_levels(reduce_range):
+    """The uint8 levels an int8 product quantizes its input to: 127 with ``reduce_range``
+    (7 bits), else 255."""
+    return 127 if reduce_range else 255
+
+
+def apply(x, weights):
+    """``x @ W^T + b`` for :class:`LowPrecisionLinear` ``weights``; ``x`` ``(..., d_in)``
+    float32, the result ``(..., d_out)`` float32."""
+    import torch
+
+    rows = x.reshape(-1, x.shape[-1])
+    kind = weights.kind
+    if kind == "bfloat16":
+        y = internals.get("onednn_linear")(rows.to(torch.bfloat16), weights.weight,
+                                           weights.bias, "none", [], "").float()
+    elif kind == "bfloat16-emulated":
+        low = rows.to(torch.bfloat16).float()
+        y = torch.mm(low, weights.weight) if weights.bias is None else \
+            torch.addmm(weights.bias, low, weights.weight)
+        y = y.to(torch.bfloat16).float()
+    elif kind == "bfloat16-mm":
+        low = rows.to(torch.bfloat16)
+        y = (torch.mm(low, weights.weight) if weights.bias is None
+             else torch.addmm(weights.bias, low, weights.weight)).float()
+    elif kind == "int8":
+        y = internals.get("int8_linear")(rows.contiguous(), weights.weight, weights.extra)
+    else:  # int8-emulated
+        y = _int8_emulated(rows, weights)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _int8_emulated(rows, weights):
+    """The int8 kernel's arithmetic in float32: the input quantized to uint8 with one scale
+    and zero point (FBGEMM's choice: the range of the values and 0, the zero point rounded
+    to a level), the product of the dequantized values."""
+    import torch
+
+    levels = activation_levels(weights.extra)
+    low = torch.clamp(rows.min(), max=0.0)
+    high = torch.clamp(rows.max(), min=0.0)
+    scale = (high - low) / levels
+    scale = torch.where(scale > 0, scale, torch.full_like(scale, 0.1))
+    zero = torch.clamp(torch.round(-low / scale), 0, levels)
+    quantized = torch.clamp(torch.round(rows / scale) + zero, 0, levels)
+    dequantized = (quantized - zero) * scale
+    if weights.bias is None:
+        return torch.mm(dequantized, weights.weight)
+    return torch.addmm(weights.bias, dequantized, weights.weight)
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"transformerkit: {message}", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,514 @@
+"""Decoding in bfloat16 and int8 (``layers/lowprec.py``, ``precisions.py``): each product
+against a float64 NumPy reference of the same rounding or quantization, within a bound
+derived from the rounding unit; whole decodings within the chain of those bounds of
+float32; the packed-weight cache per precision; the choice of ``auto``; clear errors.
+
+Bounds (the notation of ``tests/tolerances.py``):
+
+- **bfloat16** has an 8-bit significand: unit roundoff ``U16 = 2**-8``. A product rounds its
+  input and weight to bfloat16 (the reference makes the same roundings, so they cost
+  nothing), sums in float32 (``gamma(k)`` of the rounded terms: :func:`tol.product_atol`)
+  and rounds its output to bfloat16 (``U16 |y|``).
+- **int8**: the weight's per-channel values and scales are read back and the reference uses
+  them exactly; the input is quantized to ``levels`` uint8 steps of ``(max(x, 0) - min(x,
+  0)) / levels``: rounding moves an element by at most half a step and the zero point,
+  rounded to a level, shifts the grid's ends by at most half a step, so each element moves
+  by at most one step ``dx``: ``dx * sum_k |w_k|`` per output, plus float32 rounding of the
+  dequantized sums (``gamma(k + 2)``).
+- **A decoding** is a chain of products (the longest path through the model, counted by
+  :func:`products_on_longest_path`) with float32 between them: as
+  :func:`tol.chain_atol` counts float32 roundings relative to ``max(|result|, 1)``, each
+  product counts as three bfloat16 roundings (input, weight, output), or for int8 as one
+  error of relative size ``2 / levels`` (the input) plus ``1 / 254`` (the weight).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tolerances as tol
+from near_ties import assert_same_ids_or_near_tie
+from paths import ROOT
+
+from transformerkit import precisions
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="bfloat16 and int8 decoding are PyTorch shortcuts")
+
+U16 = 2.0 ** -8
+
+
+def bfloat16(a):
+    """``a`` rounded to bfloat16 (to nearest, ties to even) as float64: float32's top 16
+    bits after adding half of the dropped 16 (plus the kept last bit, for ties)."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def gamma16(n):
+    return n * U16 / (1 - n * U16)
+
+
+def bfloat16_product_atol(x, kernel, bias, exact):
+    """The bound of a bfloat16 product (module docstring) for rounded operands."""
+    terms = np.concatenate([x, np.ones(x.shape[:-1] + (1,))], -1)
+    weights = np.concatenate([kernel, np.reshape(bias, (1, -1))], 0)
+    return tol.product_atol(terms, weights) * (1 + U16) + U16 * np.abs(exact)
+
+
+def int8_product_atol(x, dequantized, bias, levels):
+    """The bound of an int8 product (module docstring); ``dequantized`` ``(d_in, d_out)``."""
+    step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / levels
+    magnitude = (np.abs(x) + step) @ np.abs(dequantized) + np.abs(bias)
+    return step * np.abs(dequantized).sum(0) + tol.gamma(x.shape[-1] + 2) * magnitude
+
+
+def torch_tensor(a):
+    import torch
+
+    return torch.as_tensor(np.asarray(a, np.float32))
+
+
+@pytest.fixture
+def product(rng):
+    """``(x, kernel, bias)``: 6 rows of 48 inputs, 40 outputs, float32 values."""
+    x = rng.normal(size=(6, 48)).astype(np.float32)
+    kernel = (rng.normal(size=(48, 40)) / 7).astype(np.float32)
+    bias = rng.normal(size=40).astype(np.float32)
+    return x, kernel, bias
+
+
+def force_emulation(monkeypatch, precision):
+    """Make the packers take their float32 emulations (as where oneDNN refuses bfloat16 or
+    the quantized kernels are missing), warning once."""
+    from transformerkit import internals
+    from transformerkit.layers import lowprec
+
+    monkeypatch.setattr(lowprec, "_warned", set())
+    if precision == "bfloat16":
+        real = internals.get("onednn_pack")
+
+        def refuse(weight, rows):
+            import torch
+
+            if weight.dtype == torch.bfloat16:  # as PyTorch says under ONEDNN_MAX_CPU_ISA=AVX2
+                raise RuntimeError("bf16 path needs the cpu support avx512bw")
+            return real(weight, rows)
+
+        monkeypatch.setitem(internals._found, "onednn_pack", refuse)
+    else:
+        for name in ("int8_quantize", "int8_prepack", "int8_linear"):
+            monkeypatch.setitem(internals._found, name, None)
+
+
+def packed_product(x, kernel, bias, precision):
+    from transformerkit.layers import lowprec
+
+    weights = lowprec.pack(torch_tensor(kernel).t().contiguous(), torch_tensor(bias), precision)
+    return weights, lowprec.apply(torch_tensor(x), weights).numpy()
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_bfloat16_product_is_the_rounded_product(product, monkeypatch, emulated):
+    """The oneDNN kernel (where this CPU has the units; else it is emulated too) and the
+    float32 emulation: within the bound of the rounded operands' exact product."""
+    x, kernel, bias = product
+    if emulated:
+        force_emulation(monkeypatch, "bfloat16")
+        with pytest.warns(RuntimeWarning, match="emulated at float32 speed"):
+            weights, got = packed_product(x, kernel, bias, "bfloat16")
+        assert weights.kind == "bfloat16-emulated"
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a CPU without the units
+            weights, got = packed_product(x, kernel, bias, "bfloat16")
+    xb, kb, bb = bfloat16(x), bfloat16(kernel), bfloat16(bias)
+    exact = xb @ kb + bb
+    tol.assert_within(got, exact, bfloat16_product_atol(xb, kb, bb, exact), weights.kind)
+    # and the rounding is bfloat16's, not float32's: far from the float32 product somewhere
+    assert np.abs(got - (x.astype(np.float64) @ kernel + bias)).max() > 1e3 * tol.U32
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_int8_product_is_the_quantized_product(product, monkeypatch, emulated):
+    """Per-channel weights: ``round(w / scale)`` in [-127, 127] with ``scale = max |w| /
+    127``, read back from the packed weight; the product within the input's quantization
+    bound of the exact product by the dequantized weight."""
+    import torch
+
+    from transformerkit.layers import lowprec
+
+    x, kernel, bias = product
+    values, scales = lowprec.int8_weights(torch_tensor(kernel).t().contiguous())
+    values, scales = values.numpy().astype(np.float64), scales.numpy().astype(np.float64)
+    np.testing.assert_array_equal(np.abs(values).max(1), 127)  # each channel's peak
+    assert np.all(np.abs(values * scales[:, None] - kernel.T) <= scales[:, None] / 2 * (1 + 1e-6))
+    if emulated:
+        force_emulation(monkeypatch, "int8")
+        with pytest.warns(RuntimeWarning, match="emulated in float32"):
+            weights, got = packed_product(x, kernel, bias, "int8")
+        assert weights.kind == "int8-emulated"
+    else:
+        weights, got = packed_product(x, kernel, bias, "int8")
+        assert weights.kind == "int8"
+        unpacked, _ = torch.ops.quantized.linear_unpack(weights.weight)
+        np.testing.assert_array_equal(unpacked.int_repr().numpy(), values)
+        np.testing.assert_array_equal(unpacked.q_per_channel_scales().numpy(),
+                                      scales.astype(np.float32))
+    dequantized = (values * scales[:, None]).T
+    levels = lowprec.activation_levels(weights.extra)
+    assert levels == (255 if precisions.has_vnni() else 127)
+    exact = x.astype(np.float64) @ dequantized + bias
+    tol.assert_within(got, exact, int8_product_atol(x, dequantized, bias, levels),
+                      weights.kind)
+    # a planted bug: the bias dropped from the reference
+    tol.assert_caught(tol.assert_within, got, exact - bias,
+                      int8_product_atol(x, dequantized, bias, levels))
+
+
+# -- whole decodings ---------------------------------------------------------------------------
+
+def products_on_longest_path(model):
+    """Products along the longest path of a decoder step: per encoder block the value and
+    output projections and the two of the feed-forward (4); per decoder block the
+    self-attention's two, the cross-attention's two (the memory's value projection or the
+    query, then the output) and the feed-forward's two (6); the output projection."""
+    decoder_layers = getattr(model, "num_decoder_layers", None) or model.num_layers
+    return 4 * model.num_layers + 6 * decoder_layers + 1
+
+
+def chain_atol(model, precision, levels, result):
+    """A decoding's logits at ``precision`` against float32's (module docstring)."""
+    n = products_on_longest_path(model)
+    if precision == "bfloat16":
+        relative = gamma16(3 * n)
+    else:
+        unit = 2 / levels + 1 / 254
+        relative = n * unit / (1 - n * unit)
+    magnitude = max(float(np.abs(result).max()), 1.0)
+    return relative * magnitude + tol.chain_atol(tol.model_roundings(model, 12, 12), result,
+                                                 paths=2)
+
+
+@pytest.fixture(autouse=True)
+def fast_paths(monkeypatch):
+    """bfloat16 and int8 are shortcuts: on also where CI turns the shortcuts off."""
+    from transformerkit import fastpath
+
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny translation run (number words, characters, one epoch), loaded with
+    ``transformerkit.load``: what the API, the command line and the server take."""
+    from tiny_run import tiny_config
+
+    import transformerkit
+    from transformerkit.training.trainer import train
+
+    folder = tmp_path_factory.mktemp("precision_run")
+    train(tiny_config(folder, epochs=1), folder / "run")
+    return transformerkit.load(folder / "run")
+
+
+SHARPEN = 1.5
+SOURCES = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun", "zehn eins",
+           "drei drei vier", "neun acht sieben sechs fuenf"]
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+    """A random Transformer (2+2 layers) and 8 random sources (4 padded). (Its weights
+    scaled up, attention sharpens until a first-order bound no longer holds: x2 already
+    leaves it; at x1 the decodings stay within 4-9% of it.)"""
+    from transformerkit.models import Transformer
+
+    keras.utils.set_random_seed(3)
+    model = Transformer(40, 40, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_length=16,
+                        tie_embeddings="all", dropout=0.0)
+    sources = np.random.default_rng(5).integers(4, 40, size=(8, 7)).astype("int32")
+    sources[:, -1] = 2  # EOS
+    sources[4:, -3:] = [2, 0, 0]  # padded rows
+    model((sources, sources[:, :3]))
+    return model, sources
+
+
+def step_logits(model, sources, targets, precision):
+    """The decoder steps' logits ``(rows, steps, vocab)`` at ``precision``, teacher-forced on
+    ``targets`` (BOS then ids, padded), through the decode loop's own steps."""
+    import torch
+
+    from transformerkit.decoding.steps import EagerSteps
+    from transformerkit.layers.lowprec import using
+
+    steps = EagerSteps(model)
+    with torch.no_grad(), using(precision):
+        state, static = steps.start(sources, targets.shape[1])
+        return np.stack([steps.step(targets, i, state, static)[0].numpy()
+                         for i in range(targets.shape[1])], 1)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_decoding_stays_within_the_chain_bound_of_float32(sharp_model, precision):
+    """Every step's logits (on float32's greedy output) within the chain bound; the greedy
+    translations equal float32's except at a near-tie of float32's logits within twice that
+    bound (both tokens within it of the best)."""
+    from transformerkit.decoding.common import BOS_ID
+    from transformerkit.decoding.greedy import greedy_translate
+    from transformerkit.decoding.options import SearchOptions
+    from transformerkit.layers import lowprec
+
+    model, sources = sharp_model
+    options = SearchOptions(beam_size=1, max_new_tokens=model.max_length - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # bfloat16 emulated on this CPU
+        reference = greedy_translate(model, sources, options)
+        with lowprec.using(precision):
+            low = greedy_translate(model, sources, options)
+        width = min(max(len(ids) for ids in reference) + 1, model.max_length)
+        targets = np.zeros((len(sources), width), np.int64)
+    targets[:, 0] = BOS_ID
+    for row, ids in enumerate(reference):
+        targets[row, 1:len(ids) + 1] = ids[:width - 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = step_logits(model, sources, targets, "float32")
+        got = step_logits(model, sources, targets, precision)
+    levels = lowprec.activation_levels(not precisions.has_vnni())
+    atol = chain_atol(model, precision, levels, expected)
+    tol.assert_within(got, expected, atol, precision)
+    assert np.abs(got - expected).max() > 0  # the precision did change the products
+
+    def next_logits(row, prefix):
+        return expected[row, len(prefix)], 2 * atol
+
+    assert_same_ids_or_near_tie(reference, low, next_logits, precision)
+    identical = sum(list(a) == list(b) for a, b in zip(reference, low, strict=True))
+    assert identical >= len(sources) // 2, (identical, reference, low)
+
+
+def test_run_translate_takes_a_precision_and_a_run_default(trained_run):
+    """``Run.translate(precision=)`` and ``Run.translate_batches``; ``load(precision=)``
+    sets the run's default; a bad name is a clear error naming the choices."""
+    import transformerkit
+
+    run = trained_run
+    for precision in ("float32", "bfloat16", "int8", "auto"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # bfloat16 emulated
+            texts = run.translate(SOURCES[:2], beam_size=2, precision=precision)
+            batches = list(run.translate_batches(SOURCES[:2], beam_size=1,
+                                                 precision=precision))
+        assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+        assert sorted(i for indices, _ in batches for i in indices) == [0, 1]
+    with pytest.raises(ValueError, match="precision must be one of float32, bfloat16, int8, "
+                                         "auto; got 'fp16'"):
+        run.translate("ein", precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        transformerkit.load(run.run_dir, precision="half")
+    int8_run = transformerkit.load(run.run_dir, precision="int8")
+    assert int8_run.precision == "int8"
+    assert int8_run.translate(SOURCES, beam_size=1) == run.translate(SOURCES, beam_size=1,
+                                                                      precision="int8")
+    with pytest.raises(ValueError, match="precision int8 applies to the keras engine"):
+        int8_run.translate("ein", engine="ctranslate2")
+
+
+def test_translate_batches_keeps_the_precision_to_its_batches(trained_run):
+    """The precision is set around each batch's decoding, not across the ``yield``: the
+    caller's code between batches runs at its own."""
+    from transformerkit.layers import lowprec
+
+    seen = []
+    for _ in trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2,
+                                           precision="int8"):
+        seen.append(lowprec.current())
+    assert seen == ["float32"] * 3
+
+
+def test_packed_weights_are_cached_per_precision_until_the_weights_change(trained_run):
+    """One packing per (weights, precision); a changed weight (``assign``) is repacked and
+    the product follows it."""
+    import torch
+
+    from transformerkit.layers import lowprec
+    from transformerkit.layers.calls import inference_linear, kernels_and_biases, linear
+
+    dense = trained_run.model.decoder_blocks[0].feedforward.inner
+    x = torch.ones((2, dense.kernel.shape[0]))
+    with torch.no_grad():
+        packs = {}
+        for precision in ("float32", "bfloat16", "int8"):
+            with warnings.catch_warnings(), lowprec.using(precision):
+                warnings.simplefilter("ignore", RuntimeWarning)
+                first = inference_linear(*kernels_and_biases(dense))
+                assert inference_linear(*kernels_and_biases(dense)) is first
+                packs[precision] = first
+        assert len({id(p) for p in packs.values()}) == 3
+        old = dense.kernel.numpy()
+        try:
+            dense.kernel.assign(old * 2)
+            with lowprec.using("int8"):
+                repacked = inference_linear(*kernels_and_biases(dense))
+                assert repacked is not packs["int8"]
+                doubled = linear(x, repacked).numpy()
+            bias = dense.bias.numpy()
+            np.testing.assert_allclose(doubled - bias, 2 * (linear(x, packs["int8"]).numpy()
+                                                            - bias), rtol=0.05, atol=1e-3)
+        finally:
+            dense.kernel.assign(old)
+
+
+def test_generation_takes_a_precision():
+    """A GPT's sampling loop runs at the precision around each step (``lowprec.iterate``
+    over ``stream_ids``, as ``Run.generate_stream``); greedy tokens equal float32's or
+    differ at a near-tie of the bound."""
+    from transformerkit.decoding.streaming import stream_ids
+    from transformerkit.layers import lowprec
+    from transformerkit.models import GPT
+
+    keras.utils.set_random_seed(3)
+    model = GPT(vocab_size=20, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=16)
+    prompt = [1, 5, 7]
+    reference = [i for ids in stream_ids(model, prompt, 8, temperature=0.0) for i in ids]
+    seen = []
+    low = []
+    for ids in lowprec.iterate("int8", stream_ids(model, prompt, 8, temperature=0.0)):
+        seen.append(lowprec.current())
+        low.extend(ids)
+    assert len(low) == len(reference) == 8
+    assert set(seen) == {"float32"}
+
+
+# -- auto, the CPU families, and what cannot run ----------------------------------------------
+
+@pytest.mark.parametrize(("flags", "cap", "usable"), [
+    ({"avx2", "avx512f"}, None, False),
+    ({"avx512f", "avx512_bf16"}, None, True),
+    ({"avx512f", "amx_bf16", "avx512_bf16"}, "AVX512_CORE_AMX", True),
+    ({"avx512f", "avx512_bf16"}, "AVX512_CORE_BF16", True),
+    ({"avx512f", "avx512_bf16"}, "AVX512_CORE", False),
+    ({"avx512f", "avx512_bf16"}, "AVX2", False),
+])
+def test_bfloat16_units_from_flags_and_the_onednn_cap(flags, cap, usable):
+    assert precisions.bfloat16_units(frozenset(flags), cap)[0] is usable
+
+
+def test_onednn_cap_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert precisions.onednn_cap() == "AVX2"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert precisions.onednn_cap() is None
+
+
+def run_python(code, **env):
+    environment = dict(os.environ, PYTHONPATH=str(ROOT / "src"), KERAS_BACKEND="torch",
+                       **{"TRANSFORMERKIT_FAST_PATHS": "1", **env})  # on unless env says
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+CAPPED = """
+import json, warnings
+import numpy as np
+import transformerkit, keras, torch
+from transformerkit.layers import lowprec
+rng = np.random.default_rng(0)
+x = rng.normal(size=(4, 32)).astype(np.float32)
+k = (rng.normal(size=(32, 24)) / 6).astype(np.float32)
+b = rng.normal(size=24).astype(np.float32)
+out = {"auto": lowprec.resolve("auto")}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for p in ("bfloat16", "int8"):
+        w = lowprec.pack(torch.tensor(k).t().contiguous(), torch.tensor(b), p)
+        out[p] = [w.kind, lowprec.apply(torch.tensor(x), w).tolist(), w.extra]
+out["warnings"] = [str(w.message) for w in caught]
+out["x"], out["k"], out["b"] = x.tolist(), k.tolist(), b.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_avx2_cap_decodes_correctly_and_auto_picks_float32():
+    """Under ``ONEDNN_MAX_CPU_ISA=AVX2`` (a CPU family without bfloat16 units): auto is
+    float32; bfloat16 still computes its roundings (emulated, with a warning where oneDNN
+    refuses) within its bound; int8 within its bound."""
+    from transformerkit.layers import lowprec
+
+    out = json.loads(run_python(CAPPED, ONEDNN_MAX_CPU_ISA="AVX2").stdout.splitlines()[-1])
+    assert out["auto"][0] == "float32" and "AVX2" in out["auto"][1]
+    x, k, b = (np.asarray(out[n], np.float64) for n in ("x", "k", "b"))
+    kind, got, _ = out["bfloat16"]
+    assert kind in ("bfloat16", "bfloat16-emulated")
+    if kind == "bfloat16-emulated":
+        assert any("emulated at float32 speed" in w for w in out["warnings"])
+    xb, kb, bb = bfloat16(x), bfloat16(k), bfloat16(b)
+    exact = xb @ kb + bb
+    tol.assert_within(got, exact, bfloat16_product_atol(xb, kb, bb, exact), "capped bf16")
+    kind, got, reduce_range = out["int8"]
+    values, scales = (t.numpy().astype(np.float64) for t in
+                      lowprec.int8_weights(torch_tensor(k).t().contiguous()))
+    dequantized = (values * scales[:, None]).T
+    tol.assert_within(got, x @ dequantized + b,
+                      int8_product_atol(x, dequantized, b,
+                                        lowprec.activation_levels(reduce_range)), kind)
+
+
+def test_low_precision_without_the_fast_paths_is_refused_and_auto_is_float32():
+    code = ("from transformerkit.layers import lowprec\n"
+            "print(lowprec.resolve('auto')[0])\n"
+            "try:\n    lowprec.resolve('bfloat16')\n"
+            "except ValueError as err:\n    print(err)\n")
+    out = run_python(code, TRANSFORMERKIT_FAST_PATHS="0").stdout.splitlines()
+    assert out[-2] == "float32"
+    assert "precision bfloat16 runs on the PyTorch backend with its fast paths on" in out[-1]
+    assert "TRANSFORMERKIT_FAST_PATHS" in out[-1]
+
+
+def test_serving_loads_runs_at_a_precision(trained_run):
+    """``serve --precision``: every run is loaded (and warmed up) at it; CTranslate2 with
+    bfloat16 or int8 is refused before anything starts."""
+    from transformerkit.serving.server import load_runs, serve
+
+    runs = load_runs([trained_run.run_dir], precision="int8")
+    (run,) = runs.values()
+    assert run.precision == "int8"
+    with pytest.raises(ValueError, match="--precision bfloat16 applies to the keras engine"):
+        serve([trained_run.run_dir], engine="ctranslate2", precision="bfloat16")
+    with pytest.raises(ValueError, match="--precision must be one of"):
+        serve([trained_run.run_dir], precision="fp8")
+
+
+def test_command_line_precision(trained_run, capsys, monkeypatch):
+    """``translate --precision`` prints what ``Run.translate(precision=)`` returns; a bad
+    value is argparse's one-line error naming the choices; bfloat16 with CTranslate2 is a
+    one-line error too."""
+    from transformerkit import cli
+
+    monkeypatch.setenv("TRANSFORMERKIT_MALLOC", "system")  # not this process's malloc
+    capsys.readouterr()
+    assert cli.main(["translate", str(trained_run.run_dir), "--precision", "int8", "--beam",
+                     "1", *SOURCES[:2]]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == trained_run.translate(SOURCES[:2], beam_size=1, precision="int8")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", str(trained_run.run_dir), "--precision", "fp16", "ein"])
+    assert exit_info.value.code == 2
+    assert "argument --precision: invalid choice: 'fp16' (choose from float32, bfloat16, " \
+           "int8, auto)" in capsys.readouterr().err.replace("'float32', 'bfloat16', 'int8', "
+                                                             "'auto'", "float32, bfloat16, "
+                                                                       "int8, auto")
+    status = cli.main(["translate", str(trained_run.run_dir), "--precision", "bfloat16",
+                       "--engine", "ctranslate2", "ein"])
+    err = capsys.readouterr().err
+    assert status == 2 and "precision bfloat16 applies to the keras engine" in err
