@@ -12,6 +12,7 @@ import keras
 import pytest
 from tiny_run import tiny_config
 
+from transformerkit import precisions
 from transformerkit.config import resolve
 from transformerkit.training import precision
 from transformerkit.training.precision import AUTO_MIN_D_MODEL, resolve_precision
@@ -49,7 +50,7 @@ def test_auto_follows_the_cpu_flags_the_onednn_cap_and_the_width(monkeypatch, ca
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     else:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap.lower() if cap == "AVX2" else cap)
-    monkeypatch.setattr(precision, "cpu_bfloat16_units", lambda: ("avx512_bf16",))
+    monkeypatch.setattr(precisions, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     chosen = resolve_precision("auto", 256, "torch")
     assert chosen.used == ("mixed_bfloat16" if CAPS[cap] else "float32"), chosen
     assert chosen.reason.startswith("auto: ")
@@ -58,7 +59,7 @@ def test_auto_follows_the_cpu_flags_the_onednn_cap_and_the_width(monkeypatch, ca
     narrow = resolve_precision("auto", AUTO_MIN_D_MODEL - 1, "torch")
     assert narrow.used == "float32"
     assert ("d_model" if CAPS[cap] else cap) in narrow.reason
-    monkeypatch.setattr(precision, "cpu_bfloat16_units", lambda: ())
+    monkeypatch.setattr(precisions, "cpu_flags", lambda: frozenset({"avx512f"}))
     assert resolve_precision("auto", 256, "torch").used == "float32"
 
 
@@ -85,7 +86,7 @@ def test_auto_under_each_onednn_cap_in_its_own_process(cap):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=300, check=True)
     chosen = json.loads(result.stdout.strip().splitlines()[-1])
-    native = CAPS[cap] and bool(precision.cpu_bfloat16_units())
+    native = CAPS[cap] and bool({"avx512_bf16", "amx_bf16"} & precisions.cpu_flags())
     assert chosen["used"] == ("mixed_bfloat16" if native else "float32"), chosen
 
 

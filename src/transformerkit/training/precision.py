@@ -14,27 +14,17 @@ and its products run on oneDNN's bfloat16 kernels (AVX512-BF16 or AMX).
 """
 
 import contextlib
-import os
 from typing import NamedTuple
 
 import keras
 
+from transformerkit import precisions
 from transformerkit.config import PRECISIONS
 
 # The widths from which the PyTorch CPU step gains from bfloat16 products: below it the
 # casts and the float32 parts around the products cost more than the products save
 # (bench/precision_step.py; docs/benchmarks.md, "Training step").
 AUTO_MIN_D_MODEL = 128
-
-# oneDNN's ISA levels (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA) with bfloat16
-# dot-product instructions (AVX512-BF16, AMX-BF16 and their successors); a cap below them
-# makes oneDNN's bfloat16 products emulated, several times slower than float32
-_BFLOAT16_ISAS = {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX",
-                  "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
-                  "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL", "DEFAULT"}
-# the CPU flags (/proc/cpuinfo) of bfloat16 dot products
-_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")
-
 
 class Precision(NamedTuple):
     """The precision a run trains in: ``used`` (a Keras dtype policy) and why."""
@@ -74,14 +64,9 @@ def resolve_precision(name, d_model=None, backend=None):
         return Precision("float32", f"auto: CPU on the {backend} backend, where bfloat16 "
                                     "training is not faster (the fast bfloat16 CPU step is "
                                     "PyTorch's)")
-    units = cpu_bfloat16_units()
-    if not units:
-        return Precision("float32", "auto: this CPU has no bfloat16 dot products "
-                                    "(amx_bf16, avx512_bf16); bfloat16 would be emulated")
-    capped = onednn_isa_cap()
-    if capped is not None and capped not in _BFLOAT16_ISAS:
-        return Precision("float32", f"auto: ONEDNN_MAX_CPU_ISA={capped} keeps oneDNN below "
-                                    "its bfloat16 kernels")
+    usable, why = precisions.bfloat16_units()  # the CPU's flags and oneDNN's cap
+    if not usable:
+        return Precision("float32", f"auto: {why}; bfloat16 would be emulated")
     import torch
 
     if not torch.backends.mkldnn.is_available():
@@ -90,8 +75,7 @@ def resolve_precision(name, d_model=None, backend=None):
     if d_model is not None and d_model < AUTO_MIN_D_MODEL:
         return Precision("float32", f"auto: d_model {d_model} < {AUTO_MIN_D_MODEL}: at this "
                                     "width the casts cost more than bfloat16 products save")
-    return Precision("mixed_bfloat16", f"auto: CPU with {'/'.join(units)}, oneDNN's "
-                                       "bfloat16 products")
+    return Precision("mixed_bfloat16", f"auto: {why}, oneDNN's bfloat16 products")
 
 
 def _accelerator_bfloat16(backend):
@@ -117,31 +101,6 @@ def _accelerator_bfloat16(backend):
         if not tf.config.list_physical_devices("GPU"):
             return None
         return Precision("mixed_bfloat16", "auto: GPU (bfloat16)")
-    return None
-
-
-def cpu_bfloat16_units():
-    """The bfloat16 dot-product flags of this CPU among ``amx_bf16``, ``avx512_bf16``
-    (``/proc/cpuinfo``; an empty tuple where it cannot be read: not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    flags = set(value.split())
-                    return tuple(flag for flag in _BFLOAT16_FLAGS if flag in flags)
-    except OSError:
-        pass
-    return ()
-
-
-def onednn_isa_cap():
-    """The ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) cap in force, upper-cased, or
-    None when unset."""
-    for variable in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
-        value = os.environ.get(variable, "").strip()
-        if value:
-            return value.upper()
     return None
 
 
