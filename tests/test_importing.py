@@ -175,7 +175,7 @@ def test_errors_are_one_line(imported, tmp_path, capsys):
                                     "Face checkpoint folder"),
         ([str(tmp_path / "bert")], f"{tmp_path / 'bert' / 'config.json'}: model_type 't5' "
                                    "cannot be imported as a run (supported: gpt2, bert, "
-                                   "distilbert)"),
+                                   "distilbert, marian)"),
         ([str(root / "gpt2"), "--out", str(root / "run")],
          f"{root / 'run'} exists; choose another --out or pass --force to replace it"),
     ]

@@ -56,8 +56,9 @@ NOT_RUN_HERE = {
            "weights; `transformerkit serve` with its API keys: tests/serving/test_auth.py "
            "runs it",
     "hf": "downloading from the Hugging Face hub needs the internet: the scratch folder holds "
-          "a GPT-2 folder `transformers` wrote (tests/gpt2_checkpoints.py), and "
-          "tests/test_importing.py resolves hub names from a cache it fills",
+          "a GPT-2 and a Marian folder `transformers` wrote (tests/gpt2_checkpoints.py, "
+          "tests/marian_runs.py), and tests/test_importing.py and "
+          "tests/test_importing_marian.py resolve hub names from a cache they fill",
     "torchrun": "several training processes: tests/training/test_multiprocess.py launches "
                 "them (2 gloo processes on loopback) and checks their weights",
 }
@@ -131,8 +132,10 @@ def scratch(tmp_path_factory):
         (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
     from gpt2_checkpoints import tiny_gpt2
+    from marian_runs import marian_folder
 
     tiny_gpt2(folder / "gpt2")  # what `hf download gpt2 --local-dir gpt2` gives, in small
+    marian_folder(folder / "opus-mt-de-en")  # `hf download Helsinki-NLP/opus-mt-de-en ...`
     env = os.environ.copy()
     data = env.get("TRANSFORMERKIT_DATA") or str(ROOT.parent / "shared" / "data")
     env["TRANSFORMERKIT_DATA"] = str(Path(data).resolve())

@@ -10,7 +10,11 @@ config, tokenizer and weight files when online. Only what the import reads is fe
 
 A BERT or DistilBERT folder becomes an encoder run without a classifier head (``embed``
 takes it; ``model.pretrained`` fine-tunes such a folder into a classifier, see
-docs/encoders.md).
+docs/encoders.md). A Marian (OPUS-MT) folder becomes a translation run: the ``Transformer``
+of ``Transformer.from_pretrained`` and its two vocabulary sides (``source.spm`` /
+``target.spm`` + ``vocab.json``) as ``source_tokenizer.json`` / ``target_tokenizer.json``,
+renumbered to the model's ids (``models/pretrained_marian.py``, ``data/marian_vocab.py``),
+with ``data.tokenizer: marian``.
 
 The run directory is an ordinary one (:mod:`transformerkit.run_directory`): ``config.yaml``
 with the imported model options, the tokenizer file(s) and ``model.keras``, which
@@ -36,7 +40,8 @@ from transformerkit.run_directory import RunDirectory
 # when a repository has no safetensors weights)
 _HUB_FILES = ["config.json", "generation_config.json", "*.safetensors",
               "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "vocab.json", "merges.txt", "vocab.txt", "*.spm"]
+              "special_tokens_map.json", "vocab.json", "target_vocab.json", "merges.txt",
+              "vocab.txt", "*.spm"]
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -77,7 +82,70 @@ def _import_encoder(folder, config):
     return model, sections, {"tokenizer.json": tokenizer}
 
 
-IMPORTERS = {"gpt2": _import_gpt2, "bert": _import_encoder, "distilbert": _import_encoder}
+def _import_marian(folder, config):
+    """A Marian (OPUS-MT) folder -> a translation run: ``Transformer.from_pretrained`` and
+    the two vocabulary sides in the model's ids (:class:`MarianIds`). Both sides are saved
+    (``source_tokenizer.json``, ``target_tokenizer.json``) even when ``vocab.json`` is one
+    table for both: each side has its own SentencePiece model."""
+    from transformerkit.data.marian_vocab import load_marian_tokenizers
+    from transformerkit.models import Transformer
+    from transformerkit.models.pretrained_marian import (
+        MarianIds,
+        load_marian_config,
+        transformer_kwargs,
+    )
+    from transformerkit.run_directory import SOURCE_TOKENIZER, TARGET_TOKENIZER
+
+    config = load_marian_config(folder)
+    options = transformer_kwargs(config)
+    source, target = load_marian_tokenizers(folder)
+    ids = MarianIds.from_folder(folder, config)
+    for side, tokenizer, size in (("source", source, options["source_vocab_size"]),
+                                  ("target", target, options["target_vocab_size"])):
+        if tokenizer.vocab_size + 1 != size:  # the renumbering adds <s>
+            key = "vocab_size" if side == "source" or options["tie_embeddings"] == "all" \
+                else "decoder_vocab_size"
+            raise ValueError(f"{folder}: the {side} vocabulary has {tokenizer.vocab_size} "
+                             f"pieces but config.json's {key} is {size - 1}")
+    for side, tokenizer, rows in (("source", source, ids.source_rows),
+                                  ("target", target, ids.target_rows)):
+        for key, marian, own in (("pad_token_id", rows[0], tokenizer.pad_id),
+                                 ("eos_token_id", rows[2], tokenizer.eos_id)):
+            if marian != own:
+                token = tokenizer.id_to_token(own)
+                raise ValueError(f"{folder}: config.json's {key} is {marian}, but the {side} "
+                                 f"vocabulary has {token!r} at id {own}")
+    source = source.renumbered(ids.source_rows)
+    target = target.renumbered(ids.target_rows)
+    model = Transformer.from_pretrained(folder)
+    tokenizer_config = _read_json_object(pathlib.Path(folder) / "tokenizer_config.json")
+    languages = {f"{side}_lang": tokenizer_config[f"{side}_lang"] for side in ("source", "target")
+                 if isinstance(tokenizer_config.get(f"{side}_lang"), str)}
+    sections = {
+        "model": {"type": "transformer",
+                  **{k: v for k, v in options.items() if not k.endswith("vocab_size")}},
+        # what a fine-tune of the run reads: pairs in a TSV file, the imported vocabulary
+        "data": {"dataset": "tsv", "tokenizer": "marian", "vocab_size": source.vocab_size,
+                 "shared_vocab": options["tie_embeddings"] == "all", **languages}}
+    return model, sections, {SOURCE_TOKENIZER: source, TARGET_TOKENIZER: target}
+
+
+def _read_json_object(path):
+    """A json file's object, or {} when the file is absent or holds no object (an optional
+    file: what it lacks keeps its default)."""
+    import json
+
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    return value if isinstance(value, dict) else {}
+
+
+IMPORTERS = {"gpt2": _import_gpt2, "bert": _import_encoder, "distilbert": _import_encoder,
+             "marian": _import_marian}
 
 
 def resolve_source(source):

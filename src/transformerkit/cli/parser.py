@@ -115,13 +115,13 @@ def build_parser():
     _add_overrides(config)
     _add_use_commands(command)
 
-    imported = command("import", "a Hugging Face checkpoint (GPT-2; BERT, DistilBERT) as a "
-                                 "run directory that every command takes")
+    imported = command("import", "a Hugging Face checkpoint (GPT-2; Marian/OPUS-MT; BERT, "
+                                 "DistilBERT) as a run directory that every command takes")
     imported.add_argument("source", metavar="SOURCE",
                           help="a checkpoint folder (save_pretrained, huggingface-cli download "
                                "--local-dir, a snapshot folder of the Hugging Face cache) or a "
-                               "hub name such as gpt2 (from the cache when HF_HUB_OFFLINE=1, "
-                               "else downloaded)")
+                               "hub name such as gpt2 or Helsinki-NLP/opus-mt-de-en (from the "
+                               "cache when HF_HUB_OFFLINE=1, else downloaded)")
     imported.add_argument("--out", required=True, help="the run directory to write")
     imported.add_argument("--force", action="store_true", help="replace an existing --out")
     return parser

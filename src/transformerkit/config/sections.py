@@ -150,7 +150,9 @@ class DataOptions(_Section):
                                         "(trained by SentencePiece, kept as a .model file), "
                                         "char, or a path: an earlier run's directory (reuses "
                                         "its vocabulary), a tokenizer .json or SentencePiece "
-                                        ".model file or a Hugging Face tokenizer folder")
+                                        ".model file or a Hugging Face tokenizer folder; "
+                                        "marian: an imported Marian model's own vocabulary "
+                                        "(written by transformerkit import, never trained)")
     vocab_size: int = option(8000, minimum=1,
                              help="vocabulary size of a trained subword tokenizer (sentencepiece"
                                   " unigram: at most this many)")

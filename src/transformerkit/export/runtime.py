@@ -23,6 +23,8 @@ How our decoding options map onto CTranslate2's:
                           fresh session (a model load), so the same seed gives the same
                           output (not the same draws as our engine)
     never PAD or BOS      ``suppress_sequences``
+    an empty translation  ``min_decoding_length=0``: ``</s>`` may come first, as in ours
+                          (CTranslate2's default 1 forbids it)
     stop_at_eos=False     ``end_token=[]``
 
     max_len_a, max_len_b  the cap ``max_len_a * source_len + max_len_b`` per sentence:
@@ -157,7 +159,8 @@ class CTranslate2Engine:
         options = dict(beam_size=search.width, num_hypotheses=n_best,
                        length_penalty=search.alpha, return_scores=n_best > 1,
                        max_decoding_length=self._max_new(search.max_new_tokens),
-                       max_input_length=0, suppress_sequences=self._suppress)
+                       min_decoding_length=0, max_input_length=0,
+                       suppress_sequences=self._suppress)
         session = self.session
         if search.samples:
             options.update(_sampling(search.temperature, search.top_k, search.top_p,

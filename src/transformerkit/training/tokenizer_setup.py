@@ -36,6 +36,7 @@ log = logging.getLogger("transformerkit")
 
 TOKENIZER_CACHE = "tokenizers"  # CACHE_ROOT/tokenizers/<key>/: trained tokenizers
 TRAINED_KINDS = (*SUBWORD_KINDS, *SENTENCEPIECE_KINDS, "char")  # data.tokenizer: train these
+IMPORTED_KINDS = ("marian",)  # data.tokenizer of an imported run: its model's own vocabulary
 
 
 def shared_vocab(config):
@@ -65,6 +66,11 @@ def reused_tokenizer_files(value):
     a path that does not exist or a run directory without tokenizer files."""
     if value in TRAINED_KINDS:
         return None
+    if value in IMPORTED_KINDS:
+        raise ValueError(f"data.tokenizer: {value} is the vocabulary of an imported model "
+                         "(transformerkit import), which comes with its weights and is never "
+                         "trained: fine-tune the imported run with model.pretrained (see "
+                         "docs/pretrained.md)")
     if os.path.isfile(value):
         return [value]
     run = RunDirectory(value)
