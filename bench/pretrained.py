@@ -25,10 +25,12 @@ folder's vocabulary (``MarianTokenizer``; ids, so tokenization is outside the ti
 sorted by length and cut into batches of ``--batch`` sentences (64: ``translate``'s default),
 the same batches for every system:
 
-- transformerkit: ``Transformer.from_pretrained`` on the folder and ``MarianIds`` (the
-  ids mapped to ours), each batch through ``greedy_translate`` / ``beam_translate`` with
-  the options ``translate`` passes (``SearchOptions``: ``alpha`` 0, ``stopping`` early, no
-  ``max_len_a``/``max_len_b`` cap, ``max_new_tokens`` the cap);
+- transformerkit: the folder imported as a run (``transformerkit import``, once) and
+  loaded with ``transformerkit.load``; the sources encoded by the run's tokenizer, each
+  batch through ``greedy_translate`` / ``beam_translate`` with the options ``translate``
+  passes (``SearchOptions``: ``alpha`` 0, ``stopping`` early, no ``max_len_a``/
+  ``max_len_b`` cap, ``max_new_tokens`` the cap); outputs mapped to Marian's ids
+  (``MarianIds``);
 - ``transformers``: ``MarianMTModel.generate`` under ``torch.no_grad()`` (``num_beams``,
   ``length_penalty=0``, ``early_stopping=True``, ``forced_eos_token_id=None``, the cap as
   ``max_new_tokens``);
@@ -41,7 +43,7 @@ Length penalty 0 everywhere: transformerkit's GNMT penalty ``((5+n)/6)^alpha`` a
 outputs be compared token for token. Output agreement: the share of sentences whose
 output ids equal ``transformers``' and CTranslate2 float32's.
 
-Fine-tuning step: the imported model compiled with Adam (lr 1e-4, betas 0.9/0.98, eps
+Fine-tuning step: the imported run's model compiled with Adam (lr 1e-4, betas 0.9/0.98, eps
 1e-9) and label-smoothed (0.1) masked cross-entropy, trained with ``train_on_batch``
 (transformerkit's PyTorch ``TrainStep``), against ``MarianMTModel`` loaded from the same
 folder, trained eagerly with ``torch.optim.Adam`` (same settings) and
@@ -193,6 +195,7 @@ def build(args):
     folder = os.path.join(common.RESULTS, "tmp", f"pretrained-{args.size}")
     done = os.path.join(folder, "setup.json")
     if os.path.exists(done):
+        _import_run(folder)
         return folder
     import numpy as np
     import torch
@@ -232,7 +235,19 @@ def build(args):
              "max_new_tokens": args.max_new_tokens}
     with open(done, "w") as f:
         json.dump(setup, f)
+    _import_run(folder)
     return folder
+
+
+def _import_run(folder):
+    """``transformerkit import FOLDER --out FOLDER/run`` (once): the run ours loads."""
+    run = os.path.join(folder, "run")
+    if not os.path.exists(os.path.join(run, "model.keras")):
+        os.environ.setdefault("KERAS_BACKEND", "torch")
+        from transformerkit.importing import import_checkpoint
+
+        import_checkpoint(folder, run, force=True)
+    return run
 
 
 def _batches(encoded, batch, pad, order=None):
@@ -280,26 +295,37 @@ def _setup(folder):
 
 
 # -- decoders: Marian ids in, Marian ids out (up to EOS) -------------------------------------
-def transformerkit_decoder(folder, search, cap, batch):
-    """The imported model, each batch through the decoding function ``translate`` calls,
-    with the options it passes (``SearchOptions``)."""
+def transformerkit_decoder(folder, search, cap, batch, sentences):
+    """The imported run as ``transformerkit.load`` gives it; each batch through the decoding
+    function ``translate`` calls, with the options it passes (``SearchOptions``). The
+    sources are the run's own tokenizer's ids (checked equal to the Marian ids mapped by
+    ``MarianIds``, so every system reads the same sentences)."""
+    import numpy as np
+
+    import transformerkit
     from transformerkit.decoding import beam_translate, greedy_translate
     from transformerkit.decoding.options import SearchOptions
-    from transformerkit.models import Transformer
     from transformerkit.models.pretrained_marian import MarianIds
 
-    model = Transformer.from_pretrained(folder)
+    run = transformerkit.load(os.path.join(folder, "run"))
     ids = MarianIds.from_folder(folder)
     options = SearchOptions(beam_size=SEARCHES[search], alpha=0.0, stopping="early",
                             max_new_tokens=cap, max_len_a=None, max_len_b=None,
                             batch_size=batch)
+    texts = _lines("test2016", "de", sentences)
+    encoded = [run.source_tokenizer.encode(t, add_eos=True) for t in texts]
+    marian, pad = _inputs(folder, sentences, batch)
+    ours = {tuple(chunk): ids_ for chunk, ids_ in _batches(encoded, batch, 0)}
+    for chunk, theirs in marian:
+        if not np.array_equal(ours[tuple(chunk)], ids.to_ours(theirs, "source")):
+            raise SystemExit("the run's tokenizer and the Marian ids disagree")
 
-    def decode(marian):
-        source = ids.to_ours(marian, "source").astype("int32")
+    def decode(marian_batch, chunk):
+        source = ours[tuple(chunk)].astype("int32")
         if options.searches_beams:
-            found = [hyps[0].ids for hyps in beam_translate(model, source, options)]
+            found = [hyps[0].ids for hyps in beam_translate(run.model, source, options)]
         else:
-            found = greedy_translate(model, source, options)
+            found = greedy_translate(run.model, source, options)
         return [ids.to_marian(row).tolist() for row in found]
 
     return decode
@@ -354,22 +380,27 @@ def decode_worker(spec):
     for search in SEARCHES:
         system = spec["system"]
         if system == "transformerkit":
-            decode = transformerkit_decoder(folder, search, cap, spec["batch"])
-        elif system == "hf":
-            decode = hf_decoder(folder, search, cap, pad)
+            decode = transformerkit_decoder(folder, search, cap, spec["batch"],
+                                            spec["sentences"])
         else:
-            decode = ctranslate2_decoder(folder, system, search, cap, pad, threads)
-        decode(batches[len(batches) // 2][1])  # warm-up
+            decode = (hf_decoder(folder, search, cap, pad) if system == "hf" else
+                      ctranslate2_decoder(folder, system, search, cap, pad, threads))
+            decode = _ignoring_chunk(decode)
+        decode(*batches[len(batches) // 2][::-1])  # warm-up
         outputs = [None] * sum(len(chunk) for chunk, _ in batches)
         started = time.perf_counter()
         for chunk, ids in batches:
-            for i, out in zip(chunk, decode(ids), strict=True):
+            for i, out in zip(chunk, decode(ids, chunk), strict=True):
                 outputs[i] = out
         seconds = time.perf_counter() - started
         results.append(dict(system=system, search=search, seconds=round(seconds, 3),
                             sentences=len(outputs), outputs=outputs))
         print(f"    {system} {search}: {seconds:.2f} s", file=sys.stderr, flush=True)
     return results
+
+
+def _ignoring_chunk(decode):
+    return lambda ids, chunk: decode(ids)
 
 
 # -- fine-tuning step ------------------------------------------------------------------------
@@ -412,10 +443,12 @@ def train_batches(folder, tokens_per_batch, count, longest=64):
 
 
 def transformerkit_trainer(folder):
-    from transformerkit.models import Transformer
+    """The imported run's model (``transformerkit.load``), compiled as ``train`` compiles
+    it (the package's fused Adam, masked label-smoothed cross-entropy, ``TrainStep``)."""
+    import transformerkit
     from transformerkit.training import Adam, MaskedCrossEntropy, attach_train_step
 
-    model = Transformer.from_pretrained(folder)
+    model = transformerkit.load(os.path.join(folder, "run")).model
     model.compile(optimizer=Adam(**OPTIMIZER),
                   loss=MaskedCrossEntropy(label_smoothing=LABEL_SMOOTHING))
     attach_train_step(model)
@@ -502,6 +535,7 @@ def run_all(args):
                        (SEARCHES if system in DECODERS else [None])]
             for r in out:
                 runs.setdefault((r["system"], r.get("search")), []).append(r)
+                print("    ", {k: v for k, v in r.items() if k != "outputs"}, flush=True)
     payload = summarize(args, folder, runs)
     common.write_results(args.name, payload, table(payload))
 
