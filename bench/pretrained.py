@@ -10,15 +10,17 @@ training text as ``source.spm`` = ``target.spm``, and a ``vocab.json`` in Marian
 The rows past the SentencePiece pieces are never inputs; they are outputs of a random
 model as of any other, so every system does the work of a 58k vocabulary.
 
-Decoding to EOS with random weights: a random model almost never picks ``</s>``, so
-every output would run to the length cap. The setup therefore raises ``</s>``'s entry of
-``final_logits_bias`` by the amount that makes the mean greedy output length of the first
-64 sentences closest to their mean source length (:func:`calibrate_eos_bias`, exact for
-greedy search: one search with ``</s>`` suppressed gives each step's margin); the pad's
-entry is -100 (no system picks it). A random model's outputs are degenerate (few distinct
-tokens) and their lengths follow those margins, not the sources. All systems decode with the
-same cap, ``--max-new-tokens`` per sentence (EOS included), and the report gives each one's
-mean output length and the share of outputs that reached the cap.
+Output length. By default every system decodes exactly ``--max-new-tokens`` tokens (32;
+``</s>`` forbidden before: ``min_new_tokens`` / ``min_decoding_length``), as
+``bench/decode.py``'s forced runs: the same work for all, whatever the weights. Decoding to
+EOS (``--to-eos``) is measured too, but a random model of this size says little there: the
+setup raises ``</s>``'s entry of ``final_logits_bias`` by the amount that makes the mean
+greedy output length of the first 64 sentences closest to their mean source length
+(:func:`calibrate_eos_bias`, exact for greedy search: one search with ``</s>`` suppressed
+gives each step's margin), but the random model is degenerate: each greedy output is
+either empty (``</s>`` first) or one token repeated to the cap (measured: 75% and 25% at
+a cap of 64), and beam search with length penalty 0 then prefers the empty output for
+every sentence. The pad's bias entry is -100 (no system picks it).
 
 Inputs: the first ``--sentences`` German sentences of Multi30k test2016, encoded with the
 folder's vocabulary (``MarianTokenizer``; ids, so tokenization is outside the timings),
@@ -56,7 +58,10 @@ Every system runs in a process of its own (CTranslate2's OpenMP runtime and PyTo
 compete for the cores inside one process; see ``bench/decode.py``), in ``--repeats``
 rounds; each round runs every system once, one after the other, every other round in the
 reverse order; each configuration keeps its best round (decoding) or its median
-(training). Everything uses ``--threads`` threads (default: all cores).
+(training). Everything uses ``--threads`` threads (default: all cores). On a machine whose
+cores other programs keep busy, use ``--threads 1``: there CTranslate2 with 2 threads ran
+6-20x slower than with 1 (one batch of 16 sentences, 8 tokens: 6.0-19.8 s against
+1.0-1.3 s; its OpenMP threads wait for each other), and PyTorch's pool suffers likewise.
 
     python bench/pretrained.py            # -> bench/results/pretrained.{json,md}
     python bench/pretrained.py --sentences 128 --repeats 1 --name pretrained_small
@@ -295,7 +300,7 @@ def _setup(folder):
 
 
 # -- decoders: Marian ids in, Marian ids out (up to EOS) -------------------------------------
-def transformerkit_decoder(folder, search, cap, batch, sentences):
+def transformerkit_decoder(folder, search, cap, batch, sentences, least=0):
     """The imported run as ``transformerkit.load`` gives it; each batch through the decoding
     function ``translate`` calls, with the options it passes (``SearchOptions``). The
     sources are the run's own tokenizer's ids (checked equal to the Marian ids mapped by
@@ -323,15 +328,16 @@ def transformerkit_decoder(folder, search, cap, batch, sentences):
     def decode(marian_batch, chunk):
         source = ours[tuple(chunk)].astype("int32")
         if options.searches_beams:
-            found = [hyps[0].ids for hyps in beam_translate(run.model, source, options)]
+            found = [hyps[0].ids for hyps in beam_translate(run.model, source, options,
+                                                            min_new_tokens=least)]
         else:
-            found = greedy_translate(run.model, source, options)
+            found = greedy_translate(run.model, source, options, min_new_tokens=least)
         return [ids.to_marian(row).tolist() for row in found]
 
     return decode
 
 
-def hf_decoder(folder, search, cap, pad):
+def hf_decoder(folder, search, cap, pad, least=0):
     import torch
     from transformers import MarianMTModel
 
@@ -343,14 +349,15 @@ def hf_decoder(folder, search, cap, pad):
         with torch.no_grad():
             out = model.generate(input_ids=torch.from_numpy(marian),
                                  attention_mask=torch.from_numpy(marian != pad).long(),
-                                 max_new_tokens=cap, num_beams=beams, do_sample=False,
+                                 max_new_tokens=cap, min_new_tokens=least,
+                                 num_beams=beams, do_sample=False,
                                  forced_eos_token_id=None, **extra)
         return _cut_hf(out.numpy(), pad)
 
     return decode
 
 
-def ctranslate2_decoder(folder, system, search, cap, pad, threads):
+def ctranslate2_decoder(folder, system, search, cap, pad, threads, least=0):
     """CTranslate2 on its own conversion of the folder; pieces in and out, mapped through
     ``vocab.json`` (the source keeps its ``</s>``, as ``MarianTokenizer`` gives it)."""
     import ctranslate2
@@ -362,7 +369,7 @@ def ctranslate2_decoder(folder, system, search, cap, pad, threads):
                                         compute_type=system.split("-")[1],
                                         intra_threads=threads, inter_threads=1)
     options = dict(beam_size=SEARCHES[search], length_penalty=0.0, max_decoding_length=cap,
-                   max_input_length=0)
+                   min_decoding_length=least, max_input_length=0)
 
     def decode(marian):
         source = [[tokens[i] for i in row if i != pad] for row in marian.tolist()]
@@ -375,16 +382,17 @@ def ctranslate2_decoder(folder, system, search, cap, pad, threads):
 def decode_worker(spec):
     """One system: greedy then beam 4 over all batches (after one untimed batch)."""
     folder, cap, threads = spec["folder"], spec["max_new_tokens"], spec["threads"]
+    least = cap if spec.get("forced") else 0
     batches, pad = _inputs(folder, spec["sentences"], spec["batch"])
     results = []
     for search in SEARCHES:
         system = spec["system"]
         if system == "transformerkit":
             decode = transformerkit_decoder(folder, search, cap, spec["batch"],
-                                            spec["sentences"])
+                                            spec["sentences"], least)
         else:
-            decode = (hf_decoder(folder, search, cap, pad) if system == "hf" else
-                      ctranslate2_decoder(folder, system, search, cap, pad, threads))
+            decode = (hf_decoder(folder, search, cap, pad, least) if system == "hf" else
+                      ctranslate2_decoder(folder, system, search, cap, pad, threads, least))
             decode = _ignoring_chunk(decode)
         decode(*batches[len(batches) // 2][::-1])  # warm-up
         outputs = [None] * sum(len(chunk) for chunk, _ in batches)
@@ -508,9 +516,12 @@ def worker(spec):
 
     transformerkit.keep_freed_memory()  # the CLI's malloc setting, for every system alike
     torch.set_num_threads(spec["threads"])
-    if spec["system"] in TRAINERS:
-        return train_worker(spec)
-    return decode_worker(spec)
+    found = train_worker(spec) if spec["system"] in TRAINERS else decode_worker(spec)
+    # every worker's results, outputs included, also kept beside the folder (a run cut short
+    # still leaves what it measured)
+    with open(os.path.join(spec["folder"], "worker-results.jsonl"), "a") as f:
+        f.write(json.dumps({"time": time.time(), "results": found}) + "\n")
+    return found
 
 
 # -- orchestration ---------------------------------------------------------------------------
@@ -525,7 +536,8 @@ def run_all(args):
         for system in order:
             spec = dict(system=system, folder=folder, sentences=args.sentences,
                         batch=args.batch, max_new_tokens=args.max_new_tokens,
-                        threads=args.threads, train_tokens=args.train_tokens,
+                        threads=args.threads, forced=not args.to_eos,
+                        train_tokens=args.train_tokens,
                         train_batches=args.train_batches)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
             out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=7200)
@@ -583,7 +595,8 @@ def summarize(args, folder, runs):
         r.pop("outputs", None)
     return {"machine": dict(common.machine(), threads=args.threads), "setup": _setup(folder),
             "sentences": args.sentences, "batch": args.batch,
-            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "forced": not args.to_eos,
+            "repeats": args.repeats,
             "train_tokens": args.train_tokens, "train_batches": args.train_batches,
             "decoding": decoding, "training": training, "goals": goals}
 
@@ -663,8 +676,11 @@ def table(payload):
         f"`</s>` logit bias +{setup['eos_bias']:.2f} (mean greedy length "
         f"{setup['probe_mean_greedy_length']} vs source {setup['probe_mean_source_length']} "
         f"on the calibration sentences). {payload['sentences']} Multi30k test2016 sentences "
-        f"in batches of {payload['batch']}, at most {payload['max_new_tokens']} output "
-        "tokens (EOS included), length penalty 0, early stopping; target tokens exclude "
+        f"in batches of {payload['batch']}, "
+        + (f"exactly {payload['max_new_tokens']} output tokens (EOS forbidden before)"
+           if payload.get("forced") else
+           f"to EOS, at most {payload['max_new_tokens']} output tokens (EOS included)")
+        + ", length penalty 0, early stopping; target tokens exclude "
         f"EOS. Best of {payload['repeats']} rounds per decoding configuration; fine-tuning: "
         f"{payload['train_batches']} batches of ~{payload['train_tokens']} target tokens, "
         "median round, both with transformerkit's malloc setting. "
@@ -677,8 +693,9 @@ def main():
     parser.add_argument("--sentences", type=int, default=500,
                         help="Multi30k test2016 sentences decoded (500)")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch (64)")
-    parser.add_argument("--max-new-tokens", type=int, default=64,
-                        help="length cap of every output, EOS included (64)")
+    parser.add_argument("--max-new-tokens", type=int, default=32,
+                        help="output length: exactly this many tokens, or with --to-eos at "
+                             "most this many, EOS included (32)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="rounds (one process per system each)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -687,6 +704,9 @@ def main():
                         help="target tokens per fine-tuning batch (2048)")
     parser.add_argument("--train-batches", type=int, default=3)
     parser.add_argument("--no-train", action="store_true", help="decoding only")
+    parser.add_argument("--to-eos", action="store_true",
+                        help="decode to EOS (at most --max-new-tokens) instead of exactly "
+                             "--max-new-tokens tokens (see the module docstring)")
     parser.add_argument("--size", choices=sorted(SIZES), default="opus-mt",
                         help="opus-mt (the bench) or tiny (a test of the script)")
     parser.add_argument("--name", default="pretrained",

@@ -1,7 +1,8 @@
 """``bench/pretrained.py`` at its tiny size, in this process: the setup builds a Marian
 folder with a SentencePiece vocabulary and an ``</s>`` bias that ends greedy outputs at
 varied lengths; transformerkit, ``transformers`` and CTranslate2 float32 decode the same
-batches to the same ids (so the bench compares equal work); both fine-tuning steps train
+batches to the same ids, to EOS and at the forced length (so the bench compares equal
+work); both fine-tuning steps train
 the same model on the same batches (equal first losses, up to dropout); and the report
 names every system and goal."""
 
@@ -58,6 +59,13 @@ def test_systems_decode_the_same_batches_to_the_same_ids(bench):
         assert len(lengths) > 1 or search != "greedy", lengths
         assert ours == runs[("hf", search)][0]["outputs"], search
         assert ours == runs[("ct2-float32", search)][0]["outputs"], search
+    forced = {}
+    for system in ("transformerkit", "ct2-float32"):  # the default: exactly the cap
+        spec = dict(system=system, folder=folder, sentences=16, batch=args.batch,
+                    max_new_tokens=12, threads=1, forced=True)
+        forced[system] = [r["outputs"] for r in module.decode_worker(spec)]
+    assert forced["transformerkit"] == forced["ct2-float32"]
+    assert {len(o) for outputs in forced["transformerkit"] for o in outputs} == {12}
     payload = module.summarize(args, folder, runs)
     rows = {(r["system"], r["search"]): r for r in payload["decoding"]}
     assert rows[("transformerkit", "beam4")]["identical_to_hf"] == 1.0
