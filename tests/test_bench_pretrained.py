@@ -28,7 +28,8 @@ def bench(tmp_path_factory):
     spec.loader.exec_module(module)
     module.common.RESULTS = str(tmp_path_factory.mktemp("results"))
     args = types.SimpleNamespace(size="tiny", max_new_tokens=40, sentences=48, batch=16,
-                                 repeats=1, threads=1, train_tokens=256, train_batches=2)
+                                 repeats=1, threads=1, train_tokens=256, train_batches=2,
+                                 to_eos=True)
     return module, args, module.build(args)
 
 
