@@ -299,9 +299,11 @@ def test_help_points_to_config(capsys):
 
 
 def test_export_huggingface_refusals_are_one_line(runs, capsys, tmp_path):
-    """A translation run, and a GPT whose untied output projection has a bias (GPT-2's
-    lm_head has none): one line each, nothing written."""
-    cases = [(runs["translation"], "exports GPT runs (as GPT2LMHeadModel); "),
+    """A translation run with the paper's sinusoidal table (MarianMTModel's is laid out
+    another way), and a GPT whose untied output projection has a bias (GPT-2's lm_head has
+    none): one line each, naming the option, nothing written."""
+    cases = [(runs["translation"], "model.positional='sinusoidal' has no MarianMTModel "
+                                   "equivalent"),
              (runs["gpt"], "the output projection has a bias, which GPT-2's lm_head lacks")]
     for run, message in cases:
         assert cli.main(["export", str(run), "--format", "huggingface", "--out",

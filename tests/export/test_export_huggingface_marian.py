@@ -73,12 +73,12 @@ def marian_folder(folder, variant):
     hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
     with torch.no_grad():
-        _raise_eos(hf, tokenizer(test_sources(), padding=True, return_tensors="pt"))
+        _raise_eos(hf, tokenizer(sample_sources(), padding=True, return_tensors="pt"))
     hf.save_pretrained(str(folder))
     return folder
 
 
-def test_sources():
+def sample_sources():
     return marian_runs.multi30k_lines("de", 1000, 24)
 
 
@@ -268,7 +268,7 @@ def test_imported_run_exports_to_the_source_folder(imported, tmp_path):
 
 def test_imported_run_logits_and_translations(imported):
     _, run, export = imported
-    sources, targets = test_sources(), marian_runs.multi30k_lines("en", 1000, 24)
+    sources, targets = sample_sources(), marian_runs.multi30k_lines("en", 1000, 24)
     assert_same_model(run, export, sources, targets)
 
 
@@ -289,7 +289,7 @@ def test_a_fine_tuned_start_row_is_exported_not_the_pad_row(imported, tmp_path):
         "model.decoder.embed_tokens.weight"
     pad = json.loads((tmp_path / "hf" / "config.json").read_text())["pad_token_id"]
     np.testing.assert_array_equal(tensors[name][pad], values[1])
-    assert_same_model(run, tmp_path / "hf", test_sources(),
+    assert_same_model(run, tmp_path / "hf", sample_sources(),
                       marian_runs.multi30k_lines("en", 1000, 24), varied=False)
 
 
