@@ -338,7 +338,9 @@ def test_serve_is_ready_after_loading_and_drains_at_sigterm(run_dirs, runs, tmp_
     process, url, log = start_serve(run_dirs[0], tmp_path, "--batch-window-ms", "1500",
                                     "--shutdown-timeout", str(SHUTDOWN_TIMEOUT))
     try:
-        assert wait_ready(process, url, log) == ["starting", "ready"]  # nothing in between
+        # nothing in between; "starting" is missed when the tiny run loads before the first
+        # poll (the in-process tests above hold the loader to see it every time)
+        assert wait_ready(process, url, log) in (["starting", "ready"], ["ready"])
         with ThreadPoolExecutor(len(SENTENCES)) as pool:
             queued = [pool.submit(httpx.post, url + "/translate", timeout=60,
                                   json={"texts": [text], "beam_size": 1})
