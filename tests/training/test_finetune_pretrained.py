@@ -14,16 +14,15 @@ of an uninterrupted run, exactly (slow).
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tolerances as tol
 import yaml
 from gpt2_checkpoints import CORPUS, tiny_gpt2
+from kill_and_resume import assert_killed_run_resumes_exactly
 from near_ties import (
     assert_same_ids_or_near_tie,
     assert_same_texts_or_near_tie,
@@ -288,32 +287,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_fine_tune(gpt2, tmp_path):
         "data.steps_per_epoch": 16, "train.checkpoint_every": 1, "model.dropout": 0.1,
         "train.checkpoints_to_keep": 3, "train.samples": 0})
     config = load_config(GPT_CONFIG, overrides)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config.to_dict()))
-    command = [sys.executable, "-m", "transformerkit.cli", "train", str(path)]
-    straight = subprocess.run([*command, "--out", str(tmp_path / "straight")],
-                              capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-
-    killed = tmp_path / "killed"
-    process = subprocess.Popen([*command, "--out", str(killed)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    state = killed / "checkpoints" / "latest.json"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and process.poll() is None:
-        if state.exists() and json.loads(state.read_text()).get("step", 0) >= 10:
-            break  # inside epoch 2 (8 updates an epoch)
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (killed / "model.keras").exists(), "the run finished before it was killed"
-    assert json.loads(state.read_text())["batch"] > 0, "killed at an epoch end"
-    resumed = subprocess.run([*command, "--out", str(killed), "--resume"],
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for a, b in zip(_weights(tmp_path / "straight" / "model.keras"),
-                    _weights(killed / "model.keras"), strict=True):  # exact: the same steps
-        np.testing.assert_array_equal(a, b)
+    # step 10 is inside epoch 2 (8 updates an epoch)
+    assert_killed_run_resumes_exactly(config, tmp_path, kill_after_step=10)
 
 
 @pytest.mark.slow

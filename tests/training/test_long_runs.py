@@ -10,15 +10,12 @@ change of the resumed state breaks).
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import tolerances as tol
-from tiny_run import tiny_config
+from kill_and_resume import assert_killed_run_resumes_exactly
+from tiny_run import tiny_config, write_corpus
 
 from transformerkit.config import ConfigError, resolve
 from transformerkit.run_directory import CheckpointDirectory, RunDirectory
@@ -172,40 +169,9 @@ def test_early_stopping_config_errors(tmp_path):
 def test_sigkill_inside_an_epoch_resumes_exactly(tmp_path):
     """`transformerkit train` SIGKILLed once a mid-epoch checkpoint exists, then --resume:
     the final weights equal an uninterrupted run's."""
-    source = tmp_path / "train.de"
     config = _config(tmp_path, epochs=2, checkpoint_every=1, checkpoints_to_keep=3)
-    # a corpus of 240 pairs: 60 batches per epoch
-    from tiny_run import write_corpus
-
+    # a corpus of 240 pairs: 60 batches per epoch; step 70 is inside epoch 2
     src, tgt = write_corpus(tmp_path, pairs=240)
     config = config.replace(data={"train_limit": None, "train_source": src,
                                   "train_target": tgt})
-    import yaml
-
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config.to_dict()))
-    command = [sys.executable, "-m", "transformerkit.cli", "train", str(path)]
-    straight = subprocess.run([*command, "--out", str(tmp_path / "straight")],
-                              capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-
-    killed = tmp_path / "killed"
-    process = subprocess.Popen([*command, "--out", str(killed)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    state = killed / "checkpoints" / "latest.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        if state.exists() and json.loads(state.read_text()).get("step", 0) >= 70:
-            break  # inside epoch 2
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (killed / "model.keras").exists(), "the run finished before it was killed"
-    assert json.loads(state.read_text())["batch"] > 0, "killed at an epoch end"
-    resumed = subprocess.run([*command, "--out", str(killed), "--resume"],
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for a, b in zip(_weights(tmp_path / "straight" / "model.keras"),
-                    _weights(killed / "model.keras"), strict=True):  # exact: resumed, same steps
-        np.testing.assert_array_equal(a, b)
-    del source
+    assert_killed_run_resumes_exactly(config, tmp_path, kill_after_step=70, seconds=120)

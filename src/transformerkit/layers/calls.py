@@ -245,8 +245,8 @@ def _cast_once_maybe_cast(self, value):
     if value.dtype == target:
         return value
     entry = self.copies.get(id(value))
-    version = value._version
-    if entry is None or entry[0] is not value or entry[1] != version:
+    version = getattr(value, "_version", None)  # None: no counter, so cast at every use
+    if entry is None or entry[0] is not value or version is None or entry[1] != version:
         with torch.no_grad():
             entry = (value, version, value.to(target))
         self.copies[id(value)] = entry
