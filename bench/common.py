@@ -75,11 +75,12 @@ def real_target_tokens(batch):
     return int(np.count_nonzero(batch[2]))
 
 
-def matmul_peak(seconds=5.0, n=2048):
-    """float32 matrix-product GFLOP/s of this machine (PyTorch, all threads)."""
+def matmul_peak(seconds=5.0, n=2048, dtype="float32"):
+    """Matrix-product GFLOP/s of this machine in ``dtype`` (float32 or bfloat16: oneDNN's
+    AMX/AVX512-BF16 kernels where the CPU has them), PyTorch, all threads."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))
     for _ in range(3):
         a @ b
     count, start = 0, time.perf_counter()

@@ -38,6 +38,16 @@ Usage:
 ``--nanogpt DIR`` is a nanoGPT checkout (``git clone https://github.com/karpathy/nanoGPT``);
 without it only our side runs. ``--jit`` also runs ours with ``jit_compile=True``
 (``torch.compile`` on the PyTorch backend; compile time counts in the loop time).
+
+bfloat16 (CPUs with AVX512-BF16 or AMX-BF16): ``--precision float32,mixed_bfloat16`` runs
+ours once per precision in each run (``train.precision``), and ``--nanogpt-autocast`` also
+runs nanoGPT under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (its ``train.py`` uses
+autocast on GPUs only; the bench runs a copy whose ``ctx`` line applies it on the CPU too,
+with ``--dtype=bfloat16``: the equal-terms peer). The report then sets the time each
+system needs to reach nanoGPT's (float32) validation loss against nanoGPT's, run by run:
+
+    python bench/gpt_vs_nanogpt.py --nanogpt /tmp/nanogpt --nanogpt-autocast \
+        --precision float32,mixed_bfloat16 --runs 2 --name gpt_vs_nanogpt_bfloat16
 """
 
 import argparse
@@ -146,9 +156,30 @@ def score_nanogpt(nanogpt, work, block_size):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def run_nanogpt(nanogpt, recipe, args, work):
-    """Run nanoGPT's own train.py in ``work`` (which holds data/shakespeare_char)."""
-    for name in ("configurator.py", "config"):  # train.py reads them relative to the cwd
+NANOGPT_CPU_CONTEXT = "ctx = nullcontext() if device_type == 'cpu' else "
+NANOGPT_AUTOCAST = "nanoGPT (autocast bfloat16)"
+
+
+def autocast_train_script(nanogpt, work):
+    """A copy of nanoGPT's ``train.py`` in ``work`` that runs the CPU under autocast too:
+    its ``ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(...)`` line
+    loses the CPU exception (nothing else changes; ``model.py`` is linked beside it)."""
+    with open(os.path.join(nanogpt, "train.py")) as f:
+        source = f.read()
+    if NANOGPT_CPU_CONTEXT not in source:
+        raise SystemExit(f"{nanogpt}/train.py: no line starting {NANOGPT_CPU_CONTEXT!r} to "
+                         "patch for --nanogpt-autocast (a different nanoGPT version?)")
+    path = os.path.join(work, "train_autocast.py")
+    with open(path, "w") as f:
+        f.write(source.replace(NANOGPT_CPU_CONTEXT, "ctx = "))
+    return path
+
+
+def run_nanogpt(nanogpt, recipe, args, work, autocast=False):
+    """Run nanoGPT's own train.py in ``work`` (which holds data/shakespeare_char);
+    ``autocast``: the copy from ``autocast_train_script``, with ``--dtype=bfloat16``."""
+    system = NANOGPT_AUTOCAST if autocast else "nanoGPT"
+    for name in ("configurator.py", "config", "model.py"):  # read relative to the cwd
         link = os.path.join(work, name)
         if not os.path.exists(link):
             os.symlink(os.path.join(os.path.abspath(nanogpt), name), link)
@@ -159,14 +190,17 @@ def run_nanogpt(nanogpt, recipe, args, work):
              f"--max_iters={args.iters}", f"--lr_decay_iters={args.iters}",
              f"--dropout={recipe['dropout']}", f"--eval_interval={args.eval_interval}",
              f"--out_dir={os.path.join(work, 'out')}", "--dataset=shakespeare_char"]
-    command = [sys.executable, os.path.join(os.path.abspath(nanogpt), "train.py"),
-               "config/train_shakespeare_char.py", *flags]
+    script = os.path.join(os.path.abspath(nanogpt), "train.py")
+    if autocast:
+        script = autocast_train_script(nanogpt, work)
+        flags.append("--dtype=bfloat16")
+    command = [sys.executable, script, "config/train_shakespeare_char.py", *flags]
     print("nanoGPT:", " ".join(command[1:]), flush=True)
     started = time.perf_counter()
     result = subprocess.run(command, cwd=work, capture_output=True, text=True)
     process_seconds = time.perf_counter() - started
     if result.returncode != 0:
-        return {"system": "nanoGPT", "error": result.stderr.strip()[-2000:]}
+        return {"system": system, "error": result.stderr.strip()[-2000:]}
     times, evals_at = {}, []
     for line in result.stdout.splitlines():
         if m := _ITER.match(line):
@@ -181,7 +215,7 @@ def run_nanogpt(nanogpt, recipe, args, work):
         before = sum(t for i, t in times.items() if i < it)
         evals.append({"iter": it, "seconds": round(before + times.get(it, 0.0) - per_iter, 3),
                       "train_loss": train_loss, "val_loss": val_loss})
-    return {"system": "nanoGPT", "ms_per_iter": round(1000 * per_iter, 2),
+    return {"system": system, "ms_per_iter": round(1000 * per_iter, 2),
             "loop_seconds": round(sum(times.values()), 2),
             "process_seconds": round(process_seconds, 2), "iterations": len(times),
             "evals": evals, "final_val_loss": evals[-1]["val_loss"] if evals else None,
@@ -190,16 +224,18 @@ def run_nanogpt(nanogpt, recipe, args, work):
 
 # -- ours (in a subprocess: --worker) ---------------------------------------------------------
 
-def run_ours(recipe_name, args, jit):
+def run_ours(recipe_name, args, jit, precision="float32"):
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--recipe", recipe_name,
                "--iters", str(args.iters), "--eval-interval", str(args.eval_interval),
-               "--eval-iters", str(args.eval_iters), *(["--jit"] if jit else [])]
+               "--eval-iters", str(args.eval_iters), *(["--jit"] if jit else []),
+               "--precision", precision]
     env = dict(os.environ)
     env.setdefault("KERAS_BACKEND", args.backend)
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     process_seconds = time.perf_counter() - started
-    label = f"transformerkit ({env['KERAS_BACKEND']}{', jit' if jit else ''})"
+    label = (f"transformerkit ({env['KERAS_BACKEND']}{', jit' if jit else ''}"
+             f"{'' if precision == 'float32' else ', ' + precision})")
     if result.returncode != 0:
         return {"system": label, "error": result.stderr.strip()[-2000:]}
     payload = json.loads(result.stdout.strip().splitlines()[-1])
@@ -237,6 +273,7 @@ def worker(recipe, args):
     from transformerkit.training import masked_cross_entropy
 
     keras.utils.set_random_seed(1337)
+    keras.config.set_dtype_policy(args.precision)  # as train.precision does
     train_text, val_text = split_train_val(read_text(), 0.1)
     tokenizer = CharTokenizer.train([train_text])  # 65 characters + 4 reserved ids
     train_ids = np.asarray(tokenizer.encode(train_text), "int32")
@@ -310,7 +347,8 @@ def full_validation_verdict(results):
     """Per system, over the runs: its full-validation loss and loop time against the
     nanoGPT runs around it (both after the same iterations); None without nanoGPT's score."""
     lines = []
-    for system in dict.fromkeys(r["system"] for r in results if r["system"] != "nanoGPT"):
+    for system in dict.fromkeys(r["system"] for r in results
+                                if not r["system"].startswith("nanoGPT")):
         pairs = [(r, _nanogpt_of(results, r["run"])) for r in results
                  if r["system"] == system and "error" not in r]
         pairs = [(r, n) for r, n in pairs if n and n.get("full_val_loss") is not None
@@ -327,6 +365,34 @@ def full_validation_verdict(results):
             f"nanoGPT's, run by run: {ratios}. The target (nanoGPT's loss in less wall time) "
             f"is met in {sum(met)} of {len(met)} run(s).")
     return "\n".join(lines) or None
+
+
+def time_to_loss_verdict(results, target):
+    """With an autocast nanoGPT in the runs: each system's time to nanoGPT's (float32)
+    validation loss over nanoGPT's and over the autocast nanoGPT's of the same run."""
+    if target is None or not any(r["system"] == NANOGPT_AUTOCAST for r in results):
+        return None
+    lines = []
+    for system in dict.fromkeys(r["system"] for r in results if r["system"] != "nanoGPT"):
+        ratios = {"nanoGPT": [], NANOGPT_AUTOCAST: []}
+        for r in results:
+            if r["system"] != system or "error" in r:
+                continue
+            reach = time_to_reach(r, target)
+            for peer in ratios:
+                if peer == system:
+                    continue
+                runs = [p for p in results if p["system"] == peer and p["run"] == r["run"]
+                        and "error" not in p]
+                peer_reach = time_to_reach(runs[0], target) if runs else None
+                if peer_reach:
+                    ratios[peer].append("not reached" if reach is None
+                                        else f"{reach / peer_reach:.2f}x")
+        plain, autocast = (", ".join(ratios[p]) or "n/a" for p in ratios)
+        lines.append(f"{system}: time to nanoGPT's validation loss {target:.4f} over "
+                     f"nanoGPT's (float32), run by run: {plain}; over nanoGPT under "
+                     f"autocast: {autocast}.")
+    return "\n".join(lines)
 
 
 def _nanogpt_of(results, run):
@@ -382,7 +448,8 @@ def report(recipe_name, recipe, args, results):
             f"non-overlapping {recipe['block_size']}-token block of the validation split. "
             "Ratios (against the mean of the nanoGPT runs just before and just after each of ours: "
             "nanoGPT runs once more at the end) below 1 mean we are faster.")
-    verdict = full_validation_verdict(results)
+    verdict = "\n".join(filter(None, [full_validation_verdict(results),
+                                      time_to_loss_verdict(results, target)]))
     table = "\n".join(rows) + "\n" + note + (f"\n\n{verdict}" if verdict else "")
     payload = {"recipe": recipe_name, "settings": {**recipe, "iters": args.iters,
                                                    "eval_interval": args.eval_interval,
@@ -408,6 +475,11 @@ def main():
                              "more; each of ours is compared with the mean of the nanoGPT runs "
                              "around it (this machine's speed drifts by 10-30%% over minutes)")
     parser.add_argument("--name", help="results file name (default gpt_vs_nanogpt[_RECIPE])")
+    parser.add_argument("--precision", default="float32",
+                        help="comma-separated train.precision values for ours (float32, "
+                             "mixed_bfloat16): one run of ours per precision in each run")
+    parser.add_argument("--nanogpt-autocast", action="store_true",
+                        help="also run nanoGPT under torch.autocast bfloat16 on the CPU")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     recipe = RECIPES[args.recipe]
@@ -428,7 +500,14 @@ def main():
                 results.append(dict(run_nanogpt(args.nanogpt, recipe, args, work), run=run))
         if run > args.runs:
             break
-        results.append(dict(run_ours(args.recipe, args, jit=False), run=run))
+        if args.nanogpt and args.nanogpt_autocast:
+            with tempfile.TemporaryDirectory(prefix="nanogpt-bench-") as work:
+                prepare_nanogpt_data(work)
+                results.append(dict(run_nanogpt(args.nanogpt, recipe, args, work,
+                                                autocast=True), run=run))
+        for precision in args.precision.split(","):
+            results.append(dict(run_ours(args.recipe, args, jit=False, precision=precision),
+                                run=run))
         if args.jit:
             results.append(dict(run_ours(args.recipe, args, jit=True), run=run))
     report(args.recipe, recipe, args, results)

@@ -12,7 +12,10 @@ de->en batches of about 4096 target tokens (shared BPE vocabulary of 8000):
 Marian runs twice: as its users run it, and with the glibc ``malloc`` setting that
 ``transformerkit train`` applies (``transformerkit.keep_freed_memory()``, applied to our
 workers here too), to show how much of our lead is that setting, which any PyTorch program
-can adopt.
+can adopt. With ``mixed_bfloat16`` in ``--precision``, Marian also runs under
+``torch.autocast("cpu", dtype=torch.bfloat16)`` with that setting (PyTorch's own mixed
+precision: the equal-terms peer of our bfloat16 step), and the base model gets a bfloat16
+row, set against the bfloat16 matmul peak measured in the same run.
 
 Reported: real (non-padding) target tokens per second of forward+backward+update, and the
 achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward; the
@@ -39,6 +42,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+MARIAN_AUTOCAST = "HF Marian + malloc setting, torch.autocast bfloat16"
 SMALL = dict(layers=3, d_model=256, heads=8, d_ff=512, vocab=8000)
 BASE = dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=37000)
 
@@ -87,10 +91,14 @@ def keras_worker(size, num_batches, repeats, precision="float32"):
                        output_on_labels_only=labels_only)
 
 
-def marian_model():
+def marian_model(autocast=False):
     """Hugging Face's MarianMTModel of the small size with torch.optim.Adam and the same
     label-smoothed loss, trained eagerly as its users train it; ``step(batch)`` trains on one
-    ``(source, decoder_input, labels)`` batch of int64 torch tensors."""
+    ``(source, decoder_input, labels)`` batch of int64 torch tensors. ``autocast``: forward
+    and loss under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (float32 weights and
+    Adam state, as PyTorch's mixed-precision recipe)."""
+    import contextlib
+
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -111,19 +119,21 @@ def marian_model():
 
     def step(batch):
         source, decoder_input, labels = batch
-        logits = model(input_ids=source, attention_mask=source != 0,
-                       decoder_input_ids=decoder_input,
-                       decoder_attention_mask=decoder_input != 0).logits
-        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast
+              else contextlib.nullcontext()):
+            logits = model(input_ids=source, attention_mask=source != 0,
+                           decoder_input_ids=decoder_input,
+                           decoder_attention_mask=decoder_input != 0).logits
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return model, step
 
 
-def marian_worker(num_batches, repeats, allocator=False):
+def marian_worker(num_batches, repeats, allocator=False, autocast=False):
     import numpy as np
     import torch
 
@@ -132,7 +142,7 @@ def marian_worker(num_batches, repeats, allocator=False):
 
         keep_freed_memory()
     batches = common.multi30k_batches(num_batches)
-    model, step = marian_model()
+    model, step = marian_model(autocast)
     tensors = [tuple(torch.from_numpy(a.astype("int64")) for a in b) for b in batches]
     result = _time_steps(step, tensors, repeats, SMALL, "torch (eager)", np,
                          numpy_batches=batches)
@@ -175,6 +185,7 @@ def main():
     parser.add_argument("--name", default="train_step",
                         help="results/NAME.{json,md} (default train_step)")
     parser.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="float32",
                         help="comma-separated dtype policies (float32, mixed_bfloat16); each "
                              "one after the first adds a small-model row on the first backend")
@@ -183,7 +194,8 @@ def main():
         print(json.dumps(keras_worker(args.size, args.batches, args.repeats, args.precision)))
         return
     if args.worker == "marian":
-        print(json.dumps(marian_worker(args.batches, args.repeats, args.allocator)))
+        print(json.dumps(marian_worker(args.batches, args.repeats, args.allocator,
+                                       args.autocast)))
         return
 
     common.multi30k_batches(args.batches)  # build the shared batches once
@@ -191,13 +203,19 @@ def main():
     rounds = [small_model_rows(args, script, reverse=bool(i % 2)) for i in range(args.rounds)]
     rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     peak = round(common.matmul_peak(), 1)
+    bf16 = "mixed_bfloat16" in args.precision.split(",")
+    peak_bf16 = round(common.matmul_peak(dtype="bfloat16"), 1) if bf16 else None
     common.multi30k_batches(args.base_batches)
-    r = common.run_worker(script, ["--worker", "keras", "--size", "base", "--batches",
-                                   str(args.base_batches), "--repeats", "1"],
-                          {"KERAS_BACKEND": "torch"})
-    rows.append({"system": "transformerkit (torch)", "model": "base", **r})
-    print(rows[-1], flush=True)
-    write_report(args, rows, rounds, peak)
+    for precision in ["float32"] + (["mixed_bfloat16"] if bf16 else []):
+        r = common.run_worker(script, ["--worker", "keras", "--size", "base", "--batches",
+                                       str(args.base_batches), "--repeats", "1",
+                                       "--precision", precision],
+                              {"KERAS_BACKEND": "torch"})
+        rows.append({"system": "transformerkit (torch)" + (
+            f", {precision}" if precision != "float32" else ""), "model": "base",
+            **({"precision": precision} if precision != "float32" else {}), **r})
+        print(rows[-1], flush=True)
+    write_report(args, rows, rounds, peak, peak_bf16)
 
 
 def median_row(runs):
@@ -226,6 +244,9 @@ def small_model_rows(args, script, reverse=False):
     jobs += [("HF transformers MarianMTModel", ["--worker", "marian", *sizes], None, {}),
              ("HF Marian + transformerkit's malloc setting",
               ["--worker", "marian", "--allocator", *sizes], None, {})]
+    if "mixed_bfloat16" in args.precision.split(","):
+        jobs.append((MARIAN_AUTOCAST, ["--worker", "marian", "--allocator", "--autocast", *sizes],
+                     None, {"precision": "autocast bfloat16"}))
     rows = {}
     for system, arguments, env, extra in (jobs[::-1] if reverse else jobs):
         r = common.run_worker(script, arguments, env)
@@ -234,7 +255,7 @@ def small_model_rows(args, script, reverse=False):
     return [rows[system] for system, *_ in jobs]
 
 
-def write_report(args, rows, rounds, peak):
+def write_report(args, rows, rounds, peak, peak_bf16=None):
     marian = next((r for r in rows if r["system"] == "HF transformers MarianMTModel"
                    and "error" not in r), None)
     lines = ["| model | system | target tokens/s | GFLOP/s | vs Marian | % of matmul peak |",
@@ -245,9 +266,15 @@ def write_report(args, rows, rounds, peak):
             continue
         ratio = (f"{r['target_tokens_per_s'] / marian['target_tokens_per_s']:.2f}x"
                  if marian and r["model"] == "small" else "")
+        low = r.get("precision") in ("mixed_bfloat16", "autocast bfloat16") and peak_bf16
+        share = (f"{100 * r['gflops_per_s'] / peak_bf16:.0f}% (bfloat16)" if low
+                 else f"{100 * r['gflops_per_s'] / peak:.0f}%")
         lines.append(f"| {r['model']} | {r['system']} | {r['target_tokens_per_s']:,.0f} | "
-                     f"{r['gflops_per_s']:.1f} | {ratio} | {100 * r['gflops_per_s'] / peak:.0f}% |")
-    lines.append(f"\nfloat32 matmul peak (torch, 2048x2048): {peak} GFLOP/s. "
+                     f"{r['gflops_per_s']:.1f} | {ratio} | {share} |")
+    lines.append(bfloat16_summary(rows))
+    bf16_peak = (f"; bfloat16 matmul peak (same shape): {peak_bf16} GFLOP/s"
+                 if peak_bf16 else "")
+    lines.append(f"\nfloat32 matmul peak (torch, 2048x2048): {peak} GFLOP/s{bf16_peak}. "
                  f"small = 3+3 layers, d_model 256, 8 heads, d_ff 512, vocab 8000; "
                  f"base = 6+6, 512, 8 heads, 2048, vocab 37000. Batches: "
                  f"{args.batches} (small) / {args.base_batches} (base) Multi30k batches of "
@@ -277,7 +304,24 @@ def write_report(args, rows, rounds, peak):
                          f"setting): {ratio:.3f}x by the systems' medians; the median of the "
                          f"per-round ratios {statistics.median(equal):.3f}x.")
     common.write_results(args.name, {"machine": common.machine(), "matmul_peak_gflops": peak,
+                                     "matmul_peak_bfloat16_gflops": peak_bf16,
                                      "rows": rows}, "\n".join(lines))
+
+
+def bfloat16_summary(rows):
+    """The bfloat16 goals in one line: our small-model bfloat16 step over our float32 step
+    and over Marian under autocast (both with the malloc setting); "" without those rows."""
+    small = {r["system"]: r for r in rows if r["model"] == "small" and "error" not in r}
+    ours_bf16 = next((r for s, r in small.items() if s.endswith("mixed_bfloat16)")), None)
+    ours = next((r for s, r in small.items() if s.startswith("transformerkit (")
+                 and "precision" not in r), None)
+    peer = small.get(MARIAN_AUTOCAST)
+    if not (ours_bf16 and ours and peer):
+        return ""
+    tps = "target_tokens_per_s"
+    return (f"\nbfloat16 small step: {ours_bf16[tps] / ours[tps]:.2f}x our float32 step, "
+            f"{ours_bf16[tps] / peer[tps]:.2f}x Marian under torch.autocast bfloat16 (same "
+            "malloc setting).")
 
 
 if __name__ == "__main__":
