@@ -115,7 +115,8 @@ def machine():
     import torch
 
     name, vector = cpu_model()
-    return {"cpu": name, "cpu_flags": vector, "cores": os.cpu_count(),
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": name, "cpu_flags": vector, "cores": cores,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)),

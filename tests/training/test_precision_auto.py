@@ -113,8 +113,14 @@ def test_train_records_the_precision_it_used(tmp_path):
     from transformerkit.training.trainer import train
 
     metrics = train(tiny_config(tmp_path, epochs=1), tmp_path / "auto")
-    assert metrics["precision"]["used"] == "float32"
-    assert "d_model 16" in metrics["precision"]["reason"] or not TORCH or _cuda()
+    if _cuda():  # a GPU: bfloat16 where it has it, whatever the width
+        import torch
+
+        gpu_bfloat16 = torch.cuda.is_bf16_supported()
+        assert metrics["precision"]["used"] == ("mixed_bfloat16" if gpu_bfloat16 else "float32")
+    else:
+        assert metrics["precision"]["used"] == "float32"
+        assert "d_model 16" in metrics["precision"]["reason"] or not TORCH
     with open(tmp_path / "auto" / "metrics.json") as f:
         assert json.load(f)["precision"] == metrics["precision"]
     mixed = train(tiny_config(tmp_path, epochs=1, precision="mixed_bfloat16"),

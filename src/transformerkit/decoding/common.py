@@ -129,7 +129,9 @@ class TokenRules:
         if fastpath.applies():
             import torch
 
-            self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF))
+            device = self.always.device  # the model's (CPU or GPU)
+            self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF),
+                                                  device=device)
                             for flag, row in ((False, always), (True, without_eos))}
 
     def apply(self, logits, forbid_eos, owned=False):

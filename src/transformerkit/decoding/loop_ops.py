@@ -33,12 +33,14 @@ _TORCH_LOOP_OPS = None
 class TorchLoopOps:
     """The ``keras.ops`` functions the search loops use, as direct torch calls on torch
     tensors (NumPy arrays and Python numbers are converted, as ``keras.ops`` does). Dtypes
-    are Keras names (``"int32"``, ``"float32"``, ``"bool"``)."""
+    are Keras names (``"int32"``, ``"float32"``, ``"bool"``). The tensors it makes are on
+    ``device``, where Keras puts the model's (the CPU, or a GPU), as ``keras.ops`` does."""
 
     def __init__(self):
         import torch
 
         self.torch = torch
+        self.device = ops.convert_to_tensor(0).device
         self._dtypes = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
                         "bool": torch.bool}
 
@@ -46,20 +48,21 @@ class TorchLoopOps:
         return None if dtype is None else self._dtypes[dtype]
 
     def convert_to_tensor(self, x, dtype=None):
-        return self.torch.as_tensor(x, dtype=self._dtype(dtype))
+        return self.torch.as_tensor(x, dtype=self._dtype(dtype), device=self.device)
 
     def cast(self, x, dtype):
-        return self.torch.as_tensor(x).to(self._dtypes[dtype])
+        return self.torch.as_tensor(x, device=self.device).to(self._dtypes[dtype])
 
     def full(self, shape, value, dtype):
-        return self.torch.full(shape, value, dtype=self._dtypes[dtype])
+        return self.torch.full(shape, value, dtype=self._dtypes[dtype], device=self.device)
 
     def zeros(self, shape, dtype):
-        return self.torch.zeros(shape, dtype=self._dtypes[dtype])
+        return self.torch.zeros(shape, dtype=self._dtypes[dtype], device=self.device)
 
     def arange(self, start, stop=None, dtype="int32"):
-        return self.torch.arange(start, stop, dtype=self._dtypes[dtype]) if stop is not None \
-            else self.torch.arange(start, dtype=self._dtypes[dtype])
+        if stop is None:
+            start, stop = 0, start
+        return self.torch.arange(start, stop, dtype=self._dtypes[dtype], device=self.device)
 
     @staticmethod
     def reshape(x, shape):
@@ -78,7 +81,7 @@ class TorchLoopOps:
 
     def take(self, x, indices, axis=0):
         """Rows (``axis=0``) or entries of ``x`` by non-negative ``indices`` (1-D)."""
-        indices = self.torch.as_tensor(indices)
+        indices = self.torch.as_tensor(indices, device=self.device)
         return self.torch.index_select(x, axis, indices.reshape(-1)).reshape(
             x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 

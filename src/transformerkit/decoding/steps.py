@@ -194,8 +194,8 @@ class EagerSteps:
     def _start_language_model(self, buffer, prefill, max_len):
         import torch
 
-        buffer = torch.as_tensor(buffer)
         weights = self.model.decode_step_weights()
+        buffer = torch.as_tensor(buffer, device=weights["embedding"].device)
         state = self._empty_caches(buffer.shape[0], max_len, weights["embedding"])
         if prefill > 0:  # the shared prompt prefix in one Keras call, copied into the caches
             caches = self.model.init_caches(buffer.shape[0], prefill)

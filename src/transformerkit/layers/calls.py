@@ -346,8 +346,13 @@ _ONEDNN = None
 
 
 def normalize(x, weights):
-    """LayerNorm over the last axis with ``weights`` from :func:`norm_weights`."""
+    """LayerNorm over the last axis with ``weights`` from :func:`norm_weights`. A bfloat16
+    ``x`` with float32 weights (mixed precision) is normalised in float32 and rounded to
+    ``x``'s dtype once: PyTorch's CPU kernel does so itself, its CUDA kernel wants one dtype
+    (then ``x`` is widened first: the same numbers)."""
     gamma, beta, epsilon = weights
+    if gamma is not None and x.dtype != gamma.dtype and x.device.type != "cpu":
+        return F.layer_norm(x.to(gamma.dtype), (x.shape[-1],), gamma, beta, epsilon).to(x.dtype)
     return F.layer_norm(x, (x.shape[-1],), gamma, beta, epsilon)
 
 

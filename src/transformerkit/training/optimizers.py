@@ -60,11 +60,13 @@ class Adam(keras.optimizers.Adam):
         import torch
 
         learning_rate = float(learning_rate)
-        step = torch.as_tensor(optimizer_steps(self) + 1.0, dtype=torch.float32)
+        steps = optimizer_steps(self) + 1.0
         with torch.no_grad():
             for decayed, positions, params, momentums, velocities in \
                     self._fused_groups(trainable_variables):
                 fused = internals.get("fused_adamw_" if decayed else "fused_adam_")
+                # the kernel wants its step counts on the parameters' device (CPU or GPU)
+                step = torch.tensor(steps, dtype=torch.float32, device=params[0].device)
                 group_grads = [_as_dtype(grads[i], p)
                                for i, p in zip(positions, params, strict=True)]
                 fused(params, group_grads, momentums, velocities, [], [step] * len(params),
