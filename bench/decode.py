@@ -95,11 +95,10 @@ def load_inputs(run_dir, sentences, batch):
 
 
 def transformerkit_decoder(run_dir, search, tokens, cache, forced):
+    import transformerkit
     from transformerkit.decoding import beam_translate, greedy_translate
-    from transformerkit.run_directory import RunDirectory
-    from transformerkit.saving import load_model
 
-    model = load_model(RunDirectory(run_dir).model)
+    model = transformerkit.load(run_dir).model  # as users load it (computes in float32)
     # no length cap relative to the source: forced runs decode exactly `tokens` tokens
     extra = dict(max_new_tokens=tokens, min_new_tokens=tokens if forced else 0, use_cache=cache,
                  max_len_a=None, max_len_b=None)

@@ -36,6 +36,7 @@ def load(run_dir, checkpoint="model", precision="float32"):
     Returns a :class:`Run`.
     """
     from transformerkit.data.tokenizers import load_tokenizer
+    from transformerkit.models.base import compute_in_float32
     from transformerkit.precisions import check
     from transformerkit.saving import load_model
 
@@ -45,6 +46,7 @@ def load(run_dir, checkpoint="model", precision="float32"):
         raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
     config = load_config(run.config)
     model = load_model(run.model_file(checkpoint), compile=False)
+    compute_in_float32(model)  # a mixed_bfloat16-trained model decodes as chosen per call
     source_path, target_path = run.tokenizer_paths(
         shared=True if config.model["type"] == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)

@@ -81,6 +81,13 @@ def test_training_and_every_search_make_their_tensors_on_the_models_device(tmp_p
         run.translate(texts, temperature=0.8, top_k=3, seed=1)
         for precision in ("bfloat16", "int8"):
             run.translate(texts, beam_size=2, precision=precision)
+        # a batch of NumPy arrays (padded labels: the step gathers the real positions)
+        from transformerkit.training import MaskedCrossEntropy, attach_train_step
+
+        run.model.compile(optimizer="sgd", loss=MaskedCrossEntropy())
+        attach_train_step(run.model)
+        ids = np.array([[5, 6, 2, 0], [7, 2, 0, 0]], "int32")
+        run.model.train_on_batch((ids, ids), ids)
     assert not audit.found, "\n".join(sorted(audit.found))
 
 

@@ -1,5 +1,6 @@
 """Pieces shared by the three models: input checks, embedding, the block stacks, caches."""
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -94,6 +95,42 @@ def _concrete_numpy(x):
         if torch.compiler.is_compiling():
             return None
     return keras.ops.convert_to_numpy(x)
+
+
+def compute_in_float32(model):
+    """Let every layer of ``model`` whose weights are float32 also compute in float32.
+
+    A model trained under ``train.precision: mixed_bfloat16`` (or ``auto``'s choice of it)
+    keeps float32 weights and is saved with that policy, whose layers compute in bfloat16
+    with the weights cast at every use. For decoding, where the precision is chosen per call
+    (:mod:`transformerkit.layers.lowprec`: float32 everywhere, bfloat16 or int8 products),
+    such a model computes in float32, which also lets it take the decoder's one-position step
+    (``decoding/steps.py: EagerSteps``, float32 models only). ``transformerkit.load`` does
+    this to every model it loads.
+
+    Returns ``{layer: policy}`` of the layers changed (empty for a float32 model), for
+    :func:`float32_compute` to restore.
+    """
+    changed = {}
+    for layer in model._flatten_layers(include_self=True):
+        policy = layer.dtype_policy
+        if policy.variable_dtype == "float32" and policy.compute_dtype != "float32" \
+                and policy.quantization_mode is None:
+            changed[layer] = policy
+            layer.dtype_policy = "float32"
+    return changed
+
+
+@contextlib.contextmanager
+def float32_compute(model):
+    """:func:`compute_in_float32` for the block (the decoding of the training monitors),
+    then the policies ``model`` had. Not for a model that other threads use meanwhile."""
+    changed = compute_in_float32(model)
+    try:
+        yield model
+    finally:
+        for layer, policy in changed.items():
+            layer.dtype_policy = policy
 
 
 class TransformerBase(keras.Model):

@@ -21,6 +21,7 @@ from transformerkit.decoding.sampling import generate_text
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
 from transformerkit.files import atomic_write_text
+from transformerkit.models.base import float32_compute
 from transformerkit.run_directory import RunDirectory
 
 log = logging.getLogger("transformerkit")
@@ -75,6 +76,14 @@ class SampleMonitor(keras.callbacks.Callback):
 
     def show(self, when):
         """Decode the samples now and print them under the heading ``when``."""
+        with float32_compute(self.model):  # as transformerkit.load decodes it
+            lines = self._sample_lines(when)
+        self.print_fn("\n".join(lines))
+        if self.out is not None:
+            append_text(self.out, "\n".join(lines) + "\n\n")
+        self.printed += 1
+
+    def _sample_lines(self, when):
         lines = [f"--- samples after {when} ---"]
         if self.prompts is not None:
             lines += gpt_samples(self.model, self.source_tokenizer, self.prompts, [self.seed],
@@ -88,10 +97,7 @@ class SampleMonitor(keras.callbacks.Callback):
                 if i < len(self.references):
                     lines.append(f"REFERENCE: {self.references[i]}")
                 lines.append(f"MODEL:     {output}")
-        self.print_fn("\n".join(lines))
-        if self.out is not None:
-            append_text(self.out, "\n".join(lines) + "\n\n")
-        self.printed += 1
+        return lines
 
 
 def gpt_samples(model, tokenizer, prompts, seeds, max_new_tokens, temperature, top_k, top_p):
@@ -163,9 +169,11 @@ class ValidationBLEU(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
             return
-        hypotheses = translate_texts(self.model, self.source_tokenizer, self.target_tokenizer,
-                                     self.sources, beam_size=self.beam_size,
-                                     max_new_tokens=self.max_new_tokens)
+        with float32_compute(self.model):  # as transformerkit.load decodes it
+            hypotheses = translate_texts(self.model, self.source_tokenizer,
+                                         self.target_tokenizer, self.sources,
+                                         beam_size=self.beam_size,
+                                         max_new_tokens=self.max_new_tokens)
         scores = corpus_scores(hypotheses, self.references)
         self.history.append((epoch + 1, scores))
         if logs is not None:

@@ -7,6 +7,7 @@ from transformerkit.decoding.classify import class_probabilities
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import classification_scores, corpus_scores, format_confusion
 from transformerkit.files import atomic_write_text
+from transformerkit.models.base import float32_compute
 from transformerkit.run_directory import RunDirectory
 from transformerkit.training.monitors import append_text, gpt_samples, sample_settings
 
@@ -21,26 +22,28 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
     train_cfg = config.train
     metrics = dict(summary)
     lines = []
-    if config.model["type"] == "transformer" and data.val_sources:
-        limit = train_cfg.eval_max_sentences or len(data.val_sources)
-        sources, references = data.val_sources[:limit], data.val_targets[:limit]
-        hypotheses = translate_texts(model, data.source_tokenizer, data.target_tokenizer,
-                                     sources, beam_size=train_cfg.eval_beam_size,
-                                     max_new_tokens=train_cfg.decode_max_length)
-        metrics.update({f"val_{k}": v for k, v in corpus_scores(hypotheses, references).items()})
-        metrics["val_sentences_scored"] = len(sources)
-        metrics["val_beam_size"] = train_cfg.eval_beam_size
-        shown = list(zip(sources, references, hypotheses, strict=True))[: train_cfg.samples]
-        for src, ref, hyp in shown:
-            lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
-    elif config.model["type"] == "encoder" and data.val_sources:
-        scores, shown = _classifier_report(model, data, train_cfg.samples)
-        metrics.update(scores)
-        lines += shown
-    elif config.model["type"] == "gpt":
-        settings = sample_settings(config, data)
-        lines += gpt_samples(model, data.source_tokenizer, settings.pop("prompts"),
-                             range(train_cfg.samples), **settings)
+    with float32_compute(model):  # decoded as transformerkit.load decodes it
+        if config.model["type"] == "transformer" and data.val_sources:
+            limit = train_cfg.eval_max_sentences or len(data.val_sources)
+            sources, references = data.val_sources[:limit], data.val_targets[:limit]
+            hypotheses = translate_texts(model, data.source_tokenizer, data.target_tokenizer,
+                                         sources, beam_size=train_cfg.eval_beam_size,
+                                         max_new_tokens=train_cfg.decode_max_length)
+            scores = corpus_scores(hypotheses, references)
+            metrics.update({f"val_{k}": v for k, v in scores.items()})
+            metrics["val_sentences_scored"] = len(sources)
+            metrics["val_beam_size"] = train_cfg.eval_beam_size
+            shown = list(zip(sources, references, hypotheses, strict=True))[: train_cfg.samples]
+            for src, ref, hyp in shown:
+                lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
+        elif config.model["type"] == "encoder" and data.val_sources:
+            scores, shown = _classifier_report(model, data, train_cfg.samples)
+            metrics.update(scores)
+            lines += shown
+        elif config.model["type"] == "gpt":
+            settings = sample_settings(config, data)
+            lines += gpt_samples(model, data.source_tokenizer, settings.pop("prompts"),
+                                 range(train_cfg.samples), **settings)
     if write:
         if train_cfg.sample_every and os.path.exists(run.samples):
             # the samples taken while training (SampleMonitor) stay, the final ones follow

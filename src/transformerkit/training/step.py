@@ -89,7 +89,7 @@ class TrainStep:
                 y_pred = call_sublayer(model, x, training=True)
             else:  # logits, loss and metrics of the real tokens only: (1, n, vocab), (1, n)
                 y_pred = call_sublayer(model, x, training=True, logit_positions=positions)[None]
-                y = torch.as_tensor(y).reshape(1, -1)[:, positions]
+                y = keras.ops.convert_to_tensor(y).reshape(1, -1)[:, positions]
             loss = compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                 training=True)
         batch_size = next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
@@ -167,9 +167,7 @@ class TrainStep:
             if not all(getattr(m, "ignores_padding", False)
                        for m in (inner if inner is not None else [metric])):
                 return None
-        import torch
-
-        labels = torch.as_tensor(y)
+        labels = keras.ops.convert_to_tensor(y)  # on the model's device (NumPy labels too)
         if labels.dim() != 2 or labels.is_floating_point():
             return None
         real = labels.reshape(-1) != PAD_ID
