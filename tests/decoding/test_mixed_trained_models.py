@@ -95,3 +95,16 @@ def test_a_run_trained_in_mixed_bfloat16_loads_computing_in_float32(tmp_path):
     assert sources and run.translate(sources, beam_size=config.train.eval_beam_size) == outputs
     with open(tmp_path / "run" / "metrics.json") as f:
         assert json.load(f)["precision"]["used"] == "mixed_bfloat16"
+
+
+def test_without_the_private_layer_walk_the_model_is_left_as_it_is(monkeypatch):
+    from transformerkit import internals
+
+    monkeypatch.setitem(internals._ATTRIBUTES, "flatten_layers",
+                        ("keras.Model", "_no_such_walk"))
+    monkeypatch.setattr(internals, "_found", {})
+    mixed = build("transformer", "mixed_bfloat16")
+    before = policies(mixed)
+    with pytest.warns(RuntimeWarning, match="_no_such_walk is missing"):
+        assert compute_in_float32(mixed) == {}
+    assert policies(mixed) == before

@@ -8,7 +8,7 @@ import math
 import keras
 import numpy as np
 
-from transformerkit import fastpath
+from transformerkit import fastpath, internals
 from transformerkit.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -106,13 +106,16 @@ def compute_in_float32(model):
     (:mod:`transformerkit.layers.lowprec`: float32 everywhere, bfloat16 or int8 products),
     such a model computes in float32, which also lets it take the decoder's one-position step
     (``decoding/steps.py: EagerSteps``, float32 models only). ``transformerkit.load`` does
-    this to every model it loads.
+    this to every model it loads. The layers are found with Keras' private
+    ``_flatten_layers`` (:mod:`transformerkit.internals`); where it is missing the model is
+    left as it is and decodes through Keras' casts.
 
     Returns ``{layer: policy}`` of the layers changed (empty for a float32 model), for
     :func:`float32_compute` to restore.
     """
     changed = {}
-    for layer in model._flatten_layers(include_self=True):
+    flatten = internals.attribute(model, "flatten_layers")
+    for layer in flatten(include_self=True) if flatten is not None else ():
         policy = layer.dtype_policy
         if policy.variable_dtype == "float32" and policy.compute_dtype != "float32" \
                 and policy.quantization_mode is None:
