@@ -10,11 +10,12 @@ Bounds (the notation of ``tests/tolerances.py``):
   nothing), sums in float32 (``gamma(k)`` of the rounded terms: :func:`tol.product_atol`)
   and rounds its output to bfloat16 (``U16 |y|``).
 - **int8**: the weight's per-channel values and scales are read back and the reference uses
-  them exactly; the input is quantized to ``levels`` uint8 steps of ``(max(x, 0) - min(x,
-  0)) / levels``: rounding moves an element by at most half a step and the zero point,
-  rounded to a level, shifts the grid's ends by at most half a step, so each element moves
-  by at most one step ``dx``: ``dx * sum_k |w_k|`` per output, plus float32 rounding of the
-  dequantized sums (``gamma(k + 2)``).
+  them exactly; each input row is quantized on its own: divided by its largest magnitude
+  ``p`` and put on ``levels`` uint8 steps over ``[-1, 1]``, a step ``dx = 2 p / levels`` of
+  the row: rounding moves an element by at most half a step and the zero point, rounded to
+  a level, shifts the grid's ends by at most half a step, so each element moves by at most
+  one step: ``dx * sum_k |w_k|`` per output, plus float32 rounding of the scaled input, the
+  dequantized sums and the scaling back (``gamma(k + 4)``).
 - **A decoding** is a chain of products (the longest path through the model, counted by
   :func:`products_on_longest_path`) with float32 between them: as
   :func:`tol.chain_atol` counts float32 roundings relative to ``max(|result|, 1)``, each
@@ -63,10 +64,11 @@ def bfloat16_product_atol(x, kernel, bias, exact):
 
 
 def int8_product_atol(x, dequantized, bias, levels):
-    """The bound of an int8 product (module docstring); ``dequantized`` ``(d_in, d_out)``."""
-    step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / levels
+    """The bound of an int8 product (module docstring), per row of ``x`` ``(rows, d_in)``;
+    ``dequantized`` ``(d_in, d_out)``."""
+    step = 2 * np.abs(x).max(-1, keepdims=True) / levels  # (rows, 1)
     magnitude = (np.abs(x) + step) @ np.abs(dequantized) + np.abs(bias)
-    return step * np.abs(dequantized).sum(0) + tol.gamma(x.shape[-1] + 2) * magnitude
+    return step * np.abs(dequantized).sum(0) + tol.gamma(x.shape[-1] + 4) * magnitude
 
 
 def torch_tensor(a):
@@ -170,6 +172,37 @@ def test_int8_product_is_the_quantized_product(product, monkeypatch, emulated):
     # a planted bug: the bias dropped from the reference
     tol.assert_caught(tol.assert_within, got, exact - bias,
                       int8_product_atol(x, dequantized, bias, levels))
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_int8_rows_do_not_depend_on_each_other(product, monkeypatch, emulated):
+    """Each row is quantized on its own scale: a row's result is the same alone, in its
+    batch, and beside a row of values 1000 times larger (which would widen a scale shared by
+    the call, as per-tensor dynamic quantization has it): bit for bit with the kernel, whose
+    sums are exact integers; within float32 summation (``gamma(k + 4)``) in the emulation,
+    whose float32 product may sum in another order for another row count."""
+    x, kernel, bias = product
+    if emulated:
+        force_emulation(monkeypatch, "int8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        weights, batch = packed_product(x, kernel, bias, "int8")
+    from transformerkit.layers import lowprec
+
+    loud = np.concatenate([x, 1000 * x[:1]]).astype(np.float32)
+    beside = lowprec.apply(torch_tensor(loud), weights).numpy()[:-1]
+    alone = np.concatenate([lowprec.apply(torch_tensor(row[None]), weights).numpy()
+                            for row in x])
+    if emulated:
+        magnitude = np.abs(x) @ np.abs(kernel) * 2 + np.abs(bias)
+        atol = tol.gamma(x.shape[1] + 4) * magnitude
+        tol.assert_within(beside, batch, atol, "emulated, beside")
+        tol.assert_within(alone, batch, atol, "emulated, alone")
+    else:
+        np.testing.assert_array_equal(beside, batch)
+        np.testing.assert_array_equal(alone, batch)
+    zeros = lowprec.apply(torch_tensor(np.zeros((2, x.shape[1]))), weights).numpy()
+    np.testing.assert_array_equal(zeros, np.broadcast_to(bias.astype(np.float32), zeros.shape))
 
 
 # -- whole decodings ---------------------------------------------------------------------------
@@ -292,6 +325,32 @@ def test_decoding_stays_within_the_chain_bound_of_float32(sharp_model, precision
     assert_same_ids_or_near_tie(reference, low, next_logits, precision)
     identical = sum(list(a) == list(b) for a, b in zip(reference, low, strict=True))
     assert identical >= len(sources) // 2, (identical, reference, low)
+
+
+def test_int8_translations_do_not_depend_on_the_batch(sharp_model):
+    """A sentence's int8 translation is the same alone and in a batch whose other sentences
+    finish at other steps (greedy and beam 4): its products never share a scale with other
+    rows."""
+    from transformerkit.decoding import beam_translate, greedy_translate
+    from transformerkit.layers import lowprec
+
+    model, sources = sharp_model
+    with warnings.catch_warnings(), lowprec.using("int8"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # int8 emulated on this PyTorch
+        caps = dict(max_len_a=1.0, max_len_b=0)  # at most each source's length
+        for search in (lambda ids: greedy_translate(model, ids, **caps),
+                       lambda ids: [h[0].ids for h in beam_translate(
+                           model, ids, beam_size=4, **caps)]):
+            batch = search(sources)
+            assert len({len(ids) for ids in batch}) > 1  # rows leave the batch at other steps
+            assert batch == [search(sources[i:i + 1])[0] for i in range(len(sources))]
+    # the same logits, bit for bit, teacher-forced (where the ids above could hide a change)
+    targets = np.random.default_rng(0).integers(4, 40, size=(len(sources), 6))
+    targets[:, 0] = 1  # BOS
+    batch = step_logits(model, sources, targets, "int8")
+    for i in range(len(sources)):
+        np.testing.assert_array_equal(
+            step_logits(model, sources[i:i + 1], targets[i:i + 1], "int8")[0], batch[i])
 
 
 def test_run_translate_takes_a_precision_and_a_run_default(trained_run):

@@ -19,14 +19,21 @@ float32 output.
   ``AVX512_CORE_BF16``), the same roundings are made around a float32 product (a warning
   says so once): the numbers of bfloat16, the speed of float32, never the 50x slower
   bfloat16 loop PyTorch has for such CPUs. Off CPU: ``addmm`` in bfloat16.
-- **int8**: dynamic quantization, as ``torch.ao``'s dynamic ``Linear``. Each output
-  channel of the weight has its own scale, ``max |w| / 127``, and int8 values ``round(w /
-  scale)``, packed once (``torch.ops.quantized.linear_prepack``); each call quantizes its
-  input to uint8 with one scale and zero point from its minimum and maximum (including 0)
-  and sums the products in int32 (``torch.ops.quantized.linear_dynamic``: FBGEMM or
-  oneDNN, VNNI where present). The input uses all 8 bits where the CPU has VNNI (its
-  8-bit dot products do not saturate) and 7 bits elsewhere (``reduce_range``). Where these
-  kernels are missing, the same arithmetic runs in float32 (a warning says so once).
+- **int8**: dynamic quantization with a scale per input row, as CTranslate2 has it. Each
+  output channel of the weight has its own scale, ``max |w| / 127``, and int8 values
+  ``round(w / scale)``, packed once (``torch.ops.quantized.linear_prepack``). Each row of
+  the input is divided by its largest magnitude ``p`` and quantized to uint8 steps of
+  ``2 / levels`` over ``[-1, 1]``; the products are summed in int32
+  (``torch.ops.quantized.linear_dynamic``: FBGEMM or oneDNN, VNNI where present) and the
+  row's result is multiplied back by ``p``. That kernel takes one scale per call, from its
+  input's range: two anchor rows ``[1, 0, ...]`` and ``[-1, 0, ...]`` appended to the scaled
+  rows fix that range to exactly ``[-1, 1]``, so a row's result never depends on the other
+  rows of the call (with one scale per call, as ``torch.ao``'s dynamic ``Linear``, a
+  sentence's translation changed with the batch it was decoded in: 19 of 128 test2016
+  sentences between batches of 64 and of 8). The input uses all 8 bits (255 levels) where
+  the CPU has VNNI (its 8-bit dot products do not saturate) and 7 bits (127) elsewhere
+  (``reduce_range``). Where these kernels are missing, the same arithmetic runs in float32
+  (a warning says so once).
 
 The private PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
@@ -39,6 +46,7 @@ from typing import NamedTuple
 from transformerkit import fastpath, internals, precisions
 
 _PRECISION = contextvars.ContextVar("transformerkit_inference_precision", default="float32")
+_TINY = 1.1754944e-38  # float32's smallest normal number
 _PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
 _warned = set()
 
@@ -111,12 +119,13 @@ class LowPrecisionLinear(NamedTuple):
     module docstring): ``kind`` names the kernel (``bfloat16``, ``bfloat16-emulated``,
     ``bfloat16-mm``, ``int8``, ``int8-emulated``), ``weight`` its packed weight, ``bias``
     the bias in the form the kernel takes (or None), ``extra`` the kernel's other argument
-    (int8: ``reduce_range``; the emulations: the scales)."""
+    (int8: ``reduce_range``), ``anchor`` int8's two anchor rows (:func:`_int8_rows`)."""
 
     kind: str
     weight: object
     bias: object
     extra: object = None
+    anchor: object = None
 
 
 def pack(weight, bias, precision):
@@ -181,9 +190,9 @@ def _pack_int8(weight, bias):
                 quantized = internals.get("int8_quantize")(
                     values.float() * scales[:, None], scales.double(),
                     torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
-                packed = internals.get("int8_prepack")(
-                    quantized, None if bias is None else bias.float().contiguous())
-            return LowPrecisionLinear("int8", packed, None, reduce_range)
+                packed = internals.get("int8_prepack")(quantized, None)
+            return LowPrecisionLinear("int8", packed, _float_bias(bias), reduce_range,
+                                      _unit_anchor(weight))
         except RuntimeError as err:
             reason = str(err).splitlines()[0]
     else:
@@ -191,7 +200,22 @@ def _pack_int8(weight, bias):
                   else "this PyTorch lacks its quantized linear kernels")
     _warn_once("int8", f"int8 products are emulated in float32 ({reason})")
     dequantized = (values.float() * scales[:, None]).t().contiguous()  # (d_in, d_out)
-    return LowPrecisionLinear("int8-emulated", dequantized, bias, reduce_range)
+    return LowPrecisionLinear("int8-emulated", dequantized, _float_bias(bias), reduce_range,
+                              _unit_anchor(weight))
+
+
+def _float_bias(bias):
+    return None if bias is None else bias.float().contiguous()
+
+
+def _unit_anchor(weight):
+    """Two rows ``(2, d_in)``, ``[1, 0, ...]`` and ``[-1, 0, ...]``, appended to the scaled
+    input of every int8 call so that the kernel's range is exactly ``[-1, 1]``."""
+    import torch
+
+    anchor = torch.zeros((2, weight.shape[1]), dtype=torch.float32, device=weight.device)
+    anchor[0, 0], anchor[1, 0] = 1.0, -1.0
+    return anchor
 
 
 def activation_levels(reduce_range):
@@ -219,17 +243,32 @@ def apply(x, weights):
         low = rows.to(torch.bfloat16)
         y = (torch.mm(low, weights.weight) if weights.bias is None
              else torch.addmm(weights.bias, low, weights.weight)).float()
-    elif kind == "int8":
-        y = internals.get("int8_linear")(rows.contiguous(), weights.weight, weights.extra)
-    else:  # int8-emulated
-        y = _int8_emulated(rows, weights)
+    else:
+        y = _int8_rows(rows, weights)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
+def _int8_rows(rows, weights):
+    """An int8 product with each row of ``rows`` ``(m, d_in)`` quantized on its own scale:
+    the row divided by its largest magnitude ``p`` (so within ``[-1, 1]``), the two anchor
+    rows appended (the call's range is then exactly ``[-1, 1]``, whatever the other rows
+    hold), the per-tensor kernel's output for the row multiplied back by ``p``."""
+    import torch
+
+    # (m, 1), each row's largest magnitude (a row of zeros: any positive divisor)
+    peak = rows.abs().amax(1, keepdim=True).clamp_(min=_TINY)
+    unit = torch.cat([rows / peak, weights.anchor])
+    if weights.kind == "int8":
+        y = internals.get("int8_linear")(unit, weights.weight, weights.extra)[:-2]
+    else:  # int8-emulated
+        y = _int8_emulated(unit, weights)[:-2]
+    return y * peak if weights.bias is None else torch.addcmul(weights.bias, y, peak)
+
+
 def _int8_emulated(rows, weights):
-    """The int8 kernel's arithmetic in float32: the input quantized to uint8 with one scale
-    and zero point (FBGEMM's choice: the range of the values and 0, the zero point rounded
-    to a level), the product of the dequantized values."""
+    """The int8 kernel's arithmetic in float32, without the bias: the input quantized to
+    uint8 with one scale and zero point (FBGEMM's choice: the range of the values and 0, the
+    zero point rounded to a level), the product of the dequantized values."""
     import torch
 
     levels = activation_levels(weights.extra)
@@ -239,10 +278,7 @@ def _int8_emulated(rows, weights):
     scale = torch.where(scale > 0, scale, torch.full_like(scale, 0.1))
     zero = torch.clamp(torch.round(-low / scale), 0, levels)
     quantized = torch.clamp(torch.round(rows / scale) + zero, 0, levels)
-    dequantized = (quantized - zero) * scale
-    if weights.bias is None:
-        return torch.mm(dequantized, weights.weight)
-    return torch.addmm(weights.bias, dequantized, weights.weight)
+    return torch.mm((quantized - zero) * scale, weights.weight)
 
 
 def _warn_once(key, message):
