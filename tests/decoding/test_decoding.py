@@ -316,15 +316,25 @@ def test_chunked_top_k_equals_top_k(monkeypatch, shortcuts):
 
 
 def argmax_ids_equal_numpy():
-    """``argmax_ids`` (``torch.max`` on PyTorch) = NumPy's argmax: the first column on ties,
-    rows with -inf regions, a row that is all -inf, one column."""
+    """``argmax_ids`` (on PyTorch: ``torch.max`` for few rows, chunk maxima for many) =
+    NumPy's argmax: the first column on ties (within a chunk, across chunks, in the leftover
+    columns), rows with -inf regions, a row that is all -inf, one column; widths with and
+    without leftover columns; on PyTorch also NaN (the first one wins; other backends'
+    argmax leaves NaN unspecified)."""
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(6, 1000)).astype("float32")
-    x[1, 3::50] = 9.0  # ties: the first one wins
-    x[2, :] = 4.0
-    x[3, :500] = -np.inf
-    x[4, :] = -np.inf
-    cases = [x, x[:, :1]]
+    cases = []
+    for n in (1000, 1024, 300):
+        x = rng.normal(size=(12, n)).astype("float32")
+        x[1, 3::50] = 9.0  # ties across chunks: the first one wins
+        x[2, :] = 4.0
+        x[3, : n // 2] = -np.inf
+        x[4, :] = -np.inf
+        x[5, [70, 71, n - 1]] = 7.0  # ties inside a chunk and in the last column
+        x[6, [n - 2, n - 1]] = 8.0  # the largest value only in the last columns
+        if keras.backend.backend() == "torch":
+            x[7, [40, n - 1]] = np.nan  # the first NaN
+            x[8, n - 1] = np.nan  # a NaN in the leftover columns only (when there are any)
+        cases += [x, x[:, :1], x[1:6], x[5:9]]  # 12 rows: chunk maxima; 4-5 rows: torch.max
     return all(np.array_equal(ops.convert_to_numpy(argmax_ids(ops.convert_to_tensor(c))),
                               np.argmax(c, axis=1).astype("int32")) for c in cases)
 

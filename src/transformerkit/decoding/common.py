@@ -167,16 +167,52 @@ def cut_at_eos(ids, eos_id):
     return out
 
 
+# Chunks of the vocabulary that :func:`argmax_ids` takes maxima of on eager PyTorch, and the
+# fewest rows for which that beats one ``torch.max`` (below it the few extra calls cost more).
+ARGMAX_CHUNK = 64
+CHUNKED_ARGMAX_MIN_ROWS = 8
+
+
 def argmax_ids(x):
     """``(rows,)`` int32: the column of each row's largest value in ``(rows, n)`` ``x``, the
-    first one on ties (as ``ops.argmax``). On eager PyTorch (a :mod:`transformerkit.fastpath`
-    shortcut) this is ``torch.max(x, -1).indices`` (same tie rule, documented), cheaper on CPU
-    than ``torch.argmax`` over a vocabulary: greedy decoding takes one per step."""
+    first one on ties (as ``ops.argmax``; a NaN counts as the largest). On eager PyTorch (a
+    :mod:`transformerkit.fastpath` shortcut) the same by torch's kernels: greedy decoding
+    takes one per step over the vocabulary, where ``torch.argmax`` and ``torch.max(x,
+    -1)`` (value and index) are slow on CPU. With at least
+    :data:`CHUNKED_ARGMAX_MIN_ROWS` rows, as :func:`chunked_top_k` for ``k = 1``: each
+    row's largest chunk maximum (``amax``, one vectorised pass), then the first largest
+    column inside that chunk, against the ``n % chunk`` leftover columns (64 rows of 8000:
+    92 against 450 us, docs/benchmarks.md, "Decoding"); fewer rows take ``torch.max``."""
     if fastpath.applies(x):
         import torch
 
-        return torch.max(x, dim=-1).indices.int()
+        rows, n = x.shape
+        chunks = n // ARGMAX_CHUNK
+        if rows < CHUNKED_ARGMAX_MIN_ROWS or chunks < 4:
+            return torch.max(x, dim=-1).indices.int()
+        return _chunked_argmax(x, chunks).int()
     return ops.cast(ops.argmax(x, axis=-1), "int32")
+
+
+def _chunked_argmax(x, chunks):
+    """:func:`argmax_ids` by chunk maxima (``torch``; ``chunks`` whole chunks of
+    :data:`ARGMAX_CHUNK` columns, then the leftover columns). The first chunk holding the
+    row's largest value (or its first NaN: ``amax`` and ``max`` propagate NaN) holds the
+    first column of it; the leftover columns come after every chunk, so they win only with
+    a strictly larger value (or a NaN where the chunks have none)."""
+    import torch
+
+    rows, n = x.shape
+    width = chunks * ARGMAX_CHUNK
+    body = x[:, :width].reshape(rows, chunks, ARGMAX_CHUNK)
+    best = body.amax(2).max(1)  # each row's largest chunk maximum, its first chunk
+    inside = body[torch.arange(rows, device=x.device), best.indices].max(1).indices
+    ids = best.indices * ARGMAX_CHUNK + inside
+    if n > width:
+        tail = x[:, width:].max(1)
+        later = (tail.values > best.values) | (tail.values.isnan() & ~best.values.isnan())
+        ids = torch.where(later, tail.indices + width, ids)
+    return ids
 
 
 def chunked_top_k(x, k, chunk=64):

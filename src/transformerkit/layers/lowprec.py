@@ -29,10 +29,10 @@ float32 output.
   input's range: two anchor rows ``[1, 0, ...]`` and ``[-1, 0, ...]`` appended to the scaled
   rows fix that range to exactly ``[-1, 1]``, so a row's result never depends on the other
   rows of the call (with one scale per call, as ``torch.ao``'s dynamic ``Linear`` has it,
-  a sentence's translation changed with the batch it was decoded in). The input uses all 8 bits (255 levels) where
-  the CPU has VNNI (its 8-bit dot products do not saturate) and 7 bits (127) elsewhere
-  (``reduce_range``). Where these kernels are missing, the same arithmetic runs in float32
-  (a warning says so once).
+  a sentence's translation changed with the batch it was decoded in). The input uses all 8
+  bits (255 levels) where the CPU has VNNI (its 8-bit dot products do not saturate) and 7
+  bits (127) elsewhere (``reduce_range``). Where these kernels are missing, the same
+  arithmetic runs in float32 (a warning says so once).
 
 The private PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
