@@ -56,7 +56,8 @@ def first_step_atol(loss):
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("distribution")
-    env = dict(os.environ, KERAS_BACKEND="jax",
+    # two virtual CPU devices, also on a machine with a GPU (where JAX would pick the GPU)
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_XLA_COMPILE}")
     result = subprocess.run([sys.executable, str(TESTS_DIR / "distribution_probe.py"),
                              str(workdir)], capture_output=True, text=True, env=env,
