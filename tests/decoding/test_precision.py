@@ -205,6 +205,45 @@ def test_int8_rows_do_not_depend_on_each_other(product, monkeypatch, emulated):
     np.testing.assert_array_equal(zeros, np.broadcast_to(bias.astype(np.float32), zeros.shape))
 
 
+@pytest.mark.parametrize(("precision", "emulated"), [
+    ("float32", False), ("bfloat16", False), ("bfloat16", True), ("int8", False),
+    ("int8", True)])
+def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, monkeypatch,
+                                                                precision, emulated):
+    """The decoder step's shortcuts change no number: ``linear(..., activation="relu")`` is
+    ``relu(linear(...))`` bit for bit (oneDNN applies it before the output's rounding, which
+    ``relu`` commutes with); ``low_output`` returns the bfloat16 kernel's output unwidened
+    (bfloat16 only from that kernel, float32 from every other) and the same numbers once
+    widened; a bfloat16 input (such an output, fed to the next product) gives what its
+    float32 widening gives."""
+    import torch
+
+    from transformerkit.layers import calls, lowprec
+
+    x, kernel, bias = product
+    second = (rng.normal(size=(kernel.shape[1], 24)) / 7).astype(np.float32)
+    if emulated:
+        force_emulation(monkeypatch, precision)
+    with warnings.catch_warnings(), lowprec.using(precision):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        weights = calls.inference_linear([torch_tensor(kernel)], [torch_tensor(bias)])
+        weights2 = calls.inference_linear([torch_tensor(second)])
+    rows = torch_tensor(x)
+    plain = calls.linear(rows, weights)
+    assert plain.dtype == torch.float32 and (plain < 0).any() and (plain > 0).any()
+    np.testing.assert_array_equal(calls.linear(rows, weights, activation="relu").numpy(),
+                                  torch.relu(plain).numpy())
+    low = calls.linear(rows, weights, activation="relu", low_output=True)
+    # the bfloat16 kernel (emulated where forced, and under an ONEDNN_MAX_CPU_ISA cap)
+    unwidened = getattr(weights, "kind", None) == "bfloat16"
+    if precision == "bfloat16" and not emulated and precisions.bfloat16_units()[0]:
+        assert unwidened  # the CPU's bfloat16 units run it
+    assert low.dtype == (torch.bfloat16 if unwidened else torch.float32)
+    np.testing.assert_array_equal(low.float().numpy(), torch.relu(plain).numpy())
+    np.testing.assert_array_equal(calls.linear(low, weights2).numpy(),
+                                  calls.linear(low.float(), weights2).numpy())
+
+
 # -- whole decodings ---------------------------------------------------------------------------
 
 def products_on_longest_path(model):

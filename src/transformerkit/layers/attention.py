@@ -276,24 +276,28 @@ class MultiHeadAttention(keras.layers.Layer):
                 the new key and value are written in place at ``index``.
             index: int, the position of ``x``.
 
-        Returns ``(rows, output_dim)``. The query attends over positions ``0..index`` only,
+        Returns ``(rows, output_dim)``, float32 (bfloat16 from a bfloat16 product: the
+        residual sum widens it). The query attends over positions ``0..index`` only,
         so no causal mask is needed, and every row has at least one key (its own).
         """
         import torch
 
         rows, heads, width = x.shape[0], self.num_heads, self.num_heads * self.key_dim
-        qkv = linear(x, weights["qkv"])  # (rows, 2 h d_k + h d_v)
+        # (rows, 2 h d_k + h d_v); bfloat16 from a bfloat16 product, widened where it is
+        # written into the float32 cache and for the query only
+        qkv = linear(x, weights["qkv"], low_output=True)
         keys, values = cache
         keys[index] = qkv[:, width:2 * width].view(rows, heads, self.key_dim)
         values[index] = qkv[:, 2 * width:].view(rows, heads, self.value_dim)
         # batched over rows * heads, on strided views of the filled cache prefix (no copies)
-        q = qkv[:, :width].reshape(rows * heads, 1, self.key_dim)  # (rows h, 1, d_k)
+        q = qkv[:, :width].float().reshape(rows * heads, 1, self.key_dim)  # (rows h, 1, d_k)
         k = keys[: index + 1].view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
         v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)  # (t, rows h, dv)
         scale = 1.0 / math.sqrt(self.key_dim)
         scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # (rows h, 1, t)
         out = torch.bmm(calls.softmax(scores), v.transpose(0, 1))  # (rows h, 1, d_v)
-        return linear(out.view(rows, heads * self.value_dim), weights["output"])
+        return linear(out.view(rows, heads * self.value_dim), weights["output"],
+                      low_output=True)
 
     def step_memory(self, context, context_mask):
         """Cross-attention keys and values of a source for :meth:`cross_step`, once per batch.
@@ -325,7 +329,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
         ``x`` is ``(rows, d_model)`` with ``rows = batch * copies``: the ``copies`` rows of
         a sentence (its beams) are adjacent and are queries against ONE copy of its source.
-        Returns ``(rows, output_dim)``.
+        Returns ``(rows, output_dim)``, float32 or bfloat16, as :meth:`step`.
         """
         import torch
 
@@ -338,7 +342,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if keep is not None:
             out = out * keep
         out = out.transpose(1, 2).reshape(rows, heads * self.value_dim)  # (rows, h d_v)
-        return linear(out, weights["output"])
+        return linear(out, weights["output"], low_output=True)  # as in step
 
     def compute_mask(self, query, previous_mask=None):
         # Keras calls compute_mask(first input, its mask): the output keeps the query's mask.

@@ -143,24 +143,33 @@ def norm_weights(layer):
     return gamma, None if layer.beta is None else layer.beta.value, layer.epsilon
 
 
-def linear(x, weights):
+def linear(x, weights, activation=None, low_output=False):
     """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
     :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``
     (a large product under autograd: :class:`_OneDNNLinear`); or for :class:`PackedLinear`
     weights from :func:`inference_linear`, one oneDNN product; for bfloat16 or int8 weights
-    (:class:`~transformerkit.layers.lowprec.LowPrecisionLinear`), their product."""
+    (:class:`~transformerkit.layers.lowprec.LowPrecisionLinear`), their product.
+
+    ``activation``: None or ``"relu"``, applied to the result (inside oneDNN's kernel, as
+    its post-op, for packed weights: ``relu`` commutes with every rounding, so the numbers
+    are the same). ``low_output``: a bfloat16 product may return its bfloat16 result as it
+    is, for a consumer that widens it anyway (a residual sum, the next product); every
+    other product returns float32."""
     if isinstance(weights, PackedLinear):
-        return internals.get("onednn_linear")(x, weights.packed, weights.bias, "none", [], "")
+        return internals.get("onednn_linear")(x, weights.packed, weights.bias,
+                                              activation or "none", [], "")
     if isinstance(weights, lowprec.LowPrecisionLinear):
-        return lowprec.apply(x, weights)
+        return lowprec.apply(x, weights, activation, low_output)
     kernel, bias = weights
     if _onednn_trains(x, kernel):
         y = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), kernel, bias)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], kernel.shape[1])
-    if x.dim() == 2:
-        return torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
-    y = torch.matmul(x, kernel)
-    return y if bias is None else y + bias
+        y = y if x.dim() == 2 else y.view(*x.shape[:-1], kernel.shape[1])
+    elif x.dim() == 2:
+        y = torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
+    else:
+        y = torch.matmul(x, kernel)
+        y = y if bias is None else y + bias
+    return y if activation is None else {"relu": F.relu}[activation](y)
 
 
 # The training step's products of at least this many multiply-adds (rows x d_in x d_out) take

@@ -73,12 +73,18 @@ class FeedForward(keras.layers.Layer):
 
     def step(self, x, weights):
         """:meth:`call` at inference on ``(rows, d_model)`` torch tensors with weights from
-        :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``)."""
+        :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``);
+        float32, or bfloat16 from a bfloat16 product (the residual sum widens it)."""
         import torch.nn.functional as F
 
-        activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu,
-                      "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[self.activation]
-        return linear(activation(linear(x, weights["inner"])), weights["outer"])
+        if self.activation == "relu":  # inside the product's kernel; bfloat16 stays bfloat16
+            inner = linear(x, weights["inner"], activation="relu", low_output=True)
+        else:
+            activation = {"gelu": F.gelu, "swish": F.silu,
+                          "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[self.activation]
+            inner = activation(linear(x, weights["inner"]))
+        # a bfloat16 result is widened by the residual sum that takes it
+        return linear(inner, weights["outer"], low_output=True)
 
     def get_config(self):
         config = super().get_config()

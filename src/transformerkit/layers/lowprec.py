@@ -223,27 +223,36 @@ def activation_levels(reduce_range):
     return 127 if reduce_range else 255
 
 
-def apply(x, weights):
-    """``x @ W^T + b`` for :class:`LowPrecisionLinear` ``weights``; ``x`` ``(..., d_in)``
-    float32, the result ``(..., d_out)`` float32."""
+def apply(x, weights, activation=None, low_output=False):
+    """``activation(x @ W^T + b)`` for :class:`LowPrecisionLinear` ``weights``; ``x``
+    ``(..., d_in)`` float32 (or the bfloat16 output of another product), the result
+    ``(..., d_out)`` float32, or bfloat16 where ``low_output`` and the kernel gives it
+    (see :func:`transformerkit.layers.calls.linear`). ``activation``: None or ``"relu"``."""
     import torch
+    import torch.nn.functional as F
 
     rows = x.reshape(-1, x.shape[-1])
     kind = weights.kind
-    if kind == "bfloat16":
-        y = internals.get("onednn_linear")(rows.to(torch.bfloat16), weights.weight,
-                                           weights.bias, "none", [], "").float()
-    elif kind == "bfloat16-emulated":
-        low = rows.to(torch.bfloat16).float()
-        y = torch.mm(low, weights.weight) if weights.bias is None else \
-            torch.addmm(weights.bias, low, weights.weight)
-        y = y.to(torch.bfloat16).float()
-    elif kind == "bfloat16-mm":
-        low = rows.to(torch.bfloat16)
-        y = (torch.mm(low, weights.weight) if weights.bias is None
-             else torch.addmm(weights.bias, low, weights.weight)).float()
+    if kind == "bfloat16":  # relu as oneDNN's post-op, before the rounding: the same numbers
+        low = rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16)
+        y = internals.get("onednn_linear")(low, weights.weight, weights.bias,
+                                           activation or "none", [], "")
+        y = y if low_output else y.float()
     else:
-        y = _int8_rows(rows, weights)
+        rows = rows.float()
+        if kind == "bfloat16-emulated":
+            low = rows.to(torch.bfloat16).float()
+            y = torch.mm(low, weights.weight) if weights.bias is None else \
+                torch.addmm(weights.bias, low, weights.weight)
+            y = y.to(torch.bfloat16).float()
+        elif kind == "bfloat16-mm":
+            low = rows.to(torch.bfloat16)
+            y = (torch.mm(low, weights.weight) if weights.bias is None
+                 else torch.addmm(weights.bias, low, weights.weight)).float()
+        else:
+            y = _int8_rows(rows, weights)
+        if activation is not None:
+            y = {"relu": F.relu}[activation](y)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
