@@ -145,7 +145,7 @@ def norm_weights(layer):
 
 def linear(x, weights, activation=None, low_output=False):
     """``x @ kernel + bias`` for ``weights = (kernel, bias or None)`` from
-    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` for 2-D ``x``
+    :func:`dense_weights`: ``(..., d_in) -> (..., d_out)``, one ``addmm`` (``x`` as rows)
     (a large product under autograd: :class:`_OneDNNLinear`); or for :class:`PackedLinear`
     weights from :func:`inference_linear`, one oneDNN product; for bfloat16 or int8 weights
     (:class:`~transformerkit.layers.lowprec.LowPrecisionLinear`), their product.
@@ -166,6 +166,9 @@ def linear(x, weights, activation=None, low_output=False):
         y = y if x.dim() == 2 else y.view(*x.shape[:-1], kernel.shape[1])
     elif x.dim() == 2:
         y = torch.mm(x, kernel) if bias is None else torch.addmm(bias, x, kernel)
+    elif bias is not None:  # one addmm: the bias inside the product's kernel, not a pass
+        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), kernel).view(*x.shape[:-1],
+                                                                        kernel.shape[1])
     else:
         y = torch.matmul(x, kernel)
         y = y if bias is None else y + bias
