@@ -171,7 +171,6 @@ def linear(x, weights, activation=None, low_output=False):
                                                                         kernel.shape[1])
     else:
         y = torch.matmul(x, kernel)
-        y = y if bias is None else y + bias
     return y if activation is None else {"relu": F.relu}[activation](y)
 
 
