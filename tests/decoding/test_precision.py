@@ -242,6 +242,8 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
     np.testing.assert_array_equal(low.float().numpy(), torch.relu(plain).numpy())
     np.testing.assert_array_equal(calls.linear(low, weights2).numpy(),
                                   calls.linear(low.float(), weights2).numpy())
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        calls.linear(rows, weights, activation="gelu")  # not fused anywhere: a clear error
 
 
 # -- whole decodings ---------------------------------------------------------------------------

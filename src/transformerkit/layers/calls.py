@@ -155,6 +155,8 @@ def linear(x, weights, activation=None, low_output=False):
     are the same). ``low_output``: a bfloat16 product may return its bfloat16 result as it
     is, for a consumer that widens it anyway (a residual sum, the next product); every
     other product returns float32."""
+    if activation not in (None, "relu"):
+        raise ValueError(f"linear: activation must be None or 'relu', got {activation!r}")
     if isinstance(weights, PackedLinear):
         return internals.get("onednn_linear")(x, weights.packed, weights.bias,
                                               activation or "none", [], "")
@@ -171,7 +173,7 @@ def linear(x, weights, activation=None, low_output=False):
                                                                         kernel.shape[1])
     else:
         y = torch.matmul(x, kernel)
-    return y if activation is None else {"relu": F.relu}[activation](y)
+    return y if activation is None else F.relu(y)
 
 
 # The training step's products of at least this many multiply-adds (rows x d_in x d_out) take

@@ -251,8 +251,8 @@ def apply(x, weights, activation=None, low_output=False):
                  else torch.addmm(weights.bias, low, weights.weight)).float()
         else:
             y = _int8_rows(rows, weights)
-        if activation is not None:
-            y = {"relu": F.relu}[activation](y)
+        if activation is not None:  # "relu", the one :func:`calls.linear` allows
+            y = F.relu(y)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
