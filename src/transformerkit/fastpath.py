@@ -12,7 +12,8 @@ shortcut                       where (the plain code is beside it)
 direct sub-layer calls,        ``layers/calls.py``
 reshapes, Dense, LayerNorm
 inference weights packed for   ``layers/calls.py: inference_linear`` (the decoder
-oneDNN (no autograd)           step, ``Dense`` under ``torch.no_grad``)
+oneDNN (no autograd; float32   step, ``Dense`` under ``torch.no_grad``)
+on non-Intel CPUs)
 bfloat16 / int8 inference      ``layers/lowprec.py`` (``--precision``; without the
 products                       shortcuts only float32 runs, the others are refused)
 dropout                        ``layers/dropout.py``

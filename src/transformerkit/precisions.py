@@ -51,6 +51,20 @@ def cpu_flags():
     return frozenset()
 
 
+@functools.cache
+def cpu_vendor():
+    """The ``vendor_id`` of the first CPU in ``/proc/cpuinfo`` (``GenuineIntel``,
+    ``AuthenticAMD``, ...), or ``""`` where there is no such file."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def onednn_cap():
     """``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``) upper-cased, or None
     when unset or ``ALL``/``DEFAULT`` (no cap)."""

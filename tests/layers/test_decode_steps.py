@@ -90,6 +90,7 @@ def test_tolerances_still_catch_a_transposed_weight_in_the_packed_product(monkey
 
     if not calls._onednn_available():
         pytest.skip("this PyTorch has no oneDNN packed products")
+    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     pack = internals.get("onednn_pack")
 
     def transposed_square(weight, rows):
@@ -301,20 +302,22 @@ def graph_nodes(tensor):
     return names
 
 
-def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng):
+def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng, monkeypatch):
     """The packed copy is reused while the weights are unchanged and rebuilt after any
     in-place update (``assign``, an optimizer step), so decoding follows a training model."""
     import torch
 
     from transformerkit.layers import calls
 
+    if not calls._onednn_available():
+        pytest.skip("this PyTorch has no oneDNN packed products")
+    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     dense = keras.layers.Dense(6)
     dense.build((None, 4))
     x = torch.tensor(rng.normal(size=(3, 4)), dtype=torch.float32)
     first = calls.inference_linear(*calls.kernels_and_biases(dense))
     assert calls.inference_linear(*calls.kernels_and_biases(dense)) is first
-    if calls._onednn_available():
-        assert isinstance(first, calls.PackedLinear)
+    assert isinstance(first, calls.PackedLinear)
     for variable in (dense.kernel, dense.bias):
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
         weights = calls.inference_linear(*calls.kernels_and_biases(dense))
@@ -352,6 +355,24 @@ def test_dense_without_autograd_equals_dense_with_it(rng):
                       affine_atol(x.numpy(), kernel, bias, paths=2))
 
 
+@pytest.mark.parametrize("vendor, packs", [("GenuineIntel", False), ("AuthenticAMD", True),
+                                           ("", True)])
+def test_float32_inference_packs_for_onednn_except_on_intel(monkeypatch, vendor, packs):
+    """Float32 inference products: ``addmm`` (MKL) on Intel CPUs, oneDNN's packed kernel on
+    others; neither where PyTorch lacks oneDNN."""
+    from transformerkit import precisions
+    from transformerkit.layers import calls
+
+    monkeypatch.setattr(precisions, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(calls, "_FLOAT32_PACKING", None)
+    dense = keras.layers.Dense(3)
+    dense.build((None, 4))
+    weights = calls.inference_linear(*calls.kernels_and_biases(dense))
+    expected = packs and calls._onednn_available()
+    assert calls._packs_float32() is expected
+    assert isinstance(weights, calls.PackedLinear) is expected
+
+
 def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
     """The oneDNN-packed step is a shortcut: with it off (``addmm`` on the plain kernels) beam
     search and greedy search give the same hypotheses: other kernels, so scores within two
@@ -374,9 +395,12 @@ def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
             return (greedy_translate(model, sources, max_new_tokens=8),
                     beam_translate(model, sources, max_new_tokens=8, beam_size=3, n_best=3))
 
+    if not calls._onednn_available():
+        pytest.skip("this PyTorch has no oneDNN packed products")
+    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     packed = decode()
     assert all(len(ids) > 2 for ids in packed[0])  # something to compare
-    monkeypatch.setattr(calls, "_ONEDNN", False)
+    monkeypatch.setattr(calls, "_FLOAT32_PACKING", False)
     plain = decode()
     assert_same_ids_or_near_tie(packed[0], plain[0], next_logits_after(model, sources))
     atol = score_bound(model, sources, packed[1] + plain[1])

@@ -3,8 +3,8 @@
 An :class:`~transformerkit.models.Encoder` reads ``[BOS] + pieces + [EOS]`` (BERT's
 ``[CLS] ... [SEP]``), as it was trained (:func:`transformerkit.data.pipeline.encode_texts`).
 Texts are batched by length (fewer padded positions), run through
-:func:`~transformerkit.decoding.compiled.run_decoder` (eager under ``no_grad`` on PyTorch,
-compiled per shape on JAX and TensorFlow), and returned in the input order.
+:func:`~transformerkit.decoding.compiled.run_decoder` (eager under ``inference_mode`` on
+PyTorch, compiled per shape on JAX and TensorFlow), and returned in the input order.
 """
 
 import numpy as np

@@ -7,9 +7,13 @@ A decode loop is written once with ``keras.ops`` (:mod:`.greedy`, :mod:`.beam`,
   (``lax.while_loop``); the model's weights are arguments (through ``keras.StatelessScope``),
   not constants, so a compiled decoder follows the weights while a model trains;
 - on **TensorFlow** as one ``tf.function`` graph per shape bucket (``tf.while_loop``);
-- on **PyTorch** eagerly under ``torch.no_grad()``: a Python loop with integer positions,
-  which on a CPU is faster than anything ``torch.compile`` gained back after its compile
-  time (see ``bench/decode.py``).
+- on **PyTorch** eagerly under ``torch.inference_mode()``: a Python loop with integer
+  positions, which on a CPU is faster than anything ``torch.compile`` gained back after its
+  compile time (see ``bench/decode.py``). Inference mode skips the autograd bookkeeping
+  (version counters, view tracking) that ``torch.no_grad`` still does on every call: 4-7%
+  of a decode loop whose step is ~190 small calls (docs/benchmarks.md, "Decoding
+  precision"). The model is built first, outside it, so that its variables stay normal
+  tensors that later training can differentiate.
 
 Compiled functions are kept on the model (keyed by the algorithm, its settings and the
 array shapes), so translating many batches compiles once per bucket; :func:`bucket` rounds
@@ -42,7 +46,10 @@ def run_decoder(model, key, fn, *args):
     if backend() == "torch":
         import torch
 
-        with torch.no_grad():
+        ensure_built = getattr(model, "_ensure_built", None)
+        if ensure_built is not None:  # variables made in inference mode could not train
+            ensure_built()
+        with torch.inference_mode():
             out = fn(*args)
     else:
         compiled_fns = _compiled_fns(model)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
-from transformerkit import fastpath, internals
+from transformerkit import fastpath, internals, precisions
 from transformerkit.layers import lowprec
 
 if keras.backend.backend() == "torch":
@@ -301,9 +301,11 @@ def inference_linear(kernels, biases=None, transposed=False):
     ``(d_out, d_in)`` matrix instead (a tied embedding table).
 
     At the precision of :func:`transformerkit.layers.lowprec.current` (float32 unless a
-    ``lowprec.using`` block says otherwise). For float32 weights on CPU, where PyTorch has
-    oneDNN (its x86 builds), the matrix is packed once into oneDNN's blocked layout
-    (:class:`PackedLinear`), as PyTorch's own frozen graphs run their linear layers; at
+    ``lowprec.using`` block says otherwise). For float32 weights on a CPU where that pays
+    (:func:`_packs_float32`: PyTorch has oneDNN, as its x86 builds do, and the CPU is not
+    Intel's, whose MKL products ``addmm`` runs are the faster there), the matrix is packed
+    once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
+    graphs run their linear layers; at
     bfloat16 or int8, once into that precision's form (:func:`~transformerkit.layers.
     lowprec.pack`). A packed matrix is reused, per precision, until one of its source
     tensors changes (their in-place version counters: training steps and ``assign`` update
@@ -315,7 +317,7 @@ def inference_linear(kernels, biases=None, transposed=False):
     precision = lowprec.current() if kernels[0].dtype == torch.float32 else "float32"
     packing = precision != "float32" or (kernels[0].device.type == "cpu"
                                          and kernels[0].dtype == torch.float32
-                                         and _onednn_available())
+                                         and _packs_float32())
     if packing:
         versions = tuple((id(t), getattr(t, "_version", None))
                          for t in [*kernels, *biases] if t is not None)
@@ -356,6 +358,24 @@ def _onednn_available():
 
 
 _ONEDNN = None
+
+
+def _packs_float32():
+    """Whether :func:`inference_linear` packs float32 weights for oneDNN: where it can
+    (:func:`_onednn_available`) on CPUs other than Intel's. PyTorch's ``addmm`` runs MKL's
+    products, fast on Intel CPUs and slower on AMD's, where oneDNN's packed kernel took
+    0.77x ``addmm``'s time on the output projection; on an Intel Xeon ``addmm`` took 0.2-1x
+    the packed kernel's time at 1-64 rows and greedy decoding ran 1.16x as fast on it
+    (docs/benchmarks.md, "Decoding precision"). The choice is by vendor, not measured at run
+    time, so that a machine always computes the same numbers."""
+    global _FLOAT32_PACKING
+    if _FLOAT32_PACKING is None:
+        _FLOAT32_PACKING = (_onednn_available()
+                            and precisions.cpu_vendor() != "GenuineIntel")
+    return _FLOAT32_PACKING
+
+
+_FLOAT32_PACKING = None
 
 
 def normalize(x, weights):
