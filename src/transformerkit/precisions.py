@@ -37,32 +37,32 @@ def check(precision, what="precision"):
     return precision
 
 
+def _first_cpu_field(name):
+    """The value of the field ``name`` of the first CPU in ``/proc/cpuinfo``, or ``""``
+    where there is no such field or file (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, colon, value = line.partition(":")
+                if colon and key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 @functools.cache
 def cpu_flags():
     """The instruction-set flags of the first CPU in ``/proc/cpuinfo`` (an empty set where
     there is no such file: not Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(_first_cpu_field("flags").split())
 
 
 @functools.cache
 def cpu_vendor():
     """The ``vendor_id`` of the first CPU in ``/proc/cpuinfo`` (``GenuineIntel``,
-    ``AuthenticAMD``, ...), or ``""`` where there is no such file."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return ""
+    ``AuthenticAMD``, ...), or ``""`` where there is none."""
+    return _first_cpu_field("vendor_id")
 
 
 def onednn_cap():

@@ -620,3 +620,18 @@ def test_command_line_precision(trained_run, capsys, monkeypatch):
                        "--engine", "ctranslate2", "ein"])
     err = capsys.readouterr().err
     assert status == 2 and "precision bfloat16 applies to the keras engine" in err
+
+
+def test_the_cpu_vendor_and_flags_are_those_of_the_first_cpu():
+    """``precisions.cpu_vendor`` / ``cpu_flags`` read the first processor's block of
+    ``/proc/cpuinfo`` (checked against a parse of it here)."""
+    from transformerkit import precisions
+
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo here")
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        first = f.read().strip().split("\n\n")[0]
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in first.splitlines())}
+    assert precisions.cpu_vendor() == fields.get("vendor_id", "")
+    assert precisions.cpu_flags() == frozenset(fields.get("flags", "").split())

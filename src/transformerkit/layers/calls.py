@@ -365,9 +365,9 @@ def _packs_float32():
     (:func:`_onednn_available`) on CPUs other than Intel's. PyTorch's ``addmm`` runs MKL's
     products, fast on Intel CPUs and slower on AMD's, where oneDNN's packed kernel took
     0.77x ``addmm``'s time on the output projection; on an Intel Xeon ``addmm`` took 0.2-1x
-    the packed kernel's time at 1-64 rows and greedy decoding ran 1.16x as fast on it
-    (docs/benchmarks.md, "Decoding precision"). The choice is by vendor, not measured at run
-    time, so that a machine always computes the same numbers."""
+    the packed kernel's time at 1-256 rows and float32 greedy decoding ran 1.15-1.17x as
+    fast on it (docs/benchmarks.md, "Decoding precision"). The choice is by vendor, not
+    measured at run time, so that a machine always computes the same numbers."""
     global _FLOAT32_PACKING
     if _FLOAT32_PACKING is None:
         _FLOAT32_PACKING = (_onednn_available()
