@@ -25,6 +25,16 @@ thread, interleaved, best of ``--repeats`` rounds): float32 packed for oneDNN, b
 packed for oneDNN (ours) against ``addmm`` on a bfloat16 weight copy, int8 (ours); and in a
 process under ``ONEDNN_MAX_CPU_ISA=AVX2`` (no bfloat16 units for oneDNN) PyTorch's own
 bfloat16 ``addmm`` against our emulation and float32 (-> ``decode_precision_kernels``).
+
+``--rows`` measures what a decoding step costs by the number of rows still being decoded,
+for every system (each in processes of its own, interleaved rounds, one thread): greedy
+forced to ``--row-tokens`` (32) tokens on the first 1, 4, 16 and 64 sentences of the sorted
+test set, milliseconds per output position (the encoder included, spread over the
+positions; best of ``--repeats`` rounds of 5 timed calls, the median call), and how the
+steps of greedy decoding to EOS (every sentence, batches of ``--batch``) spread over those
+row counts, from each system's own output lengths (-> ``decode_precision_rows``). A search
+to EOS drops finished sentences, so a batch ends on steps with few rows, where a step's
+fixed cost (the calls a step makes whatever its rows) decides the speed.
 """
 
 import argparse
@@ -94,26 +104,32 @@ def worker(spec):
     return results
 
 
-def run_all(args):
-    import torch
-
-    threads = str(args.threads)
-    env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": threads}
-    timings, failed = {}, []
+def worker_rounds(args, flag, spec, failed):
+    """Yield what each system's worker (``flag``) prints, every system in a process of its
+    own, ``args.repeats`` rounds in alternating order; a failed worker goes to ``failed``."""
+    env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
     for round_index in range(args.repeats):
         systems = list(SYSTEMS) if round_index % 2 == 0 else list(reversed(SYSTEMS))
         for system in systems:
-            spec = dict(system=system, run=os.path.abspath(args.run), batch=args.batch,
-                        sentences=args.sentences, forced_sentences=args.forced_sentences)
+            job = dict(spec, system=system, run=os.path.abspath(args.run), batch=args.batch)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
-            out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=3600)
-            if isinstance(out, dict):
+            out = common.run_worker(HERE, [flag, json.dumps(job)], env, timeout=3600)
+            if isinstance(out, dict) and "error" in out:
                 print("    failed:", out, flush=True)
                 failed.append(dict(system=system, **out))
                 continue
-            for r in out:
-                timings.setdefault((r["system"], r["search"], r["tokens"], r["forced"]),
-                                   []).append(r)
+            yield out
+
+
+def run_all(args):
+    import torch
+
+    timings, failed = {}, []
+    spec = dict(sentences=args.sentences, forced_sentences=args.forced_sentences)
+    for out in worker_rounds(args, "--worker", spec, failed):
+        for r in out:
+            timings.setdefault((r["system"], r["search"], r["tokens"], r["forced"]),
+                               []).append(r)
     results = []
     for key in sorted(timings, key=lambda k: (WORKLOADS.index(k[1:]), SYSTEMS.index(k[0]))):
         runs = timings[key]
@@ -235,6 +251,92 @@ def run_kernels(args):
     common.write_results(args.name + "_kernels", payload, "\n".join(rows))
 
 
+ROW_COUNTS = (1, 4, 16, 64)
+ROW_BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 63), (64, 64))
+
+
+def live_row_steps(lengths, batch):
+    """``{"a-b": steps}``: how many decoding steps run with a live-row count in each bucket
+    of :data:`ROW_BUCKETS`, when the sentences of each batch of ``batch`` leave it after their
+    last token (``lengths``: output tokens per sentence, EOS included, in batch order)."""
+    counts = {f"{a}-{b}": 0 for a, b in ROW_BUCKETS}
+    for start in range(0, len(lengths), batch):
+        chunk = lengths[start:start + batch]
+        for step in range(max(chunk)):
+            live = sum(length > step for length in chunk)
+            a, b = next(bucket for bucket in ROW_BUCKETS if bucket[0] <= live <= bucket[1])
+            counts[f"{a}-{b}"] += 1
+    return counts
+
+
+def rows_worker(spec):
+    """One system: ms per output position at each of :data:`ROW_COUNTS` rows (forced
+    tokens), and the live-row spread of its greedy decoding to EOS."""
+    import transformerkit
+
+    transformerkit.keep_freed_memory()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    batches, _, _, _ = decode.load_inputs(spec["run"], spec["sentences"], spec["batch"])
+    tokens = spec["tokens"]
+    forced = decoder(spec["run"], spec["system"], "greedy", tokens, True, threads)
+    first = batches[0][1]
+    per_position = {}
+    for rows in ROW_COUNTS:
+        ids = first[:rows]
+        forced(ids)  # warm-up: packs the weights, builds the kernels
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            forced(ids)
+            times.append(time.perf_counter() - started)
+        per_position[rows] = 1000 * sorted(times)[2] / tokens
+    to_eos = decoder(spec["run"], spec["system"], "greedy", 64, False, threads)
+    to_eos(batches[-1][1])
+    lengths, started = [], time.perf_counter()
+    for _, ids in batches:
+        lengths.extend(len(out) for out in to_eos(ids))
+    seconds = time.perf_counter() - started
+    eos_lengths = [min(length + 1, 64) for length in lengths]  # + its EOS, as decoded
+    return dict(system=spec["system"], ms_per_position=per_position,
+                to_eos_seconds=round(seconds, 3), sentences=len(lengths),
+                live_row_steps=live_row_steps(eos_lengths, spec["batch"]))
+
+
+def run_rows(args):
+    import torch
+
+    best, failed = {}, []
+    spec = dict(sentences=args.sentences, tokens=args.row_tokens)
+    for out in worker_rounds(args, "--rows-worker", spec, failed):
+        kept = best.setdefault(out["system"], out)
+        for rows, ms in out["ms_per_position"].items():
+            kept["ms_per_position"][rows] = min(kept["ms_per_position"][rows], ms)
+        kept["to_eos_seconds"] = min(kept["to_eos_seconds"], out["to_eos_seconds"])
+    results = [best[s] for s in SYSTEMS if s in best]
+    for r in results:
+        r["ms_per_position"] = {k: round(v, 3) for k, v in r["ms_per_position"].items()}
+    payload = {"machine": dict(common.machine(), threads=args.threads,
+                               torch_version=torch.__version__),
+               "run": os.path.abspath(args.run), "batch": args.batch,
+               "tokens": args.row_tokens, "repeats": args.repeats, "results": results,
+               "failed": failed}
+    common.write_results(args.name + "_rows", payload, rows_table(results))
+
+
+def rows_table(results):
+    counts = [str(rows) for rows in ROW_COUNTS]
+    buckets = [f"{a}-{b}" for a, b in ROW_BUCKETS]
+    lines = ["| system | " + " | ".join(f"ms/position, {c} rows" for c in counts)
+             + " | greedy to EOS: s | steps by live rows (" + ", ".join(buckets) + ") |",
+             "|---|" + "---:|" * (len(counts) + 1) + "---|"]
+    for r in results:
+        per = r["ms_per_position"]
+        lines.append(f"| {r['system']} | " + " | ".join(str(per[c]) for c in counts)
+                     + f" | {r['to_eos_seconds']} | "
+                     + ", ".join(str(r["live_row_steps"][b]) for b in buckets) + " |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", nargs="?", help="run directory of a trained Multi30k de->en "
@@ -252,7 +354,12 @@ def main():
                         help="results/NAME.{json,md} (default decode_precision)")
     parser.add_argument("--kernels", action="store_true",
                         help="time the products alone (-> results/NAME_kernels)")
+    parser.add_argument("--rows", action="store_true",
+                        help="the step's cost by live rows (-> results/NAME_rows)")
+    parser.add_argument("--row-tokens", type=int, default=32,
+                        help="forced output tokens of the --rows timings (32)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--rows-worker", help=argparse.SUPPRESS)
     parser.add_argument("--kernel-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.kernel_worker:
@@ -261,15 +368,21 @@ def main():
     if args.kernels:
         run_kernels(args)
         return
-    if args.worker:
+    if args.worker or args.rows_worker:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        print(json.dumps(worker(json.loads(args.worker))))
+        if args.rows_worker:
+            print(json.dumps(rows_worker(json.loads(args.rows_worker))))
+        else:
+            print(json.dumps(worker(json.loads(args.worker))))
         return
     if args.run is None:
         parser.error("the run directory (RUN) is required")
-    run_all(args)
+    if args.rows:
+        run_rows(args)
+    else:
+        run_all(args)
 
 
 if __name__ == "__main__":
