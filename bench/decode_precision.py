@@ -326,7 +326,8 @@ def run_rows(args):
 def rows_table(results):
     counts = [str(rows) for rows in ROW_COUNTS]
     buckets = [f"{a}-{b}" for a, b in ROW_BUCKETS]
-    lines = ["| system | " + " | ".join(f"ms/position, {c} rows" for c in counts)
+    lines = ["| system | " + " | ".join(f"ms/position, {c} row{'' if c == '1' else 's'}"
+                                        for c in counts)
              + " | greedy to EOS: s | steps by live rows (" + ", ".join(buckets) + ") |",
              "|---|" + "---:|" * (len(counts) + 1) + "---|"]
     for r in results:
