@@ -29,15 +29,21 @@ def compiled_gpt(seed=3):
     return model
 
 
-def test_fit_without_a_step_is_a_clear_error_and_evaluate_needs_none():
+def test_without_a_step_fit_is_keras_own_and_attaching_one_takes_over(monkeypatch):
+    """A compiled model fits with Keras' own ``train_step`` (tests/models/test_plain_keras.py
+    runs it as a user does); once a step is attached, ``fit`` runs the step's."""
     model = compiled_gpt()
     x, y = batch()
     assert np.isfinite(model.evaluate(x, y, verbose=0))
-    with pytest.raises(RuntimeError, match="attach_train_step"):
-        model.train_on_batch(x, y)
+    assert np.isfinite(model.train_on_batch(x, y))
     step = attach_train_step(model)
     assert isinstance(step, TrainStep) and model.training_step is step
+    calls = []
+    original = TrainStep.train_step
+    monkeypatch.setattr(TrainStep, "train_step",
+                        lambda self, *args: calls.append(1) or original(self, *args))
     assert np.isfinite(model.train_on_batch(x, y))
+    assert calls == [1]
 
 
 def test_the_step_is_not_saved(tmp_path):

@@ -144,20 +144,20 @@ class TransformerBase(keras.Model):
     takes_logit_positions = False
 
     # -- Training hooks. Keras' ``fit`` calls ``train_step`` on the model, and Keras' own
-    # step calls ``compute_loss`` and ``compute_metrics``; all three hand the call to the
-    # step attached as ``training_step`` (``transformerkit.training.step.TrainStep``, by
-    # ``attach_train_step``), which owns the update. The model keeps the architecture.
+    # step calls ``compute_loss`` and ``compute_metrics``. A model compiled and fitted as
+    # any Keras model trains with Keras' own step. ``transformerkit train`` attaches its
+    # step as ``training_step`` (``transformerkit.training.step.TrainStep``, by
+    # ``attach_train_step``: gradient accumulation, the exchange between processes, the
+    # cast-once bfloat16 step and the eager PyTorch shortcut), and the three hooks then hand
+    # the call to it. The model keeps the architecture.
 
     training_step = None
 
     def train_step(self, *args):
-        """One optimisation step on a batch: ``self.training_step.train_step(self, *args)``
-        (``training/step.py``). Raises ``RuntimeError`` when no step is attached."""
+        """One optimisation step on a batch: Keras' own, or the attached step's
+        (``self.training_step.train_step(self, *args)``, ``training/step.py``)."""
         if self.training_step is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.fit needs a training step: call "
-                "transformerkit.training.attach_train_step(model) after model.compile "
-                "(transformerkit train does)")
+            return super().train_step(*args)
         return self.training_step.train_step(self, *args)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -15,9 +15,9 @@ For a batch ``(x, y)`` (and, with gradient accumulation, a ``sample_weight``):
 Keras' ``fit`` calls ``model.train_step``; the models (``models/base.py``) hand that call,
 and Keras' calls of ``model.compute_loss`` and ``model.compute_metrics``, to the
 :class:`TrainStep` attached to them by :func:`attach_train_step` (``transformerkit train``
-attaches one; ``fit`` without one is an error that says so). The step is a plain object on
-the model, neither a layer nor part of its config: ``.keras`` files are the same with or
-without it, and runs saved before it existed load unchanged.
+attaches one; a model without one trains with Keras' own step, as any Keras model). The
+step is a plain object on the model, neither a layer nor part of its config: ``.keras``
+files are the same with or without it, and runs saved before it existed load unchanged.
 
 Two ways to run the same step, behind the one switch (:mod:`transformerkit.fastpath`):
 Keras' own ``train_step`` (JAX, TensorFlow, ``jit_compile``, shortcuts off) and, on eager
