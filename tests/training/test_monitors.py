@@ -73,3 +73,32 @@ def test_without_sample_every_samples_txt_holds_the_final_samples_only(tmp_path)
 def test_bad_sampling_keys_are_config_errors(key, value, message):
     with pytest.raises(ConfigError, match=message):
         resolve({"train": {key: value}})
+
+
+def test_validation_bleu_during_training_searches_with_eval_beam_size(tmp_path, caplog):
+    """``train.eval_beam_size`` covers the validation BLEU of ``bleu_every`` too: the last
+    epoch's ``val_bleu`` in history.csv is sacreBLEU of the final model's translations of the
+    validation sentences with that beam (``Run.translate``), and the log line names it."""
+    import csv
+
+    from tiny_run import tiny_config, write_corpus
+
+    from transformerkit.evaluation import corpus_scores
+
+    val_folder = tmp_path / "val"
+    val_folder.mkdir()
+    val_source, val_target = write_corpus(val_folder, pairs=8, seed=5)
+    config = tiny_config(tmp_path, epochs=2, bleu_every=1, eval_beam_size=3,
+                         decode_max_length=12)
+    config = config.replace(data={"val_source": val_source, "val_target": val_target})
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="transformerkit"):
+        train(config, str(run_dir))
+    assert "beam 3)" in caplog.text and "beam 1)" not in caplog.text
+    with open(run_dir / "history.csv", newline="") as f:
+        last = list(csv.DictReader(f))[-1]
+    sources = open(val_source).read().splitlines()
+    references = open(val_target).read().splitlines()
+    run = transformerkit.load(str(run_dir))
+    beam = run.translate(sources, beam_size=3, max_new_tokens=12)
+    assert float(last["val_bleu"]) == pytest.approx(corpus_scores(beam, references)["bleu"])

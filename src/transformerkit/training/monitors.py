@@ -208,5 +208,6 @@ def build_monitors(config, data, run_dir=None):
                                        data.source_tokenizer, data.target_tokenizer,
                                        every=train.bleu_every,
                                        max_sentences=train.bleu_max_sentences,
+                                       beam_size=train.eval_beam_size,
                                        max_new_tokens=max_new))
     return monitors
