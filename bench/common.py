@@ -3,6 +3,7 @@
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +12,23 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
+
+
+_WORDS = re.compile(r"\w+|[^\w\s]")
+
+
+def tutorial_bleu(hypotheses, references):
+    """BLEU as most Multi30k tutorials report it: lower-cased, split into word and
+    punctuation tokens, no further tokenization (``tokenize="none"`` on pre-split text);
+    the peer column of bench/multi30k_bleu.py (the product reports sacreBLEU's default)."""
+    import sacrebleu
+
+    def split(text):
+        return " ".join(_WORDS.findall(text.lower()))
+
+    score = sacrebleu.corpus_bleu([split(h) for h in hypotheses],
+                                  [[split(r) for r in references]], tokenize="none")
+    return round(score.score, 2)
 
 
 def data_dir():

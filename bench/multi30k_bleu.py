@@ -63,7 +63,7 @@ def score(run_dir, beams, max_sentences=None, checkpoint="model"):
     """Translate test2016 with each beam size; return one result dict per beam size."""
     import transformerkit
     from transformerkit.data.corpora import load_multi30k
-    from transformerkit.evaluation import corpus_scores, tutorial_bleu
+    from transformerkit.evaluation import corpus_scores
 
     run = transformerkit.load(run_dir, checkpoint=checkpoint)
     data = run.config.data
@@ -80,7 +80,7 @@ def score(run_dir, beams, max_sentences=None, checkpoint="model"):
                         "weights": checkpoint,
                         "sentences": len(sources), "decode_seconds": round(seconds, 1),
                         "sacrebleu": scores["bleu"], "chrf": scores["chrf"],
-                        "tutorial_bleu": tutorial_bleu(hypotheses, references),
+                        "tutorial_bleu": common.tutorial_bleu(hypotheses, references),
                         "bleu_signature": scores["bleu_signature"],
                         "examples": [list(example) for example in zip(
                             sources[:3], hypotheses[:3], references[:3], strict=True)]})

@@ -1,8 +1,6 @@
 """Translation quality with sacrebleu (BLEU and chrF with their signatures) and a
 classifier's accuracy and confusion counts."""
 
-import re
-
 import numpy as np
 import sacrebleu
 
@@ -21,20 +19,6 @@ def corpus_scores(hypotheses, references):
     chrf_score = chrf.corpus_score(hypotheses, [references])
     return {"bleu": round(bleu_score.score, 2), "bleu_signature": str(bleu.get_signature()),
             "chrf": round(chrf_score.score, 2), "chrf_signature": str(chrf.get_signature())}
-
-
-_WORDS = re.compile(r"\w+|[^\w\s]")
-
-
-def tutorial_bleu(hypotheses, references):
-    """BLEU as most Multi30k tutorials report it: lower-cased, split into word and
-    punctuation tokens, no further tokenization (``tokenize="none"`` on pre-split text)."""
-    def split(text):
-        return " ".join(_WORDS.findall(text.lower()))
-
-    score = sacrebleu.corpus_bleu([split(h) for h in hypotheses],
-                                  [[split(r) for r in references]], tokenize="none")
-    return round(score.score, 2)
 
 
 def classification_scores(predicted, gold, labels):

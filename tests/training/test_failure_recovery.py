@@ -45,7 +45,7 @@ model.optimizer.build(model.trainable_variables)
 checkpoint = RunCheckpoint(directory, keep=2, monitor="loss")
 checkpoint.set_model(model)
 state = read_checkpoint_state(directory)
-epoch = state["epoch"] if state else 0
+epoch = state.epoch if state else 0
 print("ready", flush=True)
 while True:  # every weight of checkpoint N is N: a loaded file shows which epoch it holds
     model.set_weights([np.full(w.shape, epoch + 1, "float32") for w in model.weights])
@@ -102,8 +102,8 @@ def test_sigkill_during_checkpoint_writes_never_leaves_an_unreadable_latest(tmp_
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a fallback warning would fail the test
             model, state = load_checkpoint(str(directory))
-        assert _epoch_held(model) == state["epoch"]
-    assert state["epoch"] >= 5
+        assert _epoch_held(model) == state.epoch
+    assert state.epoch >= 5
     assert leftovers >= 1, "no kill landed inside a write; the test proved nothing"
     RunCheckpoint(str(directory))  # a new run removes the temporary files of killed writes
     assert not [n for n in os.listdir(directory) if n.startswith(".tmp-")]
@@ -128,7 +128,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, dama
     damage(directory / "epoch-0002.keras")
     with pytest.warns(RuntimeWarning, match=r"falling back to checkpoint .*epoch-0001.keras"):
         model, state = load_checkpoint(str(directory))
-    assert state["epoch"] == 1 and state["checkpoint"] == "epoch-0001.keras"
+    assert state.epoch == 1 and state.checkpoint == "epoch-0001.keras"
     assert _epoch_held(model) == 1
 
 
@@ -137,7 +137,7 @@ def test_unreadable_latest_json_falls_back_to_the_newest_epoch_file(tmp_path):
     (directory / "latest.json").write_text('{"epoch": 2, "checkpo')
     with pytest.warns(RuntimeWarning, match=r"latest.json.*unreadable"):
         model, state = load_checkpoint(str(directory))
-    assert state["epoch"] == 2 and _epoch_held(model) == 2
+    assert state.epoch == 2 and _epoch_held(model) == 2
 
 
 def test_all_checkpoints_corrupt_is_a_clear_error(tmp_path):

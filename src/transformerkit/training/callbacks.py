@@ -16,6 +16,7 @@ import transformerkit.training.optimizers  # noqa: F401
 import transformerkit.training.schedules  # noqa: F401
 from transformerkit.files import atomic_path, atomic_write_text, file_sha256, remove_temporaries
 from transformerkit.run_directory import CHECKPOINT_STATE, CheckpointDirectory
+from transformerkit.training.checkpoint_state import CheckpointState
 from transformerkit.training.optimizers import optimizer_steps
 
 
@@ -27,8 +28,9 @@ class RunCheckpoint(keras.callbacks.Callback):
     ``epoch-0003.keras`` after epoch 3, ``epoch-0003-batch-0000150.keras`` after 150 batches
     of epoch 4 (the last ``keep`` of both kinds together), ``best.keras`` (the best
     ``monitor`` value: lowest ``val_loss``/``loss``, highest ``val_bleu``/``val_accuracy``)
-    and ``latest.json`` = ``{"epoch": 3, "batch": 150, "step": 690, "checkpoint": "...",
-    "sha256": "...", "best": 2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``.
+    and ``latest.json``, a :class:`~transformerkit.training.checkpoint_state.CheckpointState`
+    (``{"checkpoint": "...", "epoch": 3, "step": 690, "batch": 150, "sha256": "...", "best":
+    2.31, "monitor": "val_loss", "wait": 0, "global_rng": ...}``).
     Each file is written to a temporary name and renamed; ``latest.json`` is written last,
     so it always names a complete file whose checksum it holds (:func:`load_checkpoint`
     verifies it). A crash during a save leaves the previous state. A checkpoint whose
@@ -124,12 +126,13 @@ class RunCheckpoint(keras.callbacks.Callback):
             self._evaluate(self.group.broadcast(logs.get(self.monitor), "early stopping"))
         if not self.group.is_main:
             return True
-        state = {"epoch": epoch, "batch": batch, "step": optimizer_steps(self.model.optimizer),
-                 "checkpoint": name, "sha256": digest, "best": self.best,
-                 "monitor": self.monitor, "wait": self.wait, "global_rng": rng[0]}
+        state = CheckpointState(checkpoint=name, epoch=epoch, batch=batch,
+                                step=optimizer_steps(self.model.optimizer), sha256=digest,
+                                best=self.best, monitor=self.monitor, wait=self.wait,
+                                global_rng=rng[0])
         if self.group.distributed:
-            state.update(world_size=self.group.size, rank_rng=rng)
-        atomic_write_text(self.directory.state, json.dumps(state, indent=1))
+            state = state.replace(world_size=self.group.size, rank_rng=rng)
+        atomic_write_text(self.directory.state, json.dumps(state.to_json(), indent=1))
         self._prune()
         return True
 
@@ -203,21 +206,19 @@ class RestoreGlobalRNG(keras.callbacks.Callback):
 
 
 def read_checkpoint_state(directory):
-    """The ``latest.json`` state of a checkpoint directory, or None if it has none.
+    """The ``latest.json`` :class:`CheckpointState` of a checkpoint directory, or None if it
+    has none.
 
-    An unreadable ``latest.json`` (not JSON, or without the ``checkpoint`` name and its
-    ``sha256``) gives a warning and None (:func:`load_checkpoint` then falls back to the
-    newest epoch file).
+    An unreadable ``latest.json`` (not JSON, or not a checkpoint state: without the
+    ``checkpoint`` name and its ``sha256``, an unknown key) gives a warning and None
+    (:func:`load_checkpoint` then falls back to the newest epoch file).
     """
     path = CheckpointDirectory(directory).state
     if not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        if not isinstance(state, dict) or not all(
-                isinstance(state.get(key), str) for key in ("checkpoint", "sha256")):
-            raise ValueError("not a checkpoint state")
+            state = CheckpointState.from_json(json.load(f))
     except (OSError, ValueError) as err:
         warnings.warn(f"checkpoint state {path} is unreadable ({err}); ignoring it",
                       RuntimeWarning, stacklevel=2)
@@ -226,7 +227,8 @@ def read_checkpoint_state(directory):
 
 
 def load_checkpoint(directory):
-    """Load the newest good checkpoint of ``directory``: ``(model, state)``.
+    """Load the newest good checkpoint of ``directory``: ``(model, state)``, ``state`` a
+    :class:`CheckpointState`.
 
     The file ``latest.json`` names is used when it exists, matches its sha256 and loads;
     otherwise the epoch files are tried newest first, with a warning naming what was wrong
@@ -241,29 +243,29 @@ def load_checkpoint(directory):
     if not directory.has_checkpoint():
         raise FileNotFoundError(f"no checkpoint in {directory}")
     state = read_checkpoint_state(directory)
-    names = [state["checkpoint"]] if state else []
+    names = [state.checkpoint] if state else []
     names += [n for n in reversed(directory.epoch_names()) if n not in names]
     problems = []
     for name in names:
         path = directory.file(name)
         try:
-            if state and name == state["checkpoint"] and os.path.isfile(path) and \
-                    file_sha256(path) != state["sha256"]:
+            if state and name == state.checkpoint and os.path.isfile(path) and \
+                    file_sha256(path) != state.sha256:
                 raise ValueError(f"{path} does not match the sha256 in {CHECKPOINT_STATE} "
                                  "(corrupt)")
             model = load_model(path, compile=True)
         except (ValueError, OSError) as err:
             problems.append(str(err))
             continue
-        if state and name == state["checkpoint"]:
+        if state and name == state.checkpoint:
             return model, state
         reason = "; ".join(problems) or f"{CHECKPOINT_STATE} is missing or unreadable"
         warnings.warn(f"falling back to checkpoint {path}: {reason}", RuntimeWarning,
                       stacklevel=2)
-        fallback = {"epoch": directory.epoch_of(name), "batch": directory.batch_of(name),
-                    "step": optimizer_steps(model.optimizer), "checkpoint": name,
-                    "best": (state or {}).get("best"), "monitor": (state or {}).get("monitor"),
-                    "wait": (state or {}).get("wait", 0), "global_rng": None}
+        fallback = CheckpointState(
+            checkpoint=name, epoch=directory.epoch_of(name), batch=directory.batch_of(name),
+            step=optimizer_steps(model.optimizer), best=state.best if state else None,
+            monitor=state.monitor if state else None, wait=state.wait if state else 0)
         return model, fallback
     raise ValueError(f"no readable checkpoint in {directory}: {'; '.join(problems)}")
 

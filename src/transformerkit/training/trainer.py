@@ -8,9 +8,9 @@ The route from ``transformerkit train`` to the optimizer update, file by file (8
 the data side, ``data/`` and ``training/accumulation.py``, only feeds it batches):
 
 1. ``cli/training.py: train_command``: the config, with ``--set``, -> :func:`train`;
-2. ``training/trainer.py`` (this file): :func:`train` -> ``_train``: the model, its
-   compilation (:func:`compile_model`), the step attached (``attach_train_step``) and
-   ``model.fit``;
+2. ``training/trainer.py`` (this file): :func:`train` -> ``_train``: set-up -> the model
+   built (``_build``: :func:`compile_model`) or resumed (``_resume``) -> the step attached
+   (``attach_train_step``) -> callbacks -> ``model.fit`` (``_fit``) -> report;
 3. ``models/base.py: TransformerBase.train_step``: Keras' ``fit`` calls it for every batch;
    it hands the batch to the attached step;
 4. ``training/step.py: TrainStep``: the whole update: forward pass, loss (weighted for
@@ -33,6 +33,7 @@ import os
 import shutil
 import time
 import types
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -55,6 +56,7 @@ from transformerkit.training.callbacks import (
     StopTogether,
     load_checkpoint,
 )
+from transformerkit.training.checkpoint_state import CheckpointState
 from transformerkit.training.data_setup import prepare_data
 from transformerkit.training.distribution import (
     build_distribution,
@@ -100,7 +102,6 @@ def train(config, run_dir, resume=False):
     ranks return None. ``ProcessGroupError`` (a ``ConnectionError``) when a process is lost.
     """
     run = RunDirectory(run_dir)
-    checkpoints = run.checkpoints
     config = config.with_data_dir_recorded()  # evaluate reads the run's data from there
     train_cfg = config.train
     timeout = parse_duration(train_cfg.process_timeout, "train.process_timeout")
@@ -130,8 +131,7 @@ def train(config, run_dir, resume=False):
     try:
         with precision_policy(precision.used), \
                 (dist.scope() if dist else contextlib.nullcontext()):
-            return _train(config, run, checkpoints, resume, dist, group, precision,
-                          pretrained)
+            return _train(config, run, resume, dist, group, precision, pretrained)
     finally:
         if group.kind == "torch":
             import torch.distributed
@@ -151,7 +151,9 @@ def _prepare_data(config, run, resume, group):
     return data
 
 
-def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=None):
+def _train(config, run, resume, dist, group, precision, pretrained=None):
+    """The run, in its order: set-up (data, batches) -> build or resume -> callbacks -> fit ->
+    report. Returns rank 0's metrics (None on the other ranks)."""
     train_cfg = config.train
     data = _prepare_data(config, run, resume or pretrained is not None, group)
     for key, value in data.info.items():
@@ -162,23 +164,9 @@ def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=
     batches = UpdateBatches(data.train, train_cfg.accumulate_steps, 0, *shards)
     monitor = _monitor(train_cfg, data)
 
-    if not resume:
-        model = build_model(_model_section(config, data), data.source_tokenizer.vocab_size,
-                            data.target_tokenizer.vocab_size, embeddings=data.embeddings)
-        if pretrained is not None:
-            copy_weights(pretrained, model)
-        compile_model(model, config, _total_steps(train_cfg, batches.updates_per_epoch))
-        state = None
-        initial_epoch, start_batch, best, wait = 0, 0, None, 0
-    else:  # exact resume: weights, optimizer moments and step, dropout RNG state, position
-        model, state = load_checkpoint(checkpoints)
-        _check_world_size(state, group)
-        initial_epoch, start_batch = state["epoch"], state.get("batch") or 0
-        best, wait = state["best"], state.get("wait") or 0
-        if state.get("monitor") != monitor:  # another metric than the checkpointed run's
-            best, wait = None, 0
-        log.info("resuming from %s (epoch %d, batch %d, step %d)", state["checkpoint"],
-                 initial_epoch, start_batch, state["step"])
+    start = (_resume(run, group, monitor) if resume else
+             _build(config, data, pretrained, batches.updates_per_epoch))
+    model = start.model
     check_model_parallel_shapes(model, dist)
     if group.is_main:
         check_disk_space(run.path, model, train_cfg.checkpoints_to_keep)
@@ -186,29 +174,104 @@ def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=
     if group.kind == "torch":
         _join_torch_processes(model, step, group, train_cfg.seed, resume)
 
-    stop = StopConditions(train_cfg.max_steps, _seconds(train_cfg.time_budget))
-    non_finite = NonFiniteLoss()
-    checkpoint = RunCheckpoint(checkpoints, keep=train_cfg.checkpoints_to_keep,
-                               monitor=monitor, best=best, wait=wait,
-                               every=train_cfg.checkpoint_every,
-                               patience=train_cfg.patience, epoch_batches=len(batches),
-                               resume_at=(initial_epoch, start_batch), group=group)
-    together = StopTogether(group)
+    rules = _Rules(stop=StopConditions(train_cfg.max_steps, _seconds(train_cfg.time_budget)),
+                   non_finite=NonFiniteLoss(),
+                   checkpoint=RunCheckpoint(
+                       run.checkpoints, keep=train_cfg.checkpoints_to_keep, monitor=monitor,
+                       best=start.best, wait=start.wait, every=train_cfg.checkpoint_every,
+                       patience=train_cfg.patience, epoch_batches=len(batches),
+                       resume_at=(start.epoch, start.batch), group=group),
+                   together=StopTogether(group))
+    callbacks = _callbacks(config, data, run, group, start, rules, resume)
+    started = time.monotonic()
+    history = _fit(model, data, dist, batches, callbacks, rules, start, shards, config,
+                   group.is_main)
+    if rules.non_finite.failed_step is not None:
+        failed = rules.non_finite
+        raise FloatingPointError(
+            f"the loss became {failed.failed_value} at step {failed.failed_step} "
+            f"(epoch {failed.failed_epoch + 1}); training stopped and the last good "
+            f"checkpoint is kept in {run.checkpoints}. Lower the learning rate (train.lr_scale "
+            "or train.learning_rate) or check the data, then --resume.")
+    if not group.is_main:
+        return None
+    with atomic_path(run.model) as tmp:
+        model.save(tmp)
+    return _report(model, data, config, run, group, step, precision, rules, monitor, history,
+                   time.monotonic() - started)
+
+
+class _Start(NamedTuple):
+    """Where training starts: the model (built, or loaded from a checkpoint with its
+    optimizer), the position (epoch, batch of that epoch), the early-stopping record and
+    the checkpoint's state (None for a new run)."""
+
+    model: keras.Model
+    epoch: int = 0
+    batch: int = 0
+    best: float | None = None
+    wait: int = 0
+    state: CheckpointState | None = None
+
+
+class _Rules(NamedTuple):
+    """The callbacks that may stop a run, read after ``fit`` to say why it stopped."""
+
+    stop: StopConditions
+    non_finite: NonFiniteLoss
+    checkpoint: RunCheckpoint
+    together: StopTogether
+
+    def stopped(self):
+        return bool(self.stop.stopped_by or self.non_finite.failed_step is not None
+                    or self.checkpoint.stopped_early or self.together.stopped)
+
+
+def _build(config, data, pretrained, updates_per_epoch):
+    """A new run: the model of the config (the pretrained weights copied in), compiled."""
+    model = build_model(_model_section(config, data), data.source_tokenizer.vocab_size,
+                        data.target_tokenizer.vocab_size, embeddings=data.embeddings)
+    if pretrained is not None:
+        copy_weights(pretrained, model)
+    compile_model(model, config, _total_steps(config.train, updates_per_epoch))
+    return _Start(model)
+
+
+def _resume(run, group, monitor):
+    """An exact resume: weights, optimizer moments and step, dropout RNG state and the
+    position of the newest good checkpoint; its early-stopping record unless it watched
+    another metric."""
+    model, state = load_checkpoint(run.checkpoints)
+    _check_world_size(state, group)
+    same_metric = state.monitor == monitor
+    log.info("resuming from %s (epoch %d, batch %d, step %d)", state.checkpoint, state.epoch,
+             state.batch, state.step)
+    return _Start(model, state.epoch, state.batch, state.best if same_metric else None,
+                  state.wait if same_metric else 0, state)
+
+
+def _callbacks(config, data, run, group, start, rules, resume):
+    """The callbacks of ``fit``, in the order they must run."""
     main = group.is_main
-    callbacks = [
+    return [
         *([ReduceLogs(group)] if group.distributed else []),  # first: all see the mean loss
-        EpochSync(data.train), EpochTimer(), stop, non_finite,
-        *([RestoreGlobalRNG(_rng_state(state, group), at_batch=start_batch > 0)]
-          if state else []),
+        EpochSync(data.train), EpochTimer(), rules.stop, rules.non_finite,
+        *([RestoreGlobalRNG(start.state.rng_of(group.rank), at_batch=start.batch > 0)]
+          if start.state else []),
         # before the checkpoint/CSV: they log val_bleu
         *(build_monitors(config, data, run.path) if main else []),
-        checkpoint,
-        *([together] if group.distributed else []),  # after every rule that may stop
+        rules.checkpoint,
+        *([rules.together] if group.distributed else []),  # after every rule that may stop
         *([keras.callbacks.CSVLogger(run.history, append=resume), *_tensorboard(run)]
           if main else []),
     ]
+
+
+def _fit(model, data, dist, batches, callbacks, rules, start, shards, config, main):
+    """``model.fit`` to the last epoch: first the rest of the epoch a checkpoint stopped in
+    (resumed inside an epoch), then the following epochs; returns the merged history."""
+    train_cfg = config.train
     epochs = _epochs(train_cfg, batches.updates_per_epoch)
-    started = time.monotonic()
     history = {}
 
     def fit(dataset, first_epoch, last_epoch):
@@ -221,32 +284,26 @@ def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=
         for key, values in result.history.items():
             history.setdefault(key, []).extend(values)
 
-    def stopped():
-        return bool(stop.stopped_by or non_finite.failed_step is not None
-                    or checkpoint.stopped_early or together.stopped)
+    first_epoch = start.epoch
+    if start.batch and first_epoch < epochs:
+        fit(UpdateBatches(data.train, train_cfg.accumulate_steps, start.batch, *shards),
+            first_epoch, first_epoch + 1)
+        first_epoch += 1
+    if first_epoch < epochs and not rules.stopped():
+        fit(batches, first_epoch, epochs)
+    return history
 
-    if start_batch and initial_epoch < epochs:
-        # the rest of the epoch the checkpoint stopped in, then the following epochs
-        fit(UpdateBatches(data.train, train_cfg.accumulate_steps, start_batch, *shards),
-            initial_epoch, initial_epoch + 1)
-        initial_epoch += 1
-    if initial_epoch < epochs and not stopped():
-        fit(batches, initial_epoch, epochs)
-    if non_finite.failed_step is not None:
-        raise FloatingPointError(
-            f"the loss became {non_finite.failed_value} at step {non_finite.failed_step} "
-            f"(epoch {non_finite.failed_epoch + 1}); training stopped and the last good "
-            f"checkpoint is kept in {checkpoints}. Lower the learning rate (train.lr_scale or "
-            "train.learning_rate) or check the data, then --resume.")
-    if not main:
-        return None
-    with atomic_path(run.model) as tmp:
-        model.save(tmp)
+
+def _report(model, data, config, run, group, step, precision, rules, monitor, history,
+            seconds):
+    """metrics.json, samples and the final evaluation (:func:`write_final_reports`), and
+    the average of the last checkpoints when ``train.average_last`` asks for it."""
+    train_cfg = config.train
     summary = {
-        "train_seconds": round(time.monotonic() - started, 1),
+        "train_seconds": round(seconds, 1),
         "steps": optimizer_steps(model.optimizer),
-        "stopped_by": ("early_stopping" if checkpoint.stopped_early
-                       else stop.stopped_by or "epochs"),
+        "stopped_by": ("early_stopping" if rules.checkpoint.stopped_early
+                       else rules.stop.stopped_by or "epochs"),
         "accumulate_steps": train_cfg.accumulate_steps,
         "precision": precision._asdict(),  # what train.precision (auto) resolved to, and why
         **({"processes": group.size} if group.distributed else {}),
@@ -256,7 +313,7 @@ def _train(config, run, checkpoints, resume, dist, group, precision, pretrained=
         **data.info,
     }
     if train_cfg.patience is not None:
-        summary.update(early_stopping_metric=monitor, early_stopping_best=checkpoint.best)
+        summary.update(early_stopping_metric=monitor, early_stopping_best=rules.checkpoint.best)
     summary.update({k: float(v[-1]) for k, v in history.items()})
     metrics = write_final_reports(model, data, config, run, summary)
     if train_cfg.average_last:
@@ -284,18 +341,11 @@ def _check_world_size(state, group):
     """A run resumes with as many processes as it was checkpointed with: a PyTorch rank's
     position in the epoch is counted in its own shard's batches, a JAX process feeds its
     share of each batch's rows."""
-    saved = int(state.get("world_size") or 1)
-    current = group.size
-    if saved != current:
-        raise ValueError(f"--resume: the checkpoint {state['checkpoint']} was written by a run "
-                         f"of {saved} process(es), this launch has {current}; resume with "
-                         f"the same number (torchrun --nproc_per_node {saved} ...)")
-
-
-def _rng_state(state, group):
-    """This rank's saved global RNG state (rank 0's in a one-process checkpoint)."""
-    per_rank = state.get("rank_rng")
-    return per_rank[group.rank] if per_rank else state.get("global_rng")
+    if state.world_size != group.size:
+        raise ValueError(f"--resume: the checkpoint {state.checkpoint} was written by a run "
+                         f"of {state.world_size} process(es), this launch has {group.size}; "
+                         f"resume with the same number (torchrun --nproc_per_node "
+                         f"{state.world_size} ...)")
 
 
 def _join_torch_processes(model, step, group, seed, resume):
