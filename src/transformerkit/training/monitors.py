@@ -16,7 +16,7 @@ import os
 
 import keras
 
-from transformerkit.decoding.options import GenerationOptions
+from transformerkit.decoding.options import GenerationOptions, SearchOptions
 from transformerkit.decoding.sampling import generate_text
 from transformerkit.decoding.translate import translate_texts
 from transformerkit.evaluation import corpus_scores
@@ -37,16 +37,17 @@ class SampleMonitor(keras.callbacks.Callback):
         references: optional reference translations, printed next to the outputs.
         prompt: text to continue (GPT), or a list of texts, or None.
         every: int >= 1. unit: "epoch" or "step".
-        max_new_tokens: length limit of each output.
-        temperature, top_k, top_p, seed: GPT sampling (the seed is fixed, so successive
-            samples show the model changing, not the dice).
+        options: how the samples are decoded: a
+            :class:`~transformerkit.decoding.options.GenerationOptions` for a GPT (its seed
+            is fixed, so successive samples show the model changing, not the dice), a
+            :class:`~transformerkit.decoding.options.SearchOptions` for translations; None:
+            the declared defaults (greedy translations).
         print_fn: where lines go (default ``print``).
         out: a file the samples are also appended to (``RUN/samples.txt``), or None.
     """
 
     def __init__(self, source_tokenizer, target_tokenizer=None, sources=None, references=None,
-                 prompt=None, every=1, unit="epoch", max_new_tokens=64, temperature=0.8,
-                 top_k=50, seed=0, print_fn=print, top_p=None, out=None):
+                 prompt=None, every=1, unit="epoch", options=None, print_fn=print, out=None):
         super().__init__()
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
@@ -59,8 +60,8 @@ class SampleMonitor(keras.callbacks.Callback):
         self.sources, self.references = list(sources or []), list(references or [])
         self.prompts = [prompt] if isinstance(prompt, str) else prompt
         self.every, self.unit = int(every), unit
-        self.max_new_tokens = max_new_tokens
-        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
+        self.options = options or (GenerationOptions() if prompt is not None
+                                   else SearchOptions(beam_size=1))
         self.print_fn, self.out = print_fn, out
         self.printed = 0  # how many times samples were shown (for tests and curiosity)
 
@@ -86,12 +87,11 @@ class SampleMonitor(keras.callbacks.Callback):
     def _sample_lines(self, when):
         lines = [f"--- samples after {when} ---"]
         if self.prompts is not None:
-            lines += gpt_samples(self.model, self.source_tokenizer, self.prompts, [self.seed],
-                                 self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+            lines += gpt_samples(self.model, self.source_tokenizer, self.prompts,
+                                 [self.options.seed], self.options)
         else:
             outputs = translate_texts(self.model, self.source_tokenizer, self.target_tokenizer,
-                                      self.sources, beam_size=1,
-                                      max_new_tokens=self.max_new_tokens)
+                                      self.sources, self.options)
             for i, (source, output) in enumerate(zip(self.sources, outputs, strict=True)):
                 lines.append(f"SOURCE:    {source}")
                 if i < len(self.references):
@@ -100,13 +100,16 @@ class SampleMonitor(keras.callbacks.Callback):
         return lines
 
 
-def gpt_samples(model, tokenizer, prompts, seeds, max_new_tokens, temperature, top_k, top_p):
-    """Lines of text: for each prompt and seed a heading and the sampled continuation."""
+def gpt_samples(model, tokenizer, prompts, seeds, options):
+    """Lines of text: for each prompt and seed a heading and the continuation sampled with
+    ``options`` (a :class:`GenerationOptions`, its seed replaced by each of ``seeds``)."""
     lines = []
     for prompt in prompts:
         for seed in seeds:
-            text = generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+            text = generate_text(model, tokenizer, prompt,
+                                 max_new_tokens=options.max_new_tokens,
+                                 temperature=options.temperature, top_k=options.top_k,
+                                 top_p=options.top_p, seed=seed)
             lines += [f"[prompt {prompt!r}, seed {seed}]", text]
     return lines
 
@@ -121,18 +124,23 @@ def append_text(path, text):
     atomic_write_text(path, old + text)
 
 
+def evaluation_options(train):
+    """The :class:`SearchOptions` of the validation translations during and after training:
+    ``train.eval_beam_size`` and ``train.decode_max_length``, the rest as declared."""
+    return SearchOptions(beam_size=train.eval_beam_size, max_new_tokens=train.decode_max_length)
+
+
 def sample_settings(config, data):
-    """The GPT sampling options of the ``train:`` section: prompts, tokens, temperature,
-    top-k, top-p (``train.sample_*``); the prompt defaults to the validation text's start,
-    the length to ``train.decode_max_length``, else ``generate``'s default."""
+    """``(prompts, GenerationOptions)``: the GPT samples of the ``train:`` section
+    (``train.sample_*``); the prompt defaults to the validation text's start, the length to
+    ``train.decode_max_length``, else ``generate``'s default."""
     train = config.train
     prompts = train.sample_prompts or [data.val_sources[0][:32] if data.val_sources
                                           else "\n"]
-    return dict(prompts=prompts,
-                max_new_tokens=(train.sample_max_tokens or train.decode_max_length
-                                or GenerationOptions().max_new_tokens),
-                temperature=train.sample_temperature, top_k=train.sample_top_k,
-                top_p=train.sample_top_p)
+    length = train.sample_max_tokens or train.decode_max_length
+    options = GenerationOptions(temperature=train.sample_temperature, top_k=train.sample_top_k,
+                                top_p=train.sample_top_p)
+    return prompts, options if length is None else options.replace(max_new_tokens=length)
 
 
 class ValidationBLEU(keras.callbacks.Callback):
@@ -145,13 +153,14 @@ class ValidationBLEU(keras.callbacks.Callback):
         source_tokenizer, target_tokenizer: the run's tokenizers.
         every: int >= 1, epochs between evaluations.
         max_sentences: int or None (all).
-        beam_size: 1 = greedy (fast), 4 = the paper's beam search.
-        max_new_tokens: length limit of each translation.
+        options: the :class:`~transformerkit.decoding.options.SearchOptions` of the
+            translations (``transformerkit train``: :func:`evaluation_options`); None: the
+            declared defaults.
         print_fn: where the result line goes (default: the ``transformerkit`` logger).
     """
 
     def __init__(self, sources, references, source_tokenizer, target_tokenizer, every=1,
-                 max_sentences=200, beam_size=1, max_new_tokens=None, print_fn=None):
+                 max_sentences=200, options=None, print_fn=None):
         super().__init__()
         if int(every) < 1:
             raise ValueError(f"every must be at least 1, got {every}")
@@ -162,7 +171,7 @@ class ValidationBLEU(keras.callbacks.Callback):
         if not self.sources:
             raise ValueError("ValidationBLEU needs at least one validation sentence")
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
-        self.every, self.beam_size, self.max_new_tokens = int(every), beam_size, max_new_tokens
+        self.every, self.options = int(every), options or SearchOptions()
         self.print_fn = print_fn or log.info
         self.history = []  # (epoch, scores dict)
 
@@ -171,15 +180,13 @@ class ValidationBLEU(keras.callbacks.Callback):
             return
         with float32_compute(self.model):  # as transformerkit.load decodes it
             hypotheses = translate_texts(self.model, self.source_tokenizer,
-                                         self.target_tokenizer, self.sources,
-                                         beam_size=self.beam_size,
-                                         max_new_tokens=self.max_new_tokens)
+                                         self.target_tokenizer, self.sources, self.options)
         scores = corpus_scores(hypotheses, self.references)
         self.history.append((epoch + 1, scores))
         if logs is not None:
             logs["val_bleu"], logs["val_chrf"] = scores["bleu"], scores["chrf"]
         self.print_fn(f"epoch {epoch + 1}: val_bleu {scores['bleu']} val_chrf {scores['chrf']} "
-                      f"({len(self.sources)} sentences, beam {self.beam_size})")
+                      f"({len(self.sources)} sentences, beam {self.options.beam_size})")
 
 
 def build_monitors(config, data, run_dir=None):
@@ -187,27 +194,25 @@ def build_monitors(config, data, run_dir=None):
     samples are also appended to ``run_dir``'s ``samples.txt`` when it is given."""
     train = config.train
     monitors = []
-    max_new = train.decode_max_length
     if train.sample_every:
         common = dict(every=train.sample_every, unit=train.sample_unit,
                       print_fn=log.info,
                       out=RunDirectory(run_dir).samples if run_dir is not None else None)
         if config.model["type"] == "gpt":
-            settings = sample_settings(config, data)
-            monitors.append(SampleMonitor(data.source_tokenizer,
-                                          prompt=settings.pop("prompts"), seed=train.seed,
-                                          **settings, **common))
+            prompts, options = sample_settings(config, data)
+            monitors.append(SampleMonitor(data.source_tokenizer, prompt=prompts,
+                                          options=options.replace(seed=train.seed), **common))
         elif config.model["type"] == "transformer" and data.val_sources:
             count = max(1, min(train.samples, 3))
-            monitors.append(SampleMonitor(data.source_tokenizer, data.target_tokenizer,
-                                          sources=data.val_sources[:count],
-                                          references=data.val_targets[:count],
-                                          max_new_tokens=max_new, **common))
+            monitors.append(SampleMonitor(
+                data.source_tokenizer, data.target_tokenizer, sources=data.val_sources[:count],
+                references=data.val_targets[:count],
+                options=SearchOptions(beam_size=1, max_new_tokens=train.decode_max_length),
+                **common))
     if train.bleu_every and config.model["type"] == "transformer" and data.val_sources:
         monitors.append(ValidationBLEU(data.val_sources, data.val_targets,
                                        data.source_tokenizer, data.target_tokenizer,
                                        every=train.bleu_every,
                                        max_sentences=train.bleu_max_sentences,
-                                       beam_size=train.eval_beam_size,
-                                       max_new_tokens=max_new))
+                                       options=evaluation_options(train)))
     return monitors

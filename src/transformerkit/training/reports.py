@@ -9,7 +9,12 @@ from transformerkit.evaluation import classification_scores, corpus_scores, form
 from transformerkit.files import atomic_write_text
 from transformerkit.models.base import float32_compute
 from transformerkit.run_directory import RunDirectory
-from transformerkit.training.monitors import append_text, gpt_samples, sample_settings
+from transformerkit.training.monitors import (
+    append_text,
+    evaluation_options,
+    gpt_samples,
+    sample_settings,
+)
 
 log = logging.getLogger("transformerkit")
 
@@ -27,8 +32,7 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
             limit = train_cfg.eval_max_sentences or len(data.val_sources)
             sources, references = data.val_sources[:limit], data.val_targets[:limit]
             hypotheses = translate_texts(model, data.source_tokenizer, data.target_tokenizer,
-                                         sources, beam_size=train_cfg.eval_beam_size,
-                                         max_new_tokens=train_cfg.decode_max_length)
+                                         sources, evaluation_options(train_cfg))
             scores = corpus_scores(hypotheses, references)
             metrics.update({f"val_{k}": v for k, v in scores.items()})
             metrics["val_sentences_scored"] = len(sources)
@@ -41,9 +45,9 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
             metrics.update(scores)
             lines += shown
         elif config.model["type"] == "gpt":
-            settings = sample_settings(config, data)
-            lines += gpt_samples(model, data.source_tokenizer, settings.pop("prompts"),
-                                 range(train_cfg.samples), **settings)
+            prompts, options = sample_settings(config, data)
+            lines += gpt_samples(model, data.source_tokenizer, prompts,
+                                 range(train_cfg.samples), options)
     if write:
         if train_cfg.sample_every and os.path.exists(run.samples):
             # the samples taken while training (SampleMonitor) stay, the final ones follow
