@@ -61,7 +61,7 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training
-                           policy, through Keras' casts: correct, 2.1-2.5x slower)
+                           policy, through Keras' casts: correct, and slower)
 =========================  ===========================================================
 """
 
@@ -151,6 +151,13 @@ def attribute(owner, name):
         _found["attribute", name] = False
         _warn(".".join(_ATTRIBUTES[name]))
     return value
+
+
+def tensor_version(tensor):
+    """PyTorch's count of in-place writes to ``tensor`` (``Tensor._version``), or None where
+    the release lacks it (then nothing cached from the tensor is reused: packed weights and
+    cast copies are made again at every use)."""
+    return getattr(tensor, "_version", None)
 
 
 def _warn(what):

@@ -10,10 +10,9 @@ A decode loop is written once with ``keras.ops`` (:mod:`.greedy`, :mod:`.beam`,
 - on **PyTorch** eagerly under ``torch.inference_mode()``: a Python loop with integer
   positions, which on a CPU is faster than anything ``torch.compile`` gained back after its
   compile time (see ``bench/decode.py``). Inference mode skips the autograd bookkeeping
-  (version counters, view tracking) that ``torch.no_grad`` still does on every call: 4-7%
-  of a decode loop whose step is ~190 small calls (docs/benchmarks.md, "Decoding
-  precision"). The model is built first, outside it, so that its variables stay normal
-  tensors that later training can differentiate.
+  (version counters, view tracking) that ``torch.no_grad`` still does on every call, which
+  counts in a decode loop of many small calls. The model is built first, outside it, so
+  that its variables stay normal tensors that later training can differentiate.
 
 Compiled functions are kept on the model (keyed by the algorithm, its settings and the
 array shapes), so translating many batches compiles once per bucket; :func:`bucket` rounds

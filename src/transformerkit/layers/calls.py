@@ -258,7 +258,7 @@ def _cast_once_maybe_cast(self, value):
     if value.dtype == target:
         return value
     entry = self.copies.get(id(value))
-    version = getattr(value, "_version", None)  # None: no counter, so cast at every use
+    version = internals.tensor_version(value)  # None: no counter, so cast at every use
     if entry is None or entry[0] is not value or version is None or entry[1] != version:
         with torch.no_grad():
             entry = (value, version, value.to(target))
@@ -319,7 +319,7 @@ def inference_linear(kernels, biases=None, transposed=False):
                                          and kernels[0].dtype == torch.float32
                                          and _packs_float32())
     if packing:
-        versions = tuple((id(t), getattr(t, "_version", None))
+        versions = tuple((id(t), internals.tensor_version(t))
                          for t in [*kernels, *biases] if t is not None)
         # the query kernel starts two products (qkv and query alone): the key names all
         key = (tuple(id(t) for t in kernels), transposed, precision)
@@ -363,11 +363,10 @@ _ONEDNN = None
 def _packs_float32():
     """Whether :func:`inference_linear` packs float32 weights for oneDNN: where it can
     (:func:`_onednn_available`) on CPUs other than Intel's. PyTorch's ``addmm`` runs MKL's
-    products, fast on Intel CPUs and slower on AMD's, where oneDNN's packed kernel took
-    0.77x ``addmm``'s time on the output projection; on an Intel Xeon ``addmm`` took 0.2-1x
-    the packed kernel's time at 1-256 rows and float32 greedy decoding ran 1.15-1.17x as
-    fast on it (docs/benchmarks.md, "Decoding precision"). The choice is by vendor, not
-    measured at run time, so that a machine always computes the same numbers."""
+    products, which are the faster on Intel CPUs and the slower on AMD's, where oneDNN's
+    packed kernel wins (measured by ``bench/kernels.py``; docs/benchmarks.md). The choice is
+    by vendor, not measured at run time, so that a machine always computes the same
+    numbers."""
     global _FLOAT32_PACKING
     if _FLOAT32_PACKING is None:
         _FLOAT32_PACKING = (_onednn_available()
