@@ -41,12 +41,26 @@ test: $(STAMP)
 # AVX-512 where the CPU has it
 KERNELS_AVX2 := MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
 KERNELS_AVX512 := MKL_CBWR=AVX512 ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512
+# the tests of what is decided from the CPU's flags and vendor (auto, int8's input range, the
+# float32 kernel), run again as each CPU family of tests/cpu_families.py that this CPU can
+# run (TRANSFORMERKIT_CPU_FLAGS/_VENDOR change the decisions, not the kernels)
+CPU_DECISIONS := tests/decoding/test_precision.py tests/training/test_precision_auto.py \
+	tests/layers/test_decode_steps.py tests/training/test_bfloat16_step.py
+FAMILIES := $(BIN)/python tests/cpu_families.py
 
 test-kernels: $(STAMP)
 	$(KERNELS_AVX2) $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)
 	if grep -qw avx512f /proc/cpuinfo; then \
 		$(KERNELS_AVX512) $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS); \
 	else echo "test-kernels: no AVX-512 on this CPU, its setting not run"; fi
+	$(FAMILIES) --skipped | sed 's/^/test-kernels: CPU family not run: /'
+	families=$$($(FAMILIES) --runnable) || exit 1; set -e; \
+	echo "test-kernels: CPU families run here:" $$families; \
+	for family in $$families; do \
+		echo "test-kernels: as the CPU family $$family"; \
+		env $$($(FAMILIES) --env $$family) \
+			$(BIN)/python -m pytest -m "not slow" -n 2 -q $(CPU_DECISIONS); \
+	done
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

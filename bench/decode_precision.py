@@ -58,7 +58,7 @@ def decoder(run_dir, system, search, tokens, forced, threads):
     """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION`` or ``ct2-TYPE``)."""
     if system.startswith("ct2"):
         return decode.ctranslate2_decoder(run_dir, system, search, tokens, forced, threads)
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     precision = system.split("-")[1]
     inner = decode.transformerkit_decoder(run_dir, search, tokens, True, forced)
@@ -189,7 +189,7 @@ def shape_kernels(rows, d_in, d_out):
     import torch
 
     from transformerkit import internals
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     pack, linear = internals.get("onednn_pack"), internals.get("onednn_linear")
     x = torch.randn(rows, d_in)

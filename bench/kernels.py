@@ -9,7 +9,7 @@ repeat times A then B, or B then A, alternating; medians of the repeats):
   same code path the library takes for short keys), forward+backward and forward only, on
   padded (masked) and causal self-attention at 8 heads of 32, at the key lengths of
   Multi30k-sized batches (about 4,000 tokens) and beyond;
-- softmax over short rows (``layers/calls.py: softmax``): ``torch.softmax`` against the
+- softmax over short rows (``kernels/softmax.py``): ``torch.softmax`` against the
   same rows padded with -inf to 16 entries, forward and forward+backward;
 - dropout masks (``layers/dropout.py: keep_mask``): ``rand_like(x) >= rate`` scaled,
   against the SFC64 mask, per million elements.

@@ -4,11 +4,12 @@ Every import of a ``transformerkit`` module counts, at module level and inside f
 Two rules:
 
 - no import cycle between modules;
-- dependencies point down: ``layers`` < ``models`` (and ``config``, which reads the models'
-  option declarations) < ``training``, ``decoding`` < ``api``
+- dependencies point down: ``kernels`` < ``layers`` < ``models`` (and ``config``, which
+  reads the models' option declarations) < ``training``, ``decoding`` < ``api``
   (the public facade) < ``cli``; the leaves (``data``, ``files``, ``backend``,
   ``special_tokens``, ``run_directory``, ``evaluation``, ``plotting``, ...) are usable by
-  all and import only leaves.
+  all and import only leaves. A module of a layer may be a leaf of its own
+  (:data:`LEAF_MODULES`).
 
 A new module must be placed in :data:`LEVELS` (or :data:`LEAVES`), which makes its place
 a decision.
@@ -23,7 +24,11 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "transformerkit"
 
 LEAVES = {"allocator", "backend", "data", "declared", "evaluation", "fastpath", "files",
           "internals", "plotting", "precisions", "run_directory", "special_tokens"}
+# declarations only (plain Python, importing only ``declared``): the run config's
+# ``search:`` section is a SearchOptions
+LEAF_MODULES = {"transformerkit.decoding.options"}
 LEVELS = {
+    "kernels": 0.5,  # the PyTorch kernels under the layers' math (products, packing, casts)
     "layers": 1,
     "models": 2,
     "saving": 2,  # loads .keras files of the layer and model classes
@@ -93,7 +98,7 @@ def component(module):
 
 def level(module):
     name = component(module)
-    return 0 if name in LEAVES else LEVELS.get(name)
+    return 0 if name in LEAVES or module in LEAF_MODULES else LEVELS.get(name)
 
 
 def test_every_module_has_a_place_in_the_layers():

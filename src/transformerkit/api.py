@@ -133,7 +133,7 @@ class Run:
         if engine != "keras":
             results = self._engine(engine).translate(texts, options)
         else:
-            from transformerkit.layers.lowprec import using
+            from transformerkit.kernels.lowprec import using
 
             with using(precision):
                 results = translate_texts(self.model, self.source_tokenizer,
@@ -147,7 +147,7 @@ class Run:
         arguments are checked before it is returned."""
         from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import translate_batches
-        from transformerkit.layers.lowprec import iterate
+        from transformerkit.kernels.lowprec import iterate
 
         self._require("transformer", "translate_batches")
         options = resolve(SearchOptions, options, keywords, "translate_batches()")
@@ -160,7 +160,7 @@ class Run:
     def _precision(self, precision, engine):
         """The precision a call runs at: ``precision``, or the run's for None; checked (a
         clear ``ValueError`` for a bad name, or bfloat16/int8 with CTranslate2)."""
-        from transformerkit.layers.lowprec import resolve
+        from transformerkit.kernels.lowprec import resolve
         from transformerkit.precisions import check
 
         precision = self.precision if precision is None else check(precision)
@@ -185,7 +185,7 @@ class Run:
         ``precision``: as in :meth:`translate`.
         """
         from transformerkit.decoding.sampling import generate_ids
-        from transformerkit.layers.lowprec import using
+        from transformerkit.kernels.lowprec import using
 
         options = self._generation_options(options, keywords, "generate")
         precision = self._precision(precision, engine)
@@ -219,7 +219,7 @@ class Run:
         ...     print(piece, end="", flush=True)
         """
         from transformerkit.decoding.streaming import stream_ids, text_pieces
-        from transformerkit.layers.lowprec import iterate
+        from transformerkit.kernels.lowprec import iterate
 
         options = self._generation_options(options, keywords, "generate_stream")
         precision = self._precision(precision, engine)

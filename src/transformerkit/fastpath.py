@@ -11,10 +11,10 @@ shortcut                       where (the plain code is beside it)
 =============================  ===============================================
 direct sub-layer calls,        ``layers/calls.py``
 reshapes, Dense, LayerNorm
-inference weights packed for   ``layers/calls.py: inference_linear`` (the decoder
+inference weights packed for   ``kernels/products.py: inference_linear`` (the decoder
 oneDNN (no autograd; float32   step, ``Dense`` under ``torch.no_grad``)
 on non-Intel CPUs)
-bfloat16 / int8 inference      ``layers/lowprec.py`` (``--precision``; without the
+bfloat16 / int8 inference      ``kernels/lowprec.py`` (``--precision``; without the
 products                       shortcuts only float32 runs, the others are refused)
 dropout                        ``layers/dropout.py``
 fused attention kernel         ``layers/attention.py: _fused_attention``
@@ -24,7 +24,7 @@ one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
 search-loop bookkeeping        ``decoding/loop_ops.py`` (``keras.ops`` or torch)
 masked cross-entropy           ``training/losses.py``
 train step                     ``training/step.py: TrainStep`` (beside Keras' step)
-mixed precision: each weight   ``layers/calls.py: cast_once`` (Keras' autocast
+mixed precision: each weight   ``kernels/cast_once.py`` (Keras' autocast
 cast once per step             scope casts at every use), ``training/step.py``
 fused Adam / AdamW, clipping   ``training/optimizers.py``
 =============================  ===============================================

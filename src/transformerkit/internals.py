@@ -13,7 +13,7 @@ internal                   used by, and why
 =========================  ===========================================================
 ``get_autocast_scope``     ``layers/calls.py``: a direct sub-layer call must not skip
                            an enclosing mixed-precision autocast scope
-``AutocastScope``          ``layers/calls.py: cast_once``: the mixed-precision training
+``AutocastScope``          ``kernels/cast_once.py``: the mixed-precision training
                            step's scope, a subclass casting each weight once per step
                            (without it, Keras' scope casts at every use)
 ``in_stateless_scope``     ``training/optimizers.py``: inside a stateless scope the
@@ -36,7 +36,7 @@ saving references          ``training/processes.py``: ``saving_lib.get_attr_skip
                            objects ``model.save`` compares against before several JAX
                            processes share a distribution (without them a save by rank 0
                            alone may wait for the other processes)
-oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_linear_weight``
+oneDNN linear kernels      ``kernels/products.py``: ``torch.ops.mkldnn._reorder_linear_weight``
                            packs a weight once into oneDNN's blocked layout for inference
                            and ``torch.ops.mkldnn._linear_pointwise`` multiplies by it (the
                            kernels of PyTorch's own frozen-graph linear), faster than
@@ -46,9 +46,9 @@ oneDNN linear kernels      ``layers/calls.py``: ``torch.ops.mkldnn._reorder_line
                            ``_linear_pointwise`` also computes the training step's large
                            ``Dense`` products and their input gradients (``_OneDNNLinear``,
                            faster than ``mm`` there: docs/benchmarks.md, "Training step");
-                           ``layers/lowprec.py`` packs bfloat16 weights with the same
+                           ``kernels/lowprec.py`` packs bfloat16 weights with the same
                            two kernels (where oneDNN refuses bfloat16: emulated)
-int8 dynamic products      ``layers/lowprec.py``: ``torch.quantize_per_channel``
+int8 dynamic products      ``kernels/lowprec.py``: ``torch.quantize_per_channel``
                            (deprecated), ``torch.ops.quantized.linear_prepack`` and
                            ``torch.ops.quantized.linear_dynamic``, the kernels of
                            ``torch.ao``'s dynamic ``Linear``, for ``precision int8``

@@ -1,7 +1,7 @@
 """The precisions a trained model decodes in, and the choice ``auto`` makes from the CPU.
 
 ``float32`` is the precision models train in. ``bfloat16`` and ``int8`` change only the
-products of the ``Dense`` layers at inference (:mod:`transformerkit.layers.lowprec`);
+products of the ``Dense`` layers at inference (:mod:`transformerkit.kernels.lowprec`);
 ``auto`` picks one of them for this machine (:func:`choose`):
 
 - **bfloat16** where the CPU has bfloat16 dot-product units (``avx512_bf16`` or
@@ -12,6 +12,16 @@ products of the ``Dense`` layers at inference (:mod:`transformerkit.layers.lowpr
   precision").
 - **float32** elsewhere. Not int8: int8 rounds every product's input to 8 bits, which moves
   translations further from float32's than bfloat16 does; it is there to be asked for.
+
+The CPU is read from the first processor of ``/proc/cpuinfo`` (:func:`cpu_flags`,
+:func:`cpu_vendor`), here and nowhere else. Two environment variables replace what is read,
+so that the test suite can run as another CPU family (``make test-kernels``):
+``TRANSFORMERKIT_CPU_FLAGS`` (flags separated by spaces or commas) replaces the ``flags``
+field and ``TRANSFORMERKIT_CPU_VENDOR`` the ``vendor_id``; unset or empty, the CPU's own are
+read. They change the decisions made from the CPU (``auto``, int8's activation range, the
+float32 kernel by vendor), not the kernels the host runs: PyTorch, oneDNN and FBGEMM still
+dispatch on the real CPU. Declare only flags the host has (an ``int8`` range chosen for VNNI
+saturates on a CPU without it); ``ONEDNN_MAX_CPU_ISA`` is the setting that changes kernels.
 
 Plain Python (no Keras, no PyTorch): the command line reads :data:`PRECISIONS` from here.
 """
@@ -37,31 +47,52 @@ def check(precision, what="precision"):
     return precision
 
 
+# the fields of /proc/cpuinfo that an environment variable may replace (module docstring)
+CPU_OVERRIDES = {"flags": "TRANSFORMERKIT_CPU_FLAGS", "vendor_id": "TRANSFORMERKIT_CPU_VENDOR"}
+
+
 def _first_cpu_field(name):
-    """The value of the field ``name`` of the first CPU in ``/proc/cpuinfo``, or ``""``
-    where there is no such field or file (not Linux)."""
+    """The value of the field ``name`` of the first CPU: its override in the environment
+    (:data:`CPU_OVERRIDES`) where set and not empty, read at every call so that a test may
+    set it; else ``/proc/cpuinfo``'s (read once), or ``""`` where there is no such field or
+    file (not Linux)."""
+    override = os.environ.get(CPU_OVERRIDES.get(name, ""), "").strip()
+    if override:
+        return override
+    return _cpuinfo_fields().get(name, "")
+
+
+@functools.cache
+def _cpuinfo_fields():
+    """The fields of the first CPU's block of ``/proc/cpuinfo`` (``{}`` where there is no such
+    file); the first of a repeated name."""
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
+                if not line.strip():
+                    if fields:
+                        break  # the end of the first CPU's block
+                    continue
                 key, colon, value = line.partition(":")
-                if colon and key.strip() == name:
-                    return value.strip()
+                if colon:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return ""
+    return fields
 
 
-@functools.cache
 def cpu_flags():
-    """The instruction-set flags of the first CPU in ``/proc/cpuinfo`` (an empty set where
-    there is no such file: not Linux)."""
-    return frozenset(_first_cpu_field("flags").split())
+    """The instruction-set flags of the first CPU in ``/proc/cpuinfo`` or of
+    ``TRANSFORMERKIT_CPU_FLAGS`` (module docstring; an empty set where neither is there:
+    not Linux)."""
+    return frozenset(_first_cpu_field("flags").replace(",", " ").split())
 
 
-@functools.cache
 def cpu_vendor():
     """The ``vendor_id`` of the first CPU in ``/proc/cpuinfo`` (``GenuineIntel``,
-    ``AuthenticAMD``, ...), or ``""`` where there is none."""
+    ``AuthenticAMD``, ...) or ``TRANSFORMERKIT_CPU_VENDOR`` (module docstring), or ``""``
+    where there is none."""
     return _first_cpu_field("vendor_id")
 
 
@@ -89,7 +120,7 @@ def bfloat16_units(flags=None, cap=None):
 def has_vnni(flags=None):
     """Whether the CPU has 8-bit dot-product instructions (VNNI), which sum ``uint8 *
     int8`` pairs without the 16-bit saturation of older x86 (int8 then uses all 8 bits of
-    the activations; see ``layers/lowprec.py``)."""
+    the activations; see ``kernels/lowprec.py``)."""
     flags = cpu_flags() if flags is None else flags
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags)
 

@@ -1,7 +1,9 @@
-"""Decoding in bfloat16 and int8 (``layers/lowprec.py``, ``precisions.py``): each product
+"""Decoding in bfloat16 and int8 (``kernels/lowprec.py``, ``precisions.py``): each product
 against a float64 NumPy reference of the same rounding or quantization, within a bound
 derived from the rounding unit; whole decodings within the chain of those bounds of
-float32; the packed-weight cache per precision; the choice of ``auto``; clear errors.
+float32; the packed-weight cache per precision; the choice of ``auto`` and int8's input
+range as each CPU family of ``tests/cpu_families.py`` (injected, whatever the host); clear
+errors.
 
 Bounds (the notation of ``tests/tolerances.py``):
 
@@ -33,6 +35,7 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
+from cpu_families import FAMILIES, inject
 from near_ties import assert_same_ids_or_near_tie
 from paths import ROOT
 
@@ -90,7 +93,7 @@ def force_emulation(monkeypatch, precision):
     """Make the packers take their float32 emulations (as where oneDNN refuses bfloat16 or
     the quantized kernels are missing), warning once."""
     from transformerkit import internals
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     monkeypatch.setattr(lowprec, "_warned", set())
     if precision == "bfloat16":
@@ -110,7 +113,7 @@ def force_emulation(monkeypatch, precision):
 
 
 def packed_product(x, kernel, bias, precision):
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     weights = lowprec.pack(torch_tensor(kernel).t().contiguous(), torch_tensor(bias), precision)
     return weights, lowprec.apply(torch_tensor(x), weights).numpy()
@@ -144,7 +147,7 @@ def test_int8_product_is_the_quantized_product(product, monkeypatch, emulated):
     bound of the exact product by the dequantized weight."""
     import torch
 
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     x, kernel, bias = product
     values, scales = lowprec.int8_weights(torch_tensor(kernel).t().contiguous())
@@ -187,7 +190,7 @@ def test_int8_rows_do_not_depend_on_each_other(product, monkeypatch, emulated):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         weights, batch = packed_product(x, kernel, bias, "int8")
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     loud = np.concatenate([x, 1000 * x[:1]]).astype(np.float32)
     beside = lowprec.apply(torch_tensor(loud), weights).numpy()[:-1]
@@ -218,7 +221,7 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
     float32 widening gives."""
     import torch
 
-    from transformerkit.layers import calls, lowprec
+    from transformerkit.kernels import lowprec, products
 
     x, kernel, bias = product
     second = (rng.normal(size=(kernel.shape[1], 24)) / 7).astype(np.float32)
@@ -226,24 +229,24 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
         force_emulation(monkeypatch, precision)
     with warnings.catch_warnings(), lowprec.using(precision):
         warnings.simplefilter("ignore", RuntimeWarning)
-        weights = calls.inference_linear([torch_tensor(kernel)], [torch_tensor(bias)])
-        weights2 = calls.inference_linear([torch_tensor(second)])
+        weights = products.inference_linear([torch_tensor(kernel)], [torch_tensor(bias)])
+        weights2 = products.inference_linear([torch_tensor(second)])
     rows = torch_tensor(x)
-    plain = calls.linear(rows, weights)
+    plain = products.linear(rows, weights)
     assert plain.dtype == torch.float32 and (plain < 0).any() and (plain > 0).any()
-    np.testing.assert_array_equal(calls.linear(rows, weights, activation="relu").numpy(),
+    np.testing.assert_array_equal(products.linear(rows, weights, activation="relu").numpy(),
                                   torch.relu(plain).numpy())
-    low = calls.linear(rows, weights, activation="relu", low_output=True)
+    low = products.linear(rows, weights, activation="relu", low_output=True)
     # the bfloat16 kernel (emulated where forced, and under an ONEDNN_MAX_CPU_ISA cap)
     unwidened = getattr(weights, "kind", None) == "bfloat16"
     if precision == "bfloat16" and not emulated and precisions.bfloat16_units()[0]:
         assert unwidened  # the CPU's bfloat16 units run it
     assert low.dtype == (torch.bfloat16 if unwidened else torch.float32)
     np.testing.assert_array_equal(low.float().numpy(), torch.relu(plain).numpy())
-    np.testing.assert_array_equal(calls.linear(low, weights2).numpy(),
-                                  calls.linear(low.float(), weights2).numpy())
+    np.testing.assert_array_equal(products.linear(low, weights2).numpy(),
+                                  products.linear(low.float(), weights2).numpy())
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
-        calls.linear(rows, weights, activation="gelu")  # not fused anywhere: a clear error
+        products.linear(rows, weights, activation="gelu")  # not fused anywhere: a clear error
 
 
 # -- whole decodings ---------------------------------------------------------------------------
@@ -320,7 +323,7 @@ def step_logits(model, sources, targets, precision):
     import torch
 
     from transformerkit.decoding.steps import EagerSteps
-    from transformerkit.layers.lowprec import using
+    from transformerkit.kernels.lowprec import using
 
     steps = EagerSteps(model)
     with torch.no_grad(), using(precision):
@@ -337,7 +340,7 @@ def test_decoding_stays_within_the_chain_bound_of_float32(sharp_model, precision
     from transformerkit.decoding.common import BOS_ID
     from transformerkit.decoding.greedy import greedy_translate
     from transformerkit.decoding.options import SearchOptions
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     model, sources = sharp_model
     options = SearchOptions(beam_size=1, max_new_tokens=model.max_length - 1)
@@ -373,7 +376,7 @@ def test_int8_translations_do_not_depend_on_the_batch(sharp_model):
     finish at other steps (greedy and beam 4): its products never share a scale with other
     rows."""
     from transformerkit.decoding import beam_translate, greedy_translate
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     model, sources = sharp_model
     with warnings.catch_warnings(), lowprec.using("int8"):
@@ -424,7 +427,7 @@ def test_run_translate_takes_a_precision_and_a_run_default(trained_run):
 def test_translate_batches_keeps_the_precision_to_its_batches(trained_run):
     """The precision is set around each batch's decoding, not across the ``yield``: the
     caller's code between batches runs at its own."""
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
 
     seen = []
     for _ in trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2,
@@ -439,12 +442,12 @@ def test_packed_weights_are_cached_per_precision_until_the_weights_change(traine
     the product follows it."""
     import torch
 
-    from transformerkit.layers import calls, lowprec
-    from transformerkit.layers.calls import inference_linear, kernels_and_biases, linear
+    from transformerkit.kernels import lowprec, products
+    from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
 
     # float32 packs on any vendor's CPU here (on Intel's it is left to ``addmm``)
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", calls._onednn_available())
-    precisions = ("float32", "bfloat16", "int8") if calls._onednn_available() \
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", products._onednn_available())
+    precisions = ("float32", "bfloat16", "int8") if products._onednn_available() \
         else ("bfloat16", "int8")
     dense = trained_run.model.decoder_blocks[0].feedforward.inner
     x = torch.ones((2, dense.kernel.shape[0]))
@@ -476,7 +479,7 @@ def test_generation_takes_a_precision():
     over ``stream_ids``, as ``Run.generate_stream``); greedy tokens equal float32's or
     differ at a near-tie of the bound."""
     from transformerkit.decoding.streaming import stream_ids
-    from transformerkit.layers import lowprec
+    from transformerkit.kernels import lowprec
     from transformerkit.models import GPT
 
     keras.utils.set_random_seed(3)
@@ -494,6 +497,22 @@ def test_generation_takes_a_precision():
 
 # -- auto, the CPU families, and what cannot run ----------------------------------------------
 
+# oneDNN's caps -> whether the bfloat16 instructions stay on under it (oneDNN's "CPU dispatcher
+# control": they begin at AVX512_CORE_BF16); None: no cap
+CAP_KEEPS_BFLOAT16 = {None: True, "AVX2": False, "AVX512_CORE": False,
+                      "AVX512_CORE_BF16": True, "AVX512_CORE_AMX": True}
+
+
+def set_onednn_cap(monkeypatch, cap):
+    """``ONEDNN_MAX_CPU_ISA=cap`` for the test (None: unset, also where the suite runs
+    capped)."""
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+
+
 @pytest.mark.parametrize(("flags", "cap", "usable"), [
     ({"avx2", "avx512f"}, None, False),
     ({"avx512f", "avx512_bf16"}, None, True),
@@ -507,6 +526,112 @@ def test_bfloat16_units_from_flags_and_the_onednn_cap(flags, cap, usable, monkey
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)
     assert precisions.bfloat16_units(frozenset(flags), cap)[0] is usable
+
+
+@pytest.mark.parametrize("cap", list(CAP_KEEPS_BFLOAT16))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_auto_and_bfloat16_units_for_each_cpu_family(monkeypatch, family, cap):
+    """As each CPU family (``TRANSFORMERKIT_CPU_FLAGS``/``VENDOR``, whatever the host):
+    bfloat16 units are usable where the family has them and the cap keeps oneDNN's bfloat16
+    instructions; ``auto`` then picks bfloat16, else float32, and its reason names what
+    decided: the units, the cap, or their absence."""
+    cpu = inject(monkeypatch, family)
+    set_onednn_cap(monkeypatch, cap)
+    assert precisions.cpu_flags() == cpu.flags and precisions.cpu_vendor() == cpu.vendor
+    usable = cpu.has("bfloat16") and CAP_KEEPS_BFLOAT16[cap]
+    assert precisions.bfloat16_units()[0] is usable
+    chosen, why = precisions.choose("auto")
+    assert chosen == ("bfloat16" if usable else "float32"), why
+    if not cpu.has("bfloat16"):
+        assert "no bfloat16 units" in why
+    elif not usable:
+        assert f"ONEDNN_MAX_CPU_ISA={cap}" in why
+    else:
+        assert all(unit in why for unit in {"avx512_bf16", "amx_bf16"} & cpu.flags), why
+    assert precisions.choose("auto", low_precision_possible=False)[0] == "float32"
+    assert precisions.choose("bfloat16") == ("bfloat16", "asked for")
+
+
+@pytest.mark.parametrize("cap", list(CAP_KEEPS_BFLOAT16))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_int8_input_range_for_each_cpu_family(monkeypatch, family, cap):
+    """int8 quantizes its input to 255 levels where the family has VNNI (8-bit dot products
+    that do not saturate) and to 127 elsewhere; the oneDNN cap changes nothing: PyTorch's
+    x86 quantized linear products are FBGEMM's, which oneDNN's cap does not reach. Packed
+    here (emulated where the kernels are missing), so the packed weight carries it."""
+    from transformerkit.kernels import lowprec
+
+    cpu = inject(monkeypatch, family)
+    set_onednn_cap(monkeypatch, cap)
+    assert precisions.has_vnni() is cpu.has("vnni")
+    kernel = torch_tensor(np.arange(12, dtype=np.float32).reshape(3, 4) - 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # int8 emulated on this PyTorch
+        weights = lowprec.pack(kernel, None, "int8")
+    assert lowprec.activation_levels(weights.extra) == (255 if cpu.has("vnni") else 127)
+
+
+def test_the_families_tell_the_decisions_apart():
+    """The family tests can fail: each decision differs between two families, so a
+    decision read from the host instead of the injected family, one value for all, misses
+    some family's expectation (a planted bug: the override ignored)."""
+    cpus = FAMILIES.values()
+    for capability in ("bfloat16", "vnni"):
+        assert len({cpu.has(capability) for cpu in cpus}) == 2, capability
+    assert len({cpu.vendor == "GenuineIntel" for cpu in cpus}) == 2
+    assert {"avx512_bf16", "amx_bf16"} <= set().union(*(cpu.flags for cpu in cpus))
+
+
+def test_a_decision_that_ignores_the_override_is_caught(monkeypatch):
+    """The planted bug itself: with the override ignored (the host's flags read), the
+    decisions of some family differ from that family's expectations."""
+    monkeypatch.setattr(precisions, "CPU_OVERRIDES", {})
+    set_onednn_cap(monkeypatch, None)
+    missed = []
+    for cpu in FAMILIES.values():
+        inject(monkeypatch, cpu)
+        if (precisions.bfloat16_units()[0], precisions.has_vnni(),
+                precisions.cpu_vendor()) != (cpu.has("bfloat16"), cpu.has("vnni"), cpu.vendor):
+            missed.append(cpu.name)
+    assert missed
+
+
+def test_which_cpu_families_a_cpu_can_run():
+    """By capability, not by flag: an AVX512-BF16 CPU without AMX (an AMD EPYC) runs every
+    family, AMX's bfloat16 on its AVX512-BF16 units; a Cascade Lake Xeon (VNNI, no bfloat16
+    units) runs the families without bfloat16 units; an AVX2 CPU the AVX2 family only."""
+    from cpu_families import host_can_run, missing
+
+    epyc = FAMILIES["epyc-avx512bf16"].flags | {"avx512cd", "avx512_vbmi2", "avx_vnni"}
+    cascade_lake = FAMILIES["xeon-avx512-vnni"].flags | {"avx512cd", "avx512dq"}
+    runs = {name: [n for n, cpu in FAMILIES.items() if host_can_run(cpu, flags)]
+            for name, flags in (("epyc", epyc), ("cascade lake", cascade_lake),
+                                ("avx2", frozenset({"avx2", "fma", "sse4_2"})))}
+    assert runs == {"epyc": list(FAMILIES),
+                    "cascade lake": ["xeon-avx512-vnni", "avx2"], "avx2": ["avx2"]}
+    assert missing(FAMILIES["xeon-amx"], cascade_lake) == ["bfloat16"]
+    assert missing(FAMILIES["xeon-amx"], frozenset({"avx2"})) == ["avx512", "bfloat16", "vnni"]
+
+
+def test_cpu_families_script_prints_what_make_runs():
+    """``python tests/cpu_families.py``: ``--env`` assignments that ``env`` takes and that
+    make a process see the family; ``--runnable`` and ``--skipped`` part the families."""
+    script = str(ROOT / "tests" / "cpu_families.py")
+
+    def printed(*args):
+        return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                              check=True, timeout=60).stdout.splitlines()
+
+    code = ("from transformerkit import precisions; "
+            "print(','.join(sorted(precisions.cpu_flags())), precisions.cpu_vendor())")
+    for name, cpu in FAMILIES.items():
+        (assignments,) = printed("--env", name)
+        env = dict(a.split("=", 1) for a in assignments.split())
+        assert run_python(code, **env).stdout.split() == [",".join(sorted(cpu.flags)),
+                                                          cpu.vendor]
+    runnable = printed("--runnable")
+    skipped = [line.partition(": ")[0] for line in printed("--skipped")]
+    assert sorted(runnable + skipped) == sorted(FAMILIES)
 
 
 def test_onednn_cap_reads_the_environment(monkeypatch):
@@ -526,16 +651,23 @@ def run_python(code, **env):
     return result
 
 
+# ``auto`` decided as the CPU family AUTO_AS (its flags and vendor set around the one call),
+# the products on the process's own flags (the host's, or a family it can run: int8's input
+# range must be the one its kernels take)
 CAPPED = """
-import json, warnings
+import json, os, warnings
 import numpy as np
 import transformerkit, keras, torch
-from transformerkit.layers import lowprec
+from transformerkit.kernels import lowprec
 rng = np.random.default_rng(0)
 x = rng.normal(size=(4, 32)).astype(np.float32)
 k = (rng.normal(size=(32, 24)) / 6).astype(np.float32)
 b = rng.normal(size=24).astype(np.float32)
+auto_as = json.loads(os.environ["AUTO_AS"])
+own = {name: os.environ.get(name, "") for name in auto_as}  # "": no override
+os.environ.update(auto_as)
 out = {"auto": lowprec.resolve("auto")}
+os.environ.update(own)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for p in ("bfloat16", "int8"):
@@ -548,13 +680,17 @@ print(json.dumps(out))
 
 
 def test_avx2_cap_decodes_correctly_and_auto_picks_float32():
-    """Under ``ONEDNN_MAX_CPU_ISA=AVX2`` (a CPU family without bfloat16 units): auto is
-    float32; bfloat16 still computes its roundings (emulated, with a warning where oneDNN
-    refuses) within its bound; int8 within its bound."""
-    from transformerkit.layers import lowprec
+    """Under ``ONEDNN_MAX_CPU_ISA=AVX2`` (kernels of a CPU family without bfloat16 units),
+    on any host: auto, decided as a CPU with bfloat16 units (``xeon-amx``), is float32
+    because of the cap, and says so; bfloat16 still computes its roundings (emulated, with a
+    warning where oneDNN refuses) within its bound; int8 within its bound."""
+    from transformerkit.kernels import lowprec
 
-    out = json.loads(run_python(CAPPED, ONEDNN_MAX_CPU_ISA="AVX2").stdout.splitlines()[-1])
-    assert out["auto"][0] == "float32" and "AVX2" in out["auto"][1]
+    auto_as = json.dumps(FAMILIES["xeon-amx"].env())
+    out = json.loads(run_python(CAPPED, ONEDNN_MAX_CPU_ISA="AVX2",
+                                AUTO_AS=auto_as).stdout.splitlines()[-1])
+    assert out["auto"][0] == "float32"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in out["auto"][1], out["auto"]
     x, k, b = (np.asarray(out[n], np.float64) for n in ("x", "k", "b"))
     kind, got, _ = out["bfloat16"]
     assert kind in ("bfloat16", "bfloat16-emulated")
@@ -573,7 +709,7 @@ def test_avx2_cap_decodes_correctly_and_auto_picks_float32():
 
 
 def test_low_precision_without_the_fast_paths_is_refused_and_auto_is_float32():
-    code = ("from transformerkit.layers import lowprec\n"
+    code = ("from transformerkit.kernels import lowprec\n"
             "print(lowprec.resolve('auto')[0])\n"
             "try:\n    lowprec.resolve('bfloat16')\n"
             "except ValueError as err:\n    print(err)\n")
@@ -622,16 +758,28 @@ def test_command_line_precision(trained_run, capsys, monkeypatch):
     assert status == 2 and "precision bfloat16 applies to the keras engine" in err
 
 
-def test_the_cpu_vendor_and_flags_are_those_of_the_first_cpu():
+def test_the_cpu_vendor_and_flags_are_those_of_the_first_cpu(monkeypatch):
     """``precisions.cpu_vendor`` / ``cpu_flags`` read the first processor's block of
-    ``/proc/cpuinfo`` (checked against a parse of it here)."""
-    from transformerkit import precisions
-
+    ``/proc/cpuinfo`` where no override is set (an empty one is none), checked against a
+    parse of it here."""
     if not os.path.exists("/proc/cpuinfo"):
         pytest.skip("no /proc/cpuinfo here")
+    for name in precisions.CPU_OVERRIDES.values():
+        monkeypatch.setenv(name, "")
     with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
         first = f.read().strip().split("\n\n")[0]
     fields = {key.strip(): value.strip() for key, _, value in
               (line.partition(":") for line in first.splitlines())}
     assert precisions.cpu_vendor() == fields.get("vendor_id", "")
     assert precisions.cpu_flags() == frozenset(fields.get("flags", "").split())
+
+
+def test_the_overrides_replace_the_vendor_and_flags(monkeypatch):
+    """``TRANSFORMERKIT_CPU_FLAGS`` (spaces or commas) and ``TRANSFORMERKIT_CPU_VENDOR``
+    replace the fields, read at each call (no cache to clear)."""
+    monkeypatch.setenv("TRANSFORMERKIT_CPU_FLAGS", " avx2, fma  avx512_bf16,,")
+    monkeypatch.setenv("TRANSFORMERKIT_CPU_VENDOR", "HygonGenuine")
+    assert precisions.cpu_flags() == {"avx2", "fma", "avx512_bf16"}
+    assert precisions.cpu_vendor() == "HygonGenuine"
+    monkeypatch.setenv("TRANSFORMERKIT_CPU_FLAGS", "avx2")
+    assert precisions.cpu_flags() == {"avx2"} and not precisions.bfloat16_units()[0]

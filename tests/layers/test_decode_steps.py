@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tolerances as tol
+from cpu_families import FAMILIES, inject
 from near_ties import (
     assert_same_hypotheses_or_near_tie,
     assert_same_ids_or_near_tie,
@@ -86,11 +87,11 @@ def test_tolerances_still_catch_a_transposed_weight_in_the_packed_product(monkey
     """Planted bug: oneDNN's packed copy of every square kernel is transposed (the step's
     attention output projection): the block step moves far beyond its bound."""
     from transformerkit import internals
-    from transformerkit.layers import calls
+    from transformerkit.kernels import products
 
-    if not calls._onednn_available():
+    if not products._onednn_available():
         pytest.skip("this PyTorch has no oneDNN packed products")
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     pack = internals.get("onednn_pack")
 
     def transposed_square(weight, rows):
@@ -212,7 +213,7 @@ def torch_no_grad():
     return torch.no_grad()
 
 
-# -- Inference weights packed for oneDNN (layers/calls.py: inference_linear) --
+# -- Inference weights packed for oneDNN (kernels/products.py: inference_linear) --
 
 @pytest.mark.parametrize("biases", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 130])
@@ -221,7 +222,7 @@ def test_inference_linear_equals_the_float64_product(rng, rows, biases):
     transposed table: oneDNN's packed product (where this PyTorch has it) is x @ K + b."""
     import torch
 
-    from transformerkit.layers.calls import inference_linear, linear
+    from transformerkit.kernels.products import inference_linear, linear
 
     kernels = [rng.normal(size=(8, width)).astype("float32") for width in (5, 7, 3)]
     bias_values = [rng.normal(size=(k.shape[1],)).astype("float32") for k in kernels]
@@ -253,9 +254,9 @@ def test_onednn_training_product_equals_the_float64_product_and_gradients(
     float32 values, so that float64 products of them are the exact ones.)"""
     import torch
 
-    from transformerkit.layers import calls
+    from transformerkit.kernels import products
 
-    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 0)
+    monkeypatch.setattr(products, "ONEDNN_TRAIN_MIN_MACS", 0)
 
     def float32_values(size):
         return rng.normal(size=size).astype("float32").astype("float64")
@@ -271,8 +272,8 @@ def test_onednn_training_product_equals_the_float64_product_and_gradients(
     else:
         table = kernel = torch.tensor(k64, dtype=torch.float32, requires_grad=True)
     b = torch.tensor(b64, dtype=torch.float32, requires_grad=True) if bias else None
-    y = calls.linear(x, (kernel, b))
-    if calls._onednn_available():
+    y = products.linear(x, (kernel, b))
+    if products._onednn_available():
         assert "_OneDNNLinear" in graph_nodes(y)
     (y * torch.tensor(g64, dtype=torch.float32)).sum().backward()
     expected = x64 @ k64 + (b64 if bias else 0.0)
@@ -285,8 +286,8 @@ def test_onednn_training_product_equals_the_float64_product_and_gradients(
     if bias:  # a sum over the rows: a product with ones
         tol.assert_within(b.grad.numpy(), grads.sum(0),
                           tol.product_atol(np.ones((1, len(grads))), grads)[0])
-    monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", 10**9)
-    plain = calls.linear(x, (kernel, b))
+    monkeypatch.setattr(products, "ONEDNN_TRAIN_MIN_MACS", 10**9)
+    plain = products.linear(x, (kernel, b))
     assert "_OneDNNLinear" not in graph_nodes(plain)
     tol.assert_within(plain.detach().numpy(), expected, atol)
 
@@ -307,21 +308,22 @@ def test_inference_weights_are_packed_once_and_follow_every_weight_update(rng, m
     in-place update (``assign``, an optimizer step), so decoding follows a training model."""
     import torch
 
+    from transformerkit.kernels import products
     from transformerkit.layers import calls
 
-    if not calls._onednn_available():
+    if not products._onednn_available():
         pytest.skip("this PyTorch has no oneDNN packed products")
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     dense = keras.layers.Dense(6)
     dense.build((None, 4))
     x = torch.tensor(rng.normal(size=(3, 4)), dtype=torch.float32)
-    first = calls.inference_linear(*calls.kernels_and_biases(dense))
-    assert calls.inference_linear(*calls.kernels_and_biases(dense)) is first
-    assert isinstance(first, calls.PackedLinear)
+    first = products.inference_linear(*products.kernels_and_biases(dense))
+    assert products.inference_linear(*products.kernels_and_biases(dense)) is first
+    assert isinstance(first, products.PackedLinear)
     for variable in (dense.kernel, dense.bias):
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
-        weights = calls.inference_linear(*calls.kernels_and_biases(dense))
-        assert_affine(to_numpy(calls.linear(x, weights)), x.numpy(), dense)
+        weights = products.inference_linear(*products.kernels_and_biases(dense))
+        assert_affine(to_numpy(products.linear(x, weights)), x.numpy(), dense)
     with torch.no_grad():
         dense.kernel.value.mul_(2.0)  # an optimizer's in-place update
         assert_affine(to_numpy(calls.call_sublayer(dense, x)), x.numpy(), dense)
@@ -355,22 +357,44 @@ def test_dense_without_autograd_equals_dense_with_it(rng):
                       affine_atol(x.numpy(), kernel, bias, paths=2))
 
 
-@pytest.mark.parametrize("vendor, packs", [("GenuineIntel", False), ("AuthenticAMD", True),
-                                           ("", True)])
-def test_float32_inference_packs_for_onednn_except_on_intel(monkeypatch, vendor, packs):
-    """Float32 inference products: ``addmm`` (MKL) on Intel CPUs, oneDNN's packed kernel on
-    others; neither where PyTorch lacks oneDNN."""
-    from transformerkit import precisions
-    from transformerkit.layers import calls
+def assert_float32_packing(packs):
+    """``inference_linear`` packs a float32 ``Dense`` for oneDNN exactly where ``packs`` and
+    PyTorch has oneDNN (the choice made afresh)."""
+    from transformerkit.kernels import products
 
-    monkeypatch.setattr(precisions, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", None)
+    products._FLOAT32_PACKING = None  # the caller's monkeypatch restores it
     dense = keras.layers.Dense(3)
     dense.build((None, 4))
-    weights = calls.inference_linear(*calls.kernels_and_biases(dense))
-    expected = packs and calls._onednn_available()
-    assert calls._packs_float32() is expected
-    assert isinstance(weights, calls.PackedLinear) is expected
+    weights = products.inference_linear(*products.kernels_and_biases(dense))
+    expected = packs and products._onednn_available()
+    assert products._packs_float32() is expected
+    assert isinstance(weights, products.PackedLinear) is expected
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_float32_inference_packs_for_onednn_except_on_intel(monkeypatch, family):
+    """Float32 inference products, as each CPU family (its vendor injected, whatever the
+    host): ``addmm`` (MKL) on Intel CPUs, oneDNN's packed kernel on others; neither where
+    PyTorch lacks oneDNN."""
+    from transformerkit.kernels import products
+
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", None)
+    cpu = inject(monkeypatch, family)
+    assert_float32_packing(cpu.vendor != "GenuineIntel")
+
+
+def test_float32_inference_packs_on_other_and_unknown_vendors(monkeypatch):
+    """Another vendor, and none at all (no ``/proc/cpuinfo``: not Linux), pack as AMD's."""
+    from transformerkit import precisions
+    from transformerkit.kernels import products
+
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", None)
+    monkeypatch.setenv("TRANSFORMERKIT_CPU_VENDOR", "HygonGenuine")
+    assert_float32_packing(True)
+    monkeypatch.setenv("TRANSFORMERKIT_CPU_VENDOR", "")  # empty: no override
+    monkeypatch.setattr(precisions, "_cpuinfo_fields", dict)  # and no /proc/cpuinfo
+    assert precisions.cpu_vendor() == ""
+    assert_float32_packing(True)
 
 
 def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
@@ -380,7 +404,7 @@ def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
     import torch
 
     from transformerkit.decoding import beam_translate, greedy_translate
-    from transformerkit.layers import calls
+    from transformerkit.kernels import products
 
     keras.utils.set_random_seed(3)
     model = Transformer(40, 40, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_length=12,
@@ -395,12 +419,12 @@ def test_decoding_without_onednn_gives_the_same_translations(monkeypatch):
             return (greedy_translate(model, sources, max_new_tokens=8),
                     beam_translate(model, sources, max_new_tokens=8, beam_size=3, n_best=3))
 
-    if not calls._onednn_available():
+    if not products._onednn_available():
         pytest.skip("this PyTorch has no oneDNN packed products")
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", True)  # whatever this CPU's vendor
     packed = decode()
     assert all(len(ids) > 2 for ids in packed[0])  # something to compare
-    monkeypatch.setattr(calls, "_FLOAT32_PACKING", False)
+    monkeypatch.setattr(products, "_FLOAT32_PACKING", False)
     plain = decode()
     assert_same_ids_or_near_tie(packed[0], plain[0], next_logits_after(model, sources))
     atol = score_bound(model, sources, packed[1] + plain[1])
@@ -413,17 +437,17 @@ def test_packed_inference_weights_follow_the_fused_adam_update(rng):
     counters; our optimizer bumps them, so a packed copy made before a step is not reused."""
     import torch
 
-    from transformerkit.layers import calls
+    from transformerkit.kernels import products
     from transformerkit.training import Adam
 
     dense = keras.layers.Dense(5)
     dense.build((None, 3))
     x = torch.tensor(rng.normal(size=(2, 3)), dtype=torch.float32)
-    before = calls.inference_linear(*calls.kernels_and_biases(dense))
+    before = products.inference_linear(*products.kernels_and_biases(dense))
     optimizer = Adam(0.5, weight_decay=0.1)
     optimizer.apply([keras.ops.ones(v.shape) for v in dense.trainable_weights],
                     dense.trainable_weights)
     assert optimizer._fused() == fastpath.ENABLED  # off: Keras' update, through assign
-    after = calls.inference_linear(*calls.kernels_and_biases(dense))
+    after = products.inference_linear(*products.kernels_and_biases(dense))
     assert after is not before
-    assert_affine(to_numpy(calls.linear(x, after)), x.numpy(), dense)
+    assert_affine(to_numpy(products.linear(x, after)), x.numpy(), dense)

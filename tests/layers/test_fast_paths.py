@@ -46,12 +46,14 @@ def test_direct_sublayer_calls_change_no_number(monkeypatch, norm_position, acti
 def test_tolerances_still_catch_a_transposed_kernel(monkeypatch):
     """Planted bug: the direct ``Dense`` call multiplies by the transposed kernel where it is
     square (the attention projections); the comparison above must see it."""
+    from transformerkit.kernels import products
     from transformerkit.layers import calls
 
     def transposed(layer, x):
         kernel = layer.kernel.value
         square = kernel.shape[0] == kernel.shape[1]
-        return calls.linear(x, (kernel.t() if square else kernel, calls.dense_weights(layer)[1]))
+        bias = products.dense_weights(layer)[1]
+        return products.linear(x, (kernel.t() if square else kernel, bias))
 
     monkeypatch.setattr(calls, "_dense", transposed)
     tol.assert_caught(test_direct_sublayer_calls_change_no_number, monkeypatch, "post", "relu")
@@ -313,11 +315,11 @@ def test_onednn_training_products_train_as_the_plain_products(monkeypatch):
     rounding of two float32 paths. SGD, as Adam's normalisation has no rounding bound (see
     ``tolerances.sgd_weights_atol``); the products themselves are checked against float64
     in tests/layers/test_decode_steps.py."""
-    from transformerkit.layers import calls
+    from transformerkit.kernels import products
     from transformerkit.training import MaskedCrossEntropy, attach_train_step
 
     def run(threshold):
-        monkeypatch.setattr(calls, "ONEDNN_TRAIN_MIN_MACS", threshold)
+        monkeypatch.setattr(products, "ONEDNN_TRAIN_MIN_MACS", threshold)
         keras.utils.set_random_seed(3)
         model = Transformer(30, 30, **SMALL)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss=MaskedCrossEntropy(0.1))

@@ -204,9 +204,9 @@ def test_explicit_attention_is_chosen_for_short_keys_on_torch(monkeypatch):
 
 @pytest.mark.parametrize("length", [1, 3, 4, 7, 11, 15, 16, 21])
 def test_softmax_over_short_rows_equals_float64(rng, length):
-    """``calls.softmax`` (rows of 4-15 entries padded to 16 on CPU PyTorch) against float64
+    """``kernel_softmax.softmax`` (rows of 4-15 entries padded to 16 on CPU PyTorch) against float64
     NumPy, with masked (-1e9) and -inf entries; its gradient equals the plain softmax's."""
-    from transformerkit.layers import calls
+    from transformerkit.kernels import softmax as kernel_softmax
 
     x = rng.normal(size=(3, 5, length)).astype("float32") * 3
     x[0, 1, : length // 2] = -1e9
@@ -214,7 +214,7 @@ def test_softmax_over_short_rows_equals_float64(rng, length):
     x[2, 0, :] = -1e9  # every entry masked: uniform
     shifted = x.astype("float64") - x.max(-1, keepdims=True)
     expected = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
-    got = calls.softmax(keras.ops.convert_to_tensor(x))
+    got = kernel_softmax.softmax(keras.ops.convert_to_tensor(x))
     assert tuple(got.shape) == x.shape
     n = length + tol.SOFTMAX_EXTRA  # the row's sum and the element-wise steps
     tol.assert_within(to_numpy(got), expected, tol.chain_atol(n, expected))
@@ -223,7 +223,7 @@ def test_softmax_over_short_rows_equals_float64(rng, length):
 
         upstream = torch.as_tensor(rng.normal(size=x.shape).astype("float32"))
         grads = []
-        for fn in (calls.softmax, lambda t: t.softmax(-1)):
+        for fn in (kernel_softmax.softmax, lambda t: t.softmax(-1)):
             t = torch.as_tensor(x).requires_grad_()
             (fn(t) * upstream).sum().backward()
             grads.append(t.grad.numpy())

@@ -1,5 +1,5 @@
 """The ``mixed_bfloat16`` training step on eager PyTorch: every weight cast to bfloat16 once
-per step (``layers/calls.py: cast_once``), the float32 master weights and optimizer state
+per step (``kernels/cast_once.py``), the float32 master weights and optimizer state
 updated in float32, the sub-layers called directly inside the step's autocast scope.
 
 - Against Keras' own step under the same policy with the same sub-layer calls (its scope
@@ -65,10 +65,10 @@ def test_cast_once_step_equals_keras_mixed_precision_step(monkeypatch, norm_posi
     """Losses and weights after Adam steps exactly as Keras' ``train_step`` (same calls, its
     per-use casts); each weight cast once per step (tied embeddings: read three times), a
     frozen weight untouched, the weights kept float32, the copies dropped after the step."""
-    from transformerkit.layers import calls
+    from transformerkit.kernels import cast_once
 
     scopes = []
-    cast_once = calls.cast_once
+    cast_once = cast_once.cast_once
 
     def recording(dtype):
         scope = cast_once(dtype)
@@ -161,13 +161,13 @@ def test_fast_bfloat16_step_is_within_bfloat16_bounds_of_keras_mixed_precision(m
 def test_bfloat16_bounds_still_catch_gradients_that_miss_the_float32_weights(monkeypatch):
     """Planted bug: the cast copies' gradients do not reach the float32 weights (a copy made
     outside autograd); the comparison above must see it."""
-    from transformerkit.layers import calls
+    from transformerkit.kernels import cast_once
 
     def detached(self, value):
         out = original(self, value)
         return out.detach() if hasattr(out, "detach") else out
 
-    original = calls._cast_once_maybe_cast
-    monkeypatch.setattr(type(calls.cast_once("bfloat16")), "maybe_cast", detached)
+    original = cast_once._cast_once_maybe_cast
+    monkeypatch.setattr(type(cast_once.cast_once("bfloat16")), "maybe_cast", detached)
     tol.assert_caught(test_fast_bfloat16_step_is_within_bfloat16_bounds_of_keras_mixed_precision,
                       monkeypatch)

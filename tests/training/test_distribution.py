@@ -156,10 +156,10 @@ def test_mixed_bfloat16_trains_with_float32_softmax_logits_and_loss(rng, monkeyp
         (source, target), labels = batches[0]
         logits = model((source, target))
         softmax_inputs = []
-        from transformerkit.layers import calls
+        from transformerkit.kernels import softmax as kernel_softmax
 
-        softmax = calls.softmax  # the attention's softmax (keras.ops or a torch shortcut)
-        monkeypatch.setattr(calls, "softmax", lambda x: (
+        softmax = kernel_softmax.softmax  # the attention's (keras.ops or a torch shortcut)
+        monkeypatch.setattr(kernel_softmax, "softmax", lambda x: (
             softmax_inputs.append(keras.backend.standardize_dtype(x.dtype)), softmax(x))[1])
         model.attention_scores(source, target)  # the explicit (non-fused) attention path
     assert keras.config.dtype_policy().name == previous  # restored

@@ -1,7 +1,9 @@
 """``train.precision: auto`` (the default): bfloat16 only where the CPU has bfloat16 dot
 products that oneDNN may use (no ``ONEDNN_MAX_CPU_ISA`` cap below them) and the model is wide
-enough, float32 elsewhere; recorded in ``metrics.json``. Each oneDNN cap is also run in a
-process of its own, as CI runs the kernel families (``make test-kernels``)."""
+enough, float32 elsewhere; recorded in ``metrics.json``. The rule is checked as each CPU
+family of ``tests/cpu_families.py`` (its flags injected, whatever the host) under each cap;
+each cap is also run in a process of its own, as CI runs the kernel families
+(``make test-kernels``)."""
 
 import json
 import os
@@ -10,9 +12,9 @@ import sys
 
 import keras
 import pytest
+from cpu_families import FAMILIES, flags_seen, has, host_has, inject
 from tiny_run import tiny_config
 
-from transformerkit import precisions
 from transformerkit.config import resolve
 from transformerkit.training import precision
 from transformerkit.training.precision import AUTO_MIN_D_MODEL, resolve_precision
@@ -42,25 +44,37 @@ def test_explicit_precisions_mean_themselves_and_others_are_errors():
 
 @pytest.mark.skipif(not TORCH, reason="the CPU rule is PyTorch's")
 @pytest.mark.parametrize("cap", list(CAPS))
-def test_auto_follows_the_cpu_flags_the_onednn_cap_and_the_width(monkeypatch, cap):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_auto_follows_the_cpu_family_the_onednn_cap_and_the_width(monkeypatch, family, cap):
+    """As each CPU family (injected, whatever the host): mixed_bfloat16 where the family has
+    bfloat16 units, the cap keeps oneDNN's bfloat16 instructions and d_model is at least
+    ``AUTO_MIN_D_MODEL``; float32 elsewhere, the reason naming what decided."""
+    import torch
+
     if _cuda():
         pytest.skip("a GPU decides")
+    cpu = inject(monkeypatch, family)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     if cap is None:
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     else:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap.lower() if cap == "AVX2" else cap)
-    monkeypatch.setattr(precisions, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    chosen = resolve_precision("auto", 256, "torch")
-    assert chosen.used == ("mixed_bfloat16" if CAPS[cap] else "float32"), chosen
-    assert chosen.reason.startswith("auto: ")
-    if not CAPS[cap]:
-        assert cap in chosen.reason
+    native = cpu.has("bfloat16") and CAPS[cap] and torch.backends.mkldnn.is_available()
+    wide = resolve_precision("auto", 256, "torch")
+    assert wide.used == ("mixed_bfloat16" if native else "float32"), wide
+    assert wide.reason.startswith("auto: ")
+    if not cpu.has("bfloat16"):
+        assert "no bfloat16 units" in wide.reason
+    elif not CAPS[cap]:
+        assert f"ONEDNN_MAX_CPU_ISA={cap}" in wide.reason
     narrow = resolve_precision("auto", AUTO_MIN_D_MODEL - 1, "torch")
     assert narrow.used == "float32"
-    assert ("d_model" if CAPS[cap] else cap) in narrow.reason
-    monkeypatch.setattr(precisions, "cpu_flags", lambda: frozenset({"avx512f"}))
-    assert resolve_precision("auto", 256, "torch").used == "float32"
+    if native:
+        assert f"d_model {AUTO_MIN_D_MODEL - 1}" in narrow.reason
+    else:
+        assert narrow.reason == wide.reason  # the units decide before the width
+    at_the_limit = resolve_precision("auto", AUTO_MIN_D_MODEL, "torch")
+    assert at_the_limit.used == wide.used
 
 
 def test_auto_is_float32_on_jax_and_tensorflow_cpus():
@@ -74,7 +88,8 @@ def test_auto_is_float32_on_jax_and_tensorflow_cpus():
 @pytest.mark.skipif(not TORCH, reason="the CPU rule is PyTorch's")
 @pytest.mark.parametrize("cap", list(CAPS))
 def test_auto_under_each_onednn_cap_in_its_own_process(cap):
-    """The real CPU flags (``/proc/cpuinfo``) and a real cap set before PyTorch starts."""
+    """A real cap set before PyTorch starts, with the flags the process sees: the host's
+    (``/proc/cpuinfo``), or the family ``make test-kernels`` injects."""
     if _cuda():
         pytest.skip("a GPU decides")
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA",
@@ -86,7 +101,7 @@ def test_auto_under_each_onednn_cap_in_its_own_process(cap):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=300, check=True)
     chosen = json.loads(result.stdout.strip().splitlines()[-1])
-    native = CAPS[cap] and bool({"avx512_bf16", "amx_bf16"} & precisions.cpu_flags())
+    native = CAPS[cap] and has(flags_seen(env), "bfloat16")  # the host's, or a family's
     assert chosen["used"] == ("mixed_bfloat16" if native else "float32"), chosen
 
 
@@ -96,7 +111,7 @@ def test_auto_under_each_onednn_cap_in_its_own_process(cap):
 def test_bfloat16_step_tests_pass_under_each_onednn_cap(cap):
     """The bfloat16 step's tests (exact against Keras' step, within bounds of the plain
     path) and the float16 ones with oneDNN capped: emulated and native bfloat16 kernels."""
-    if cap != "AVX2" and "avx512f" not in open("/proc/cpuinfo").read():
+    if cap != "AVX2" and not host_has("avx512"):  # the hardware, not a family's flags
         pytest.skip("no AVX-512 on this CPU")
     here = os.path.dirname(os.path.abspath(__file__))
     # the CPU's kernels under the cap: a GPU, if any, is hidden

@@ -11,14 +11,10 @@ import keras
 from keras import ops
 
 from transformerkit import fastpath
+from transformerkit.kernels import softmax as kernel_softmax
+from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
 from transformerkit.layers import calls
-from transformerkit.layers.calls import (
-    call_sublayer,
-    inference_linear,
-    kernels_and_biases,
-    linear,
-    reshape,
-)
+from transformerkit.layers.calls import call_sublayer, reshape
 from transformerkit.layers.masks import attention_mask
 
 _MASKED_SCORE = -1e9  # finite: an all-masked row can never turn into NaN
@@ -69,7 +65,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, is_causal=False, 
             mask = ops.expand_dims(attention_mask(causal=True, query_len=q_len, key_len=k_len), 1)
         if mask is not None:
             logits = ops.where(mask, logits, ops.cast(_MASKED_SCORE, logits.dtype))
-        scores = ops.cast(calls.softmax(ops.cast(logits, "float32")), query.dtype)
+        scores = ops.cast(kernel_softmax.softmax(ops.cast(logits, "float32")), query.dtype)
         weights = dropout(scores, training=training) if use_dropout else scores
         output = ops.einsum("bhqk,bkhd->bqhd", weights, value)
     if rows_with_keys is not None and not _every_row_has_keys(rows_with_keys):
@@ -295,7 +291,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)  # (t, rows h, dv)
         scale = 1.0 / math.sqrt(self.key_dim)
         scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # (rows h, 1, t)
-        out = torch.bmm(calls.softmax(scores), v.transpose(0, 1))  # (rows h, 1, d_v)
+        out = torch.bmm(kernel_softmax.softmax(scores), v.transpose(0, 1))  # (rows h, 1, d_v)
         return linear(out.view(rows, heads * self.value_dim), weights["output"],
                       low_output=True)
 
@@ -337,7 +333,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rows, heads = x.shape[0], self.num_heads
         q = linear(x, weights["query"]).view(rows // copies, copies, heads, self.key_dim)
         scores = torch.matmul(q.transpose(1, 2), keys.transpose(-1, -2))  # (b, h, copies, s)
-        attention = calls.softmax(scores * (1.0 / math.sqrt(self.key_dim)) + bias)
+        attention = kernel_softmax.softmax(scores * (1.0 / math.sqrt(self.key_dim)) + bias)
         out = torch.matmul(attention, values)  # (b, h, copies, d_v)
         if keep is not None:
             out = out * keep

@@ -2,7 +2,8 @@
 
 import keras
 
-from transformerkit.layers.calls import call_sublayer, inference_linear, kernels_and_biases, linear
+from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.layers.dropout import apply_dropout
 
 ACTIVATIONS = ("relu", "gelu", "swish", "gelu_tanh")

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from transformerkit import fastpath, internals
+from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
 from transformerkit.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -17,14 +18,7 @@ from transformerkit.layers import (
     padding_mask,
 )
 from transformerkit.layers.attention import layer_outputs
-from transformerkit.layers.calls import (
-    call_sublayer,
-    inference_linear,
-    kernels_and_biases,
-    linear,
-    norm_weights,
-    normalize,
-)
+from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.layers.dropout import apply_dropout
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -103,7 +97,7 @@ def compute_in_float32(model):
     A model trained under ``train.precision: mixed_bfloat16`` (or ``auto``'s choice of it)
     keeps float32 weights and is saved with that policy, whose layers compute in bfloat16
     with the weights cast at every use. For decoding, where the precision is chosen per call
-    (:mod:`transformerkit.layers.lowprec`: float32 everywhere, bfloat16 or int8 products),
+    (:mod:`transformerkit.kernels.lowprec`: float32 everywhere, bfloat16 or int8 products),
     such a model computes in float32, which also lets it take the decoder's one-position step
     (``decoding/steps.py: EagerSteps``, float32 models only). ``transformerkit.load`` does
     this to every model it loads. The layers are found with Keras' private
@@ -274,7 +268,7 @@ class TransformerBase(keras.Model):
 
     def decode_step_weights(self):
         """The decoder's weights as torch tensors for :meth:`decode_step`, read once per
-        decoded batch; the projections as :func:`~transformerkit.layers.calls.inference_linear`
+        decoded batch; the projections as :func:`~transformerkit.kernels.products.inference_linear`
         weights (a tied embedding table is the output projection's ``(vocab, d_model)``
         matrix)."""
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()

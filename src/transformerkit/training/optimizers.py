@@ -74,7 +74,7 @@ class Adam(keras.optimizers.Adam):
                       weight_decay=float(self.weight_decay) if decayed else 0.0,
                       eps=float(self.epsilon), amsgrad=False, maximize=False)
                 # the fused kernel writes the weights without bumping their version counters:
-                # bump them, so autograd and the packed inference weights (layers/calls.py)
+                # bump them, so autograd and the packed inference weights (kernels/products.py)
                 # see the update
                 torch.autograd.graph.increment_version(params)
 

@@ -6,7 +6,7 @@ numerically delicate parts stay in float32: the attention softmax
 and the fused kernels of JAX and PyTorch accumulate the softmax in float32), layer
 normalisation (Keras computes it in float32), the models' logits (cast to float32) and the
 masked cross-entropy (computed in float32). On eager PyTorch the training step casts each
-weight to bfloat16 once per step (``training/step.py``, ``layers/calls.py: cast_once``)
+weight to bfloat16 once per step (``training/step.py``, ``kernels/cast_once.py``)
 and its products run on oneDNN's bfloat16 kernels (AVX512-BF16 or AMX).
 
 ``auto`` (the default) is resolved per machine by :func:`resolve_precision`:

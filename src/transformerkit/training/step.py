@@ -32,7 +32,8 @@ import warnings
 import keras
 
 from transformerkit import fastpath, internals
-from transformerkit.layers.calls import call_sublayer, cast_once
+from transformerkit.kernels.cast_once import cast_once
+from transformerkit.layers.calls import call_sublayer
 from transformerkit.special_tokens import PAD_ID
 
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size
@@ -103,7 +104,7 @@ class TrainStep:
     def _casts(model):
         """The scope of the forward pass: for a mixed-precision model (float32 weights,
         bfloat16 or float16 compute dtype) one that casts each weight once in the step
-        (:func:`~transformerkit.layers.calls.cast_once`: float32 master weights, their
+        (:func:`~transformerkit.kernels.cast_once.cast_once`: float32 master weights, their
         low-precision copies made at their first use and dropped with the scope, after the
         step); for others nothing (Keras' own call casts under its per-use scope where
         the scope class is missing)."""

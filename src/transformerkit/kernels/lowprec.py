@@ -2,9 +2,9 @@
 
 A model decodes at the precision set by :func:`using` (``Run.translate(precision=...)``,
 ``translate --precision``, ``serve --precision``). The precision changes the products of
-the ``Dense`` layers under ``torch.no_grad`` only: :func:`transformerkit.layers.calls.
+the ``Dense`` layers under ``torch.no_grad`` only: :func:`transformerkit.kernels.products.
 inference_linear` packs each weight once per precision (the precision is part of its cache
-key) and :func:`transformerkit.layers.calls.linear` multiplies by it here. The embeddings,
+key) and :func:`transformerkit.kernels.products.linear` multiplies by it here. The embeddings,
 activations, attention scores and softmax, LayerNorm, the residual sums, the logits'
 log-softmax and the search stay float32; each product takes a float32 input and gives a
 float32 output.
@@ -45,7 +45,7 @@ from transformerkit import fastpath, internals, precisions
 
 _PRECISION = contextvars.ContextVar("transformerkit_inference_precision", default="float32")
 _TINY = 1.1754944e-38  # float32's smallest normal number
-_PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
+PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
 _warned = set()
 
 
@@ -113,7 +113,7 @@ def _iterate(precision, iterator):
 
 
 class LowPrecisionLinear(NamedTuple):
-    """Weights of :func:`transformerkit.layers.calls.linear` at bfloat16 or int8 (see the
+    """Weights of :func:`transformerkit.kernels.products.linear` at bfloat16 or int8 (see the
     module docstring): ``kind`` names the kernel (``bfloat16``, ``bfloat16-emulated``,
     ``bfloat16-mm``, ``int8``, ``int8-emulated``), ``weight`` its packed weight, ``bias``
     the bias in the form the kernel takes (or None), ``extra`` the kernel's other argument
@@ -150,7 +150,7 @@ def _pack_bfloat16(weight, bias):
     if reorder is not None and internals.available("onednn_linear"):
         try:
             return LowPrecisionLinear("bfloat16", reorder(weight.to(torch.bfloat16),
-                                                          _PACK_ROWS), low_bias)
+                                                          PACK_ROWS), low_bias)
         except RuntimeError as err:  # oneDNN without bfloat16 instructions (or capped)
             reason = str(err).splitlines()[0]
     else:
@@ -226,7 +226,7 @@ def apply(x, weights, activation=None, low_output=False):
     """``activation(x @ W^T + b)`` for :class:`LowPrecisionLinear` ``weights``; ``x``
     ``(..., d_in)`` float32 (or the bfloat16 output of another product), the result
     ``(..., d_out)`` float32, or bfloat16 where ``low_output`` and the kernel gives it
-    (see :func:`transformerkit.layers.calls.linear`). ``activation``: None or ``"relu"``."""
+    (see :func:`transformerkit.kernels.products.linear`). ``activation``: None or ``"relu"``."""
     import torch
     import torch.nn.functional as F
 
@@ -250,7 +250,7 @@ def apply(x, weights, activation=None, low_output=False):
                  else torch.addmm(weights.bias, low, weights.weight)).float()
         else:
             y = _int8_rows(rows, weights)
-        if activation is not None:  # "relu", the one :func:`calls.linear` allows
+        if activation is not None:  # "relu", the one :func:`products.linear` allows
             y = F.relu(y)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
