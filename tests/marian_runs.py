@@ -65,14 +65,17 @@ def _table(pieces):
     return {token: i for i, token in enumerate(tokens)}
 
 
-def marian_folder(folder, separate=False, seed=0, eos_bias=3.0, **config):
+def marian_folder(folder, separate=False, seed=0, eos_bias=3.0, pad_bias=-100.0, **config):
     """Write a Marian folder (see the module docstring) into ``folder``; returns it.
 
     ``separate``: one table per side (``vocab.json`` for the source, ``target_vocab.json``
     for the target) and separate embeddings (``share_encoder_decoder_embeddings`` false), as
     the Tatoeba-Challenge models; the two tables have the same size, so that ``<pad>`` (the
     one ``pad_token_id``) is the last id of both. ``eos_bias``: added to ``</s>``'s logit
-    bias. ``config``: MarianConfig keys to change.
+    bias. ``pad_bias``: ``<pad>``'s logit bias (the default makes its probability zero in
+    float32; a larger one gives it mass, which only a search that rules it out before the
+    softmax, ``renormalize_logits``, leaves out exactly). ``config``: MarianConfig keys to
+    change.
     """
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
@@ -102,6 +105,6 @@ def marian_folder(folder, separate=False, seed=0, eos_bias=3.0, **config):
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5)
         model.final_logits_bias[0, options["eos_token_id"]] += eos_bias
-        model.final_logits_bias[0, options["pad_token_id"]] = -100.0
+        model.final_logits_bias[0, options["pad_token_id"]] = pad_bias
     model.save_pretrained(str(folder))
     return folder

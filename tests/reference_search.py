@@ -44,7 +44,7 @@ def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
     score)]``, best first."""
     alive = [([], 0.0)]
     finished = []  # (ids, score, logp)
-    max_penalty = length_penalty(cap, alpha)
+    max_penalty = length_penalty(cap, alpha, "gnmt")
     steps = 0
     while steps < cap:
         decoder_input = np.array([[BOS_ID] + ids for ids, _ in alive], "int32")
@@ -65,7 +65,7 @@ def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
                 continue
             if token == EOS_ID:
                 if rank < beam:
-                    finished.append((ids[:-1], score / length_penalty(steps, alpha), score))
+                    finished.append((ids[:-1], score / length_penalty(steps, alpha, "gnmt"), score))
             elif len(new_alive) < beam:
                 new_alive.append((ids, score))
         finished = sorted(finished, key=lambda f: -f[1])[:beam]
@@ -77,7 +77,7 @@ def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
             break
     found = [(ids, score) for ids, score, _ in finished]
     if steps >= cap or len(found) < n_best:
-        found += [(ids, s / length_penalty(steps, alpha)) for ids, s in alive]
+        found += [(ids, s / length_penalty(steps, alpha, "gnmt")) for ids, s in alive]
     return sorted(found, key=lambda f: -f[1])[:n_best]
 
 

@@ -1,5 +1,7 @@
 """Config loading and validation: every mistake names its key or file."""
 
+import dataclasses
+
 import pytest
 
 from transformerkit.config import ConfigError, load_config, parse_duration, resolve
@@ -157,6 +159,12 @@ def test_the_data_and_train_keys_are_the_declared_fields():
                                              "got inf"),
     ({"train": {"sample_unit": "batch"}}, "train.sample_unit must be one of"),
     ({"train": {"epochs": None}}, "train.epochs must be an integer, got nothing"),
+    ({"search": {"beam_size": 0}}, "c.yaml: search.beam_size must be at least 1, got 0"),
+    ({"search": {"stopping": "soon"}}, "search.stopping must be one of"),
+    ({"search": {"forced_eos": 1}}, "search.forced_eos must be true/false, got int 1"),
+    ({"search": {"beam": 2}}, "unknown key search.beam"),
+    ({"search": {"n_best": 2, "temperature": 1.0}}, "c.yaml: search: n_best=2 lists come "
+                                                    "from beam search"),
 ])
 def test_types_ranges_and_choices_come_from_the_declarations(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -185,6 +193,30 @@ def test_a_run_config_is_typed_frozen_and_round_trips(tmp_path):
     assert (changed.train.epochs, changed.model["dropout"], config.train.epochs) == (5, 0.0, 3)
     with pytest.raises(ConfigError, match="checkpoints_to_keep >= 5"):  # checked again
         config.replace(train={"average_last": 5})
+
+
+def test_the_search_section_is_the_runs_search_options(tmp_path):
+    """``search:`` holds the fields of ``SearchOptions``: how the run translates unless told
+    otherwise. A config without it (a trained run) has the declared defaults and saves no
+    such section; one with it (an imported run) saves every key and reads back the same."""
+    import yaml
+
+    from transformerkit.config import save_config
+    from transformerkit.decoding.options import SearchOptions
+
+    config = load_config(None, ["train.epochs=3"])
+    assert config.search == SearchOptions() and "search" not in config.to_dict()
+    config = load_config(None, ["search.beam_size=6", "search.stopping=heuristic",
+                                "search.max_len_a=null", "search.forced_eos=true"])
+    assert config.search == SearchOptions(beam_size=6, stopping="heuristic", max_len_a=None,
+                                          forced_eos=True)
+    save_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(saved) == ["model", "data", "train", "search"]
+    assert saved["search"] == dataclasses.asdict(config.search)
+    assert load_config(str(tmp_path / "config.yaml")) == config
+    assert config.replace(search={"alpha": 1.0}).search.alpha == 1.0
+    assert load_config().replace(search={"beam_size": 2}).search.beam_size == 2
 
 
 def test_a_config_yaml_of_an_earlier_run_loads(tmp_path):

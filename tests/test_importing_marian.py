@@ -10,7 +10,10 @@ token and as text with ``length_penalty=0`` (ours ``alpha 0``: the GNMT penalty 
 ``transformers``' ``n ** length_penalty`` differ by definition, and 0 is the one value where
 both rank by the plain log-probability), ``early_stopping=True`` (ours ``stopping early``),
 the same ``max_new_tokens`` (ours without the ``max_len_a``/``max_len_b`` cap) and
-``forced_eos_token_id=None`` (ours never forces ``</s>`` at the length limit).
+``forced_eos_token_id=None`` (ours ``forced_eos`` false: ``</s>`` is not forced at the length
+limit). These settings are named on both sides, over the folder's generation config and
+the run's ``search:`` section; tests/test_importing_marian_search.py checks the two
+searches with nothing named.
 """
 
 import json
@@ -42,9 +45,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 NEW_TOKENS = 12
 # what ours and transformers' generate are told alike (see the module docstring)
 OURS = dict(alpha=0.0, stopping="early", max_new_tokens=NEW_TOKENS, max_len_a=None,
-            max_len_b=None)
+            max_len_b=None, forced_eos=False)
 FLAGS = ["--alpha", "0", "--stopping", "early", "--max-new-tokens", str(NEW_TOKENS),
-         "--max-len-a", "none", "--max-len-b", "none"]
+         "--max-len-a", "none", "--max-len-b", "none", "--no-forced-eos"]
 
 
 def texts():

@@ -68,7 +68,8 @@ class Run:
     GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
     "encoder"), ``labels`` (an encoder classifier's class names by class id, else None),
     ``precision`` (what translations and generations compute in when a call names none:
-    ``float32`` unless :func:`load` was told otherwise).
+    ``float32`` unless :func:`load` was told otherwise), ``search`` (how it translates when
+    a call names no option: its config's ``search:`` section).
     """
 
     def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None,
@@ -96,16 +97,17 @@ class Run:
         """Translate one text (returns a str) or a list of texts (returns a list).
 
         Args:
-            options: a :class:`transformerkit.decoding.SearchOptions` (None: its defaults,
-                beam search of width 4 with length penalty 0.6, as in the paper), or its
-                fields as keywords in its place: ``beam_size`` (1 = greedy), ``alpha``,
+            options: a :class:`transformerkit.decoding.SearchOptions` (None: the run's own,
+                :attr:`search`), or its fields as keywords, each replacing the run's value:
+                ``beam_size`` (1 = greedy), ``alpha`` and ``penalty`` (the length penalty),
                 ``n_best`` (> 1 returns, per text, a list of ``(translation, score)`` pairs,
                 best first; ``score`` = length-penalised log-probability),
-                ``max_new_tokens``, ``batch_size``, ``stopping``, ``max_len_a`` /
-                ``max_len_b`` (the length cap), ``temperature`` (set: sample instead of
-                searching, with ``top_k``, ``top_p`` and ``seed``). Each field's default and
-                meaning: ``transformerkit.decoding.options`` (the same for every engine, the
-                command line and the HTTP server).
+                ``max_new_tokens``, ``batch_size``, ``stopping``, ``forced_eos``,
+                ``renormalize``, ``max_len_a`` / ``max_len_b`` (the length cap),
+                ``temperature`` (set: sample instead of searching, with ``top_k``, ``top_p``
+                and ``seed``). Each field's default and meaning:
+                ``transformerkit.decoding.options`` (the same for every engine, the command
+                line and the HTTP server).
             engine: "keras" (this model) or "ctranslate2" (the run's CTranslate2 export,
                 written into the run directory on first use; see
                 :mod:`transformerkit.export.runtime` for how the options map), or a
@@ -123,12 +125,11 @@ class Run:
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
         """
-        from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import as_text_list, translate_texts
 
         self._require("transformer", "translate")
         texts, single = as_text_list(texts)
-        options = resolve(SearchOptions, options, keywords, "translate()")
+        options = self.search_options(options, keywords, "translate()")
         precision = self._precision(precision, engine)
         if engine != "keras":
             results = self._engine(engine).translate(texts, options)
@@ -145,17 +146,33 @@ class Run:
         """Like :meth:`translate` for a list, but returns an iterator of ``(indices,
         results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
         arguments are checked before it is returned."""
-        from transformerkit.decoding.options import SearchOptions, resolve
         from transformerkit.decoding.translate import translate_batches
         from transformerkit.kernels.lowprec import iterate
 
         self._require("transformer", "translate_batches")
-        options = resolve(SearchOptions, options, keywords, "translate_batches()")
+        options = self.search_options(options, keywords, "translate_batches()")
         precision = self._precision(precision, engine)
         if engine != "keras":
             return self._engine(engine).translate_batches(texts, options)
         return iterate(precision, translate_batches(
             self.model, self.source_tokenizer, self.target_tokenizer, texts, options))
+
+    @property
+    def search(self):
+        """How this run translates unless a call says otherwise: its config's ``search:``
+        section (:class:`~transformerkit.decoding.options.SearchOptions`): the declared
+        defaults for a trained run, the checkpoint's generation settings for an imported
+        one."""
+        return self.config.search
+
+    def search_options(self, options=None, keywords=None, what="translate()"):
+        """The options a translation runs with: ``options`` (a ``SearchOptions``; None:
+        :attr:`search`) with ``keywords`` (its fields) replacing its values; a clear error
+        naming ``what`` for an unknown keyword or a value out of range."""
+        from transformerkit.decoding.options import SearchOptions, resolve
+
+        return resolve(SearchOptions, self.search if options is None else options,
+                       keywords or {}, what)
 
     def _precision(self, precision, engine):
         """The precision a call runs at: ``precision``, or the run's for None; checked (a

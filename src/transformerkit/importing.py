@@ -14,7 +14,10 @@ docs/encoders.md). A Marian (OPUS-MT) folder becomes a translation run: the ``Tr
 of ``Transformer.from_pretrained`` and its two vocabulary sides (``source.spm`` /
 ``target.spm`` + ``vocab.json``) as ``source_tokenizer.json`` / ``target_tokenizer.json``,
 renumbered to the model's ids (``models/pretrained_marian.py``, ``data/marian_vocab.py``),
-with ``data.tokenizer: marian``.
+with ``data.tokenizer: marian``, and a ``search:`` section that makes ``translate`` search
+as ``transformers``' ``generate`` does with the folder's ``generation_config.json``
+(``models/pretrained_generation.py``; what it has no counterpart to is named in one
+warning line).
 
 The run directory is an ordinary one (:mod:`transformerkit.run_directory`): ``config.yaml``
 with the imported model options, the tokenizer file(s) and ``model.keras``, which
@@ -92,6 +95,7 @@ def _import_marian(folder, config):
     from transformerkit.models.pretrained_marian import (
         MarianIds,
         load_marian_config,
+        marian_search,
         transformer_kwargs,
     )
     from transformerkit.run_directory import SOURCE_TOKENIZER, TARGET_TOKENIZER
@@ -112,7 +116,9 @@ def _import_marian(folder, config):
                   **{k: v for k, v in options.items() if not k.endswith("vocab_size")}},
         # what a fine-tune of the run reads: pairs in a TSV file, the imported vocabulary
         "data": {"dataset": "tsv", "tokenizer": "marian", "vocab_size": source.vocab_size,
-                 "shared_vocab": options["tie_embeddings"] == "all", **languages}}
+                 "shared_vocab": options["tie_embeddings"] == "all", **languages},
+        # how translate searches unless told otherwise: as transformers' generate does
+        "search": marian_search(folder, config)}
     return model, sections, {SOURCE_TOKENIZER: source, TARGET_TOKENIZER: target}
 
 

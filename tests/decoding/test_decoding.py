@@ -255,7 +255,7 @@ def test_beam_results_are_sorted_and_scored_by_the_model(alpha):
         assert scores == sorted(scores, reverse=True)
         for h in found:
             length = len(h.ids) + h.finished  # EOS counts when the hypothesis ended
-            tol.assert_within(h.score, h.log_prob / length_penalty(length, alpha),
+            tol.assert_within(h.score, h.log_prob / length_penalty(length, alpha, "gnmt"),
                               tol.chain_atol(tol.ELEMENTWISE_ULPS + 3, h.score))
     # the reported log-probabilities are the model's own (one full forward pass)
     atol = score_bound(model, SOURCES, hyps)
@@ -280,7 +280,7 @@ def test_best_beam_never_scores_below_greedy(options, alpha):
     for row, ids in enumerate(greedy):
         if len(ids) == 10:  # greedy hit the limit without EOS: not a finished hypothesis
             continue
-        greedy_score = greedy_logp[row] / length_penalty(len(ids) + 1, alpha)
+        greedy_score = greedy_logp[row] / length_penalty(len(ids) + 1, alpha, "gnmt")
         length = max(len(ids), len(best[row][0].ids)) + 1
         assert best[row][0].score >= greedy_score - atol(length), (row, greedy_score, best[row])
 

@@ -15,6 +15,7 @@ from transformerkit.decoding.options import (
     fields_of,
     flag_name,
     resolve,
+    value_type,
 )
 
 OPTION_CLASSES = (SearchOptions, GenerationOptions)
@@ -88,15 +89,24 @@ def test_each_flag_of_the_command_line_is_a_declared_option():
                                    ("evaluate", SearchOptions)):
         parsed = vars(parser.parse_args(args[command]))
         for f in fields_of(options_class):
+            # a flag not given leaves nothing: the run's own options (or the declared
+            # defaults) stand, so that an imported run searches as its checkpoint says
+            assert f.name not in parsed, (command, f.name)
+            given = [flag_name(f)] if value_type(f) is bool else \
+                [flag_name(f), "1" if f.default is None else str(f.default)]
+            argv = args[command] + given
             if command == "evaluate" and f.name in ("n_best", "temperature", "top_k",
                                                     "top_p", "seed"):
-                assert f.name not in parsed  # evaluation searches, it does not sample
+                with pytest.raises(SystemExit):  # evaluation searches, it does not sample
+                    parser.parse_args(argv)
                 continue
-            assert parsed[f.name] == f.default, (command, f.name)
+            assert f.name in vars(parser.parse_args(argv)), (command, f.name)
     parsed = parser.parse_args(["translate", "RUN", "--beam", "2", "--max-len-a", "none",
-                                "--stopping", "exact", "--top-p", "0.5"])
-    assert (parsed.beam_size, parsed.max_len_a, parsed.stopping, parsed.top_p) == \
-        (2, None, "exact", 0.5)
+                                "--stopping", "heuristic", "--top-p", "0.5", "--forced-eos",
+                                "--penalty", "power"])
+    assert (parsed.beam_size, parsed.max_len_a, parsed.stopping, parsed.top_p,
+            parsed.forced_eos, parsed.penalty) == (2, None, "heuristic", 0.5, True, "power")
+    assert parser.parse_args(["translate", "RUN", "--no-renormalize"]).renormalize is False
     assert parser.parse_args(["generate", "R", "--prompt", "x", "--no-stop-at-eos"]) \
         .stop_at_eos is False
     assert flag_name(fields_of(SearchOptions)[0]) == "--beam"

@@ -138,7 +138,7 @@ def test_tolerances_still_catch_a_length_penalty_with_the_wrong_alpha(monkeypatc
     from transformerkit.decoding import beam
 
     monkeypatch.setattr(beam, "length_penalty",
-                        lambda length, alpha: length_penalty(length, 1.1 * alpha))
+                        lambda length, alpha, form: length_penalty(length, 1.1 * alpha, form))
     tol.assert_caught(test_beam_search_equals_the_reference, "exact")
 
 
@@ -242,13 +242,14 @@ def test_text_translation_checks_its_search_options_before_decoding():
 
 def test_cli_search_options_parse_and_refuse_bad_values(capsys):
     from transformerkit.cli import build_parser
+    from transformerkit.cli.common import options_of
     from transformerkit.decoding.options import SearchOptions
 
-    default = SearchOptions()
     for command in ("translate", "evaluate"):
-        args = build_parser().parse_args([command, "RUN"])
-        assert (args.stopping, args.max_len_a, args.max_len_b) == \
-            (default.stopping, default.max_len_a, default.max_len_b)
+        args = build_parser().parse_args([command, "RUN"])  # the run's own, else these:
+        assert options_of(args, SearchOptions) == SearchOptions()
+        base = SearchOptions(stopping="heuristic", max_len_a=None)  # a run's search section
+        assert options_of(args, SearchOptions, base) == base
         args = build_parser().parse_args([command, "RUN", "--stopping", "exact", "--max-len-a",
                                      "none", "--max-len-b", "none"])
         assert (args.stopping, args.max_len_a, args.max_len_b) == ("exact", None, None)

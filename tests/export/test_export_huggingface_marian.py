@@ -217,8 +217,11 @@ def assert_same_model(run, folder, sources, targets, varied=True):
         ours = [ids.to_marian(list(row)).tolist() for row in found]
         assert ours == expected, beams
         assert len({len(row) for row in expected}) > varied  # some end early, at </s>
+        # the export's generation_config.json: early_stopping true, no forced </s> (an
+        # imported run's own search, from its source folder, may say otherwise)
         texts = run.translate(sources, beam_size=beams, alpha=0.0, max_new_tokens=MAX_NEW,
-                              max_len_a=None, max_len_b=None)
+                              max_len_a=None, max_len_b=None, stopping="early",
+                              forced_eos=False)
         # MarianTokenizer looks special ids up in the source table: with separate
         # vocabularies of different sizes it keeps the target's <pad>, so leave it out
         decoded = hf_tokenizer.batch_decode([[t for t in row if t != pad] for row in out],

@@ -92,13 +92,18 @@ def engine_of(args, run):
     return CTranslate2Engine(run, threads=args.threads)
 
 
-def options_of(args, options_class):
-    """The :mod:`~transformerkit.decoding.options` instance the command line's flags give
-    (the fields ``cli/parser.py`` made flags of; the others keep their defaults)."""
+def options_of(args, options_class, base=None):
+    """The :mod:`~transformerkit.decoding.options` instance the command line gives: ``base``
+    (the run's own options, e.g. ``Run.search``; None: the declared defaults) with the
+    flags that were given replacing its values (``cli/parser.py`` leaves a flag not given
+    out of ``args``)."""
     from dataclasses import fields
 
-    return options_class(**{f.name: getattr(args, f.name) for f in fields(options_class)
-                            if hasattr(args, f.name)})
+    from transformerkit.decoding.options import resolve
+
+    given = {f.name: getattr(args, f.name) for f in fields(options_class)
+             if hasattr(args, f.name)}
+    return resolve(options_class, base, given, "the command line")
 
 
 def evaluation_data(args, run):

@@ -4,13 +4,14 @@ confusion counts."""
 import os
 import sys
 
-from transformerkit.cli.common import echo, evaluation_data, input_texts, load_run
+from transformerkit.cli.common import echo, evaluation_data, input_texts, load_run, options_of
 from transformerkit.run_directory import RunDirectory
 
 
 def evaluate_classifier(args, run):
     """``evaluate`` of an encoder run: accuracy, the confusion counts and per-class scores
     of a split (``--split``, default val) or of ``--source TEXTS --reference LABELS``."""
+    from transformerkit.decoding.options import SearchOptions
     from transformerkit.evaluation import classification_scores, format_confusion
 
     name, texts, gold = evaluation_data(args, run)
@@ -21,7 +22,8 @@ def evaluate_classifier(args, run):
     if unknown:
         raise ValueError(f"the labels {unknown[:5]} are not among the run's classes "
                          f"{run.labels[:20]}")
-    predicted = run.classify(texts, batch_size=args.batch_size)
+    batch_size = options_of(args, SearchOptions).batch_size  # evaluate's --batch-size
+    predicted = run.classify(texts, batch_size=batch_size)
     scores = classification_scores(predicted, gold, run.labels)
     if args.output:
         from transformerkit.files import atomic_write_text

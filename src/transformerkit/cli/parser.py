@@ -175,20 +175,26 @@ def _add_use_commands(command):
 
     def options_flags(p, options_class, names=None):
         """One flag per field of ``options_class`` (``decoding/options.py``), with its type,
-        default, allowed values and help from the declaration; ``names``: only those."""
+        allowed values and help from the declaration; ``names``: only those. A flag not
+        given leaves no attribute (``argparse.SUPPRESS``): the command starts from the
+        run's own options (a translation run's ``search:`` section), else the declared
+        defaults (``cli/common.py: options_of``)."""
         from transformerkit.decoding.options import fields_of, flag_name, optional, value_type
 
         for f in fields_of(options_class):
             if names is not None and f.name not in names:
                 continue
             kind, default = value_type(f), f.default
-            text = f"{f.metadata['help']} (default: {'none' if default is None else default})"
+            if default is None or kind is bool:  # as YAML and the docs write them
+                default = "none" if default is None else str(default).lower()
+            where = "the run's search section, else " if options_class is SearchOptions else ""
+            text = f"{f.metadata['help']} (default: {where}{default})"
             if kind is bool:
-                p.add_argument(flag_name(f), dest=f.name, default=default, help=text,
-                               action=argparse.BooleanOptionalAction)
+                p.add_argument(flag_name(f), dest=f.name, default=argparse.SUPPRESS,
+                               help=text, action=argparse.BooleanOptionalAction)
                 continue
             parse = _number_or_none(kind) if optional(f) and kind is not str else kind
-            p.add_argument(flag_name(f), dest=f.name, type=parse, default=default,
+            p.add_argument(flag_name(f), dest=f.name, type=parse, default=argparse.SUPPRESS,
                            choices=f.metadata["choices"], help=text,
                            metavar=None if f.metadata["choices"] else f.name.upper())
 
@@ -244,8 +250,9 @@ def _add_use_commands(command):
                                              "else the one the run recorded, else the "
                                              "cache)")
     evaluate.add_argument("--output", help="also write the translations to this file")
-    options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "max_new_tokens",
-                                           "batch_size", "stopping", "max_len_a", "max_len_b"))
+    options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "penalty", "max_new_tokens",
+                                           "batch_size", "stopping", "forced_eos",
+                                           "renormalize", "max_len_a", "max_len_b"))
     engine_options(evaluate)
 
     attention = run_parser("attention", "attention heatmaps, one per head of a layer")

@@ -21,13 +21,13 @@ from transformerkit.run_directory import RunDirectory
 def translate_command(args):
     from transformerkit.decoding.options import SearchOptions
 
-    options = options_of(args, SearchOptions)
     run = load_run(args)
+    options = options_of(args, SearchOptions, run.search)
     engine = engine_of(args, run)
     texts = [valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
-    chunks = [texts] if texts else stdin_chunks(stdin, args.batch_size)
-    if args.scores and args.n_best > 1:
+    chunks = [texts] if texts else stdin_chunks(stdin, options.batch_size)
+    if args.scores and options.n_best > 1:
         raise ValueError("--scores prints one translation per line; --n-best already prints "
                          "each hypothesis with its score")
     offset = 0
@@ -90,7 +90,9 @@ def evaluate_command(args):
                          f"{args.run_dir} holds a {run.kind}")
     from transformerkit.decoding.options import SearchOptions
 
-    options = options_of(args, SearchOptions)
+    # evaluation searches: one translation per text, never sampled
+    options = options_of(args, SearchOptions, run.search.replace(
+        n_best=1, temperature=None, top_k=None, top_p=None, seed=None))
     name, sources, references = evaluation_data(args, run)
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]

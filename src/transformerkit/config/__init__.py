@@ -1,10 +1,12 @@
-"""Run configuration: three YAML sections (``model``, ``data``, ``train``), validated into a
-typed :class:`RunConfig`.
+"""Run configuration: the YAML sections ``model``, ``data``, ``train`` and (optional)
+``search``, validated into a typed :class:`RunConfig`.
 
 Every key has a default, a type and a one-line meaning, declared once: the ``data`` and
 ``train`` keys are the fields of :class:`DataOptions` and :class:`TrainOptions`
 (``config/sections.py``), the ``model`` keys the models' option dataclasses of
-:mod:`transformerkit.models.options`. :func:`schema` lists them; :func:`load_config` reads a
+:mod:`transformerkit.models.options`, the ``search`` keys the fields of
+:class:`~transformerkit.decoding.options.SearchOptions` (how the run translates unless told
+otherwise). :func:`schema` lists them; :func:`load_config` reads a
 file into a :class:`RunConfig` (``config.train.epochs``, ``config.data.tokenizer``,
 ``config.model["d_model"]``); unknown keys and wrong types are errors that name the key.
 ``--set section.key=value`` overrides parse ``value`` as YAML (``--set train.epochs=3``,

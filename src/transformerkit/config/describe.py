@@ -1,6 +1,7 @@
 """``transformerkit config``: a resolved run config as commented YAML, every key with its
 type (or allowed values), default and meaning, all read from :func:`schema` (the
-declarations of ``config/sections.py`` and ``models/options.py``)."""
+declarations of ``config/sections.py``, ``models/options.py`` and
+``decoding/options.py``)."""
 
 import json
 
@@ -15,7 +16,7 @@ def describe(config=None, source=None):
     value, then after ``#`` its type (or allowed values), its default and its meaning.
     ``source`` names where the values come from, in the header."""
     sections = schema()
-    config = defaults() if config is None else config.to_dict()
+    config = {**defaults(), **({} if config is None else config.to_dict())}
     lines = [f"# transformerkit configuration: {source or 'the defaults'}",
              "# Every key: its value, then its type (or allowed values), default and meaning; "
              "null: not set.",

@@ -2,9 +2,11 @@
 
 The ``data:`` and ``train:`` keys are the fields of :class:`~transformerkit.config.sections.
 DataOptions` and :class:`~transformerkit.config.sections.TrainOptions`, the ``model:`` keys
-the models' option dataclasses (:mod:`transformerkit.models.options`); :func:`schema` lists
-them all with their default, types and meaning. Unknown keys, wrong types, values out of
-range are errors naming the key; the checks that involve several keys are written here.
+the models' option dataclasses (:mod:`transformerkit.models.options`), the ``search:`` keys
+the fields of :class:`~transformerkit.decoding.options.SearchOptions` (the run's own default
+search); :func:`schema` lists them all with their default, types and meaning. Unknown keys,
+wrong types, values out of range are errors naming the key; the checks that involve several
+keys are written here.
 """
 
 import copy
@@ -25,7 +27,9 @@ from transformerkit.config.sections import (
     TrainOptions,
     config_error,
 )
+from transformerkit.config.sections import check_value as check_key
 from transformerkit.declared import check_value, value_types
+from transformerkit.decoding.options import SearchOptions
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
 
@@ -49,11 +53,15 @@ SECTIONS = {
     "model": "the network: model.type and its options (keys for other types stay null)",
     "data": "corpus, tokenizers and batches",
     "train": "optimizer, stopping, precision, devices, evaluation and monitors",
+    "search": "how translate, evaluate and serve search unless told otherwise (an imported "
+              "run: as its checkpoint's generation config says); flags and keywords "
+              "override it",
 }
 
 
 def _section_keys(options_class):
-    """``{key: Key}`` of a :class:`DataOptions` or :class:`TrainOptions` field list."""
+    """``{key: Key}`` of a :class:`DataOptions`, :class:`TrainOptions` or
+    :class:`SearchOptions` field list."""
     keys = {}
     for f in fields(options_class):
         kinds = value_types(f)
@@ -110,7 +118,8 @@ def schema():
                                          "directory, to fine-tune (its architecture and "
                                          "vocabulary; docs/pretrained.md)")
     return {"model": model, **{name: _section_keys(options_class)
-                               for name, options_class in SECTION_OPTIONS.items()}}
+                               for name, options_class in SECTION_OPTIONS.items()},
+            "search": _section_keys(SearchOptions)}
 
 
 def defaults():
@@ -136,7 +145,10 @@ class ModelSection(dict):
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A resolved run config: ``model`` (the ``model:`` keys, a read-only dict),
-    ``data`` (:class:`DataOptions`) and ``train`` (:class:`TrainOptions`).
+    ``data`` (:class:`DataOptions`), ``train`` (:class:`TrainOptions`) and ``search`` (a
+    :class:`~transformerkit.decoding.options.SearchOptions`: how the run translates unless
+    a call says otherwise; the declared defaults for a trained run, an imported run's
+    generation settings).
 
     The ``model:`` section stays a mapping: its keys are the constructor arguments of the
     model ``model.type`` names, each model with its own defaults (None: the model's own),
@@ -151,11 +163,22 @@ class RunConfig:
     model: ModelSection
     data: DataOptions
     train: TrainOptions
+    search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
 
     def to_dict(self):
-        """``{"model": {...}, "data": {...}, "train": {...}}`` of plain values (YAML)."""
+        """``{"model": {...}, "data": {...}, "train": {...}}`` of plain values (YAML), and
+        ``"search": {...}`` (every key) where it is not the declared defaults: a trained
+        run's ``config.yaml`` keeps no ``search:`` section, so it follows the defaults of
+        the version that reads it, while an imported run pins its checkpoint's settings."""
+        sections = self._sections()
+        if self.search == SearchOptions():
+            del sections["search"]
+        return sections
+
+    def _sections(self):
+        """Every section, ``search`` included."""
         return {"model": copy.deepcopy(dict(self.model)), "data": self.data.to_dict(),
-                "train": self.train.to_dict()}
+                "train": self.train.to_dict(), "search": dataclasses.asdict(self.search)}
 
     @classmethod
     def from_dict(cls, raw, source="config"):
@@ -165,7 +188,7 @@ class RunConfig:
     def replace(self, source="config", **sections):
         """A copy with some keys changed, checked again as a whole:
         ``config.replace(train={"epochs": 3}, data={"val_limit": 20})``."""
-        raw = self.to_dict()
+        raw = self._sections()
         for section, changes in sections.items():
             if section not in raw:
                 raise ConfigError(f"{source}: unknown section {section!r}; expected "
@@ -254,7 +277,7 @@ def resolve(raw, source="config"):
     """Validate ``raw`` (``{section: {key: value}}``) against :func:`schema`, fill the
     defaults and return the :class:`RunConfig`."""
     if isinstance(raw, RunConfig):
-        raw = raw.to_dict()
+        raw = raw._sections()
     sections = schema()
     unknown_sections = set(raw) - set(sections)
     if unknown_sections:
@@ -278,11 +301,24 @@ def resolve(raw, source="config"):
         model[key] = _check_model_key(key, value, sections["model"][key], source)
     try:
         config = RunConfig(ModelSection(model), DataOptions(**given["data"]),
-                           TrainOptions(**given["train"]))
+                           TrainOptions(**given["train"]), _search_section(given["search"]))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     _check_values(config, source)
     return config
+
+
+def _search_section(values):
+    """The ``search:`` section's :class:`SearchOptions`: each value checked against its
+    field (a :class:`ConfigError` naming ``search.KEY``), then the options as a whole (keys
+    that contradict each other: ``search.n_best`` with ``search.temperature``)."""
+    declared = {f.name: f for f in fields(SearchOptions)}
+    checked = {key: check_key(f"search.{key}", declared[key], value)
+               for key, value in values.items()}
+    try:
+        return SearchOptions(**checked)
+    except ValueError as err:
+        raise ConfigError(f"search: {err}") from None
 
 
 def _check_model_key(key, value, declared, source):

@@ -1,4 +1,5 @@
-"""The ``data:`` and ``train:`` sections of a run config, each key declared once.
+"""The ``data:`` and ``train:`` sections of a run config, each key declared once (the
+``search:`` section is :class:`~transformerkit.decoding.options.SearchOptions`).
 
 :class:`DataOptions` and :class:`TrainOptions` are frozen dataclasses, declared as the
 models' options are (:func:`transformerkit.declared.option`): each field has its default,
@@ -12,8 +13,9 @@ config`` and the ``--set data.KEY=VALUE`` overrides. What involves several keys
 :mod:`transformerkit.config.loading`.
 
 A ``train:`` key that means what a field of the decoding options means
-(:mod:`transformerkit.decoding.options`, one level up, which this module does not import)
-names that field in ``decoding=`` and, where its default differs, says why in ``differs=``;
+(:mod:`transformerkit.decoding.options`, whose :class:`SearchOptions` is the ``search:``
+section itself) names that field in ``decoding=`` and, where its default differs, says why
+in ``differs=``;
 ``tests/test_config.py`` checks the pairs against the decoding options, so no default is
 written twice silently.
 

@@ -1,24 +1,33 @@
-"""Beam search with the GNMT length penalty, n-best lists, two stopping rules, length caps.
+"""Beam search with a length penalty, n-best lists, three stopping rules, length caps.
 
 The beams of all sentences are rows of one batch, ``(batch * beam, ...)``: one decoder
 step scores every beam at once, and the self-attention caches follow their beams by
 ``ops.take`` on the row axis. Every step keeps ``2 * beam`` candidates, so that even if
 ``beam`` of them end with EOS there are ``beam`` live ones left; an EOS candidate becomes
-a finished hypothesis only if it is among the best ``beam`` candidates (as in fairseq, so
-beam size 1 is exactly greedy search with ``alpha=0``).
+a finished hypothesis only if it is among the best ``beam`` candidates (as in fairseq and
+``transformers``, so beam size 1 is exactly greedy search with ``alpha=0``).
 
-A finished hypothesis ``y`` scores ``log p(y | x) / lp(|y|)`` with
-``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016; the Transformer paper used beam 4 and
-alpha 0.6). When a sentence's search is over (``stopping``):
+A finished hypothesis ``y`` scores ``log p(y | x) / lp(|y|)``, ``|y|`` counting its end
+token, with the GNMT ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016; the Transformer
+paper used beam 4 and alpha 0.6) or, with ``penalty="power"``, ``lp(n) = n ** alpha``
+(``transformers``' and CTranslate2's ``length_penalty``). When a sentence's search is over
+(``stopping``):
 
 - ``"exact"``: when its worst kept finished score beats the best score any live beam could
   still reach (its log-probability can only fall, and its penalty is at most
-  ``lp(cap)``), so stopping never changes the result of searching to the length cap;
+  ``lp(cap)``), so stopping never changes the result of searching to the length cap
+  (``transformers``' ``early_stopping="never"``);
 - ``"early"``: as soon as ``beam`` hypotheses have finished (the rule of CTranslate2 and of
-  Hugging Face's ``early_stopping=True``), or when the exact rule holds;
+  ``transformers``' ``early_stopping=True``), or when the exact rule holds;
+- ``"heuristic"``: when ``beam`` hypotheses have finished and the best live beam, scored
+  at its current length, does not beat the worst of them (``transformers``' default,
+  ``early_stopping=False``: a longer hypothesis may still have won);
 
-and in both cases when it reaches its length cap (``max_new_tokens``, or
-``max_len_a * source_len + max_len_b``). In the eager PyTorch loop a sentence whose search
+and in all cases when it reaches its length cap (``max_new_tokens``, or
+``max_len_a * source_len + max_len_b``). With ``forced_eos`` the token at the cap can only
+be the end token, with log-probability 0 (``transformers``' ``forced_eos_token_id``); with
+``renormalize`` PAD and BOS are ruled out before the softmax (``renormalize_logits``), else
+after it. In the eager PyTorch loop a sentence whose search
 is over leaves the batch: its beams' rows are dropped from the caches and its encoder
 memory with them, in the same row gather that reorders the surviving beams. The compiled
 JAX/TensorFlow loops keep fixed shapes (their while loops need loop-invariant shapes) and
@@ -77,27 +86,56 @@ _SENTENCE_FIELDS = ("alive_logp", "finished_score", "finished_logp", "finished_l
 _ROW_FIELDS = ("alive", "finished")  # (batch * beam, width) arrays
 
 
-def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, eos_id, active,
-                     caps=None, stopping="exact", drop_finished=True):
+def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, active, caps,
+                     width, drop_finished=True):
     """The batched beam search; returns the final loop state (NumPy-convertible dict).
 
-    ``active`` ``(batch,)`` bool (False: bucket padding), ``caps`` ``(batch,)`` int32: the
-    most tokens of each sentence (default ``width - 1``). ``drop_finished``: finished
-    sentences leave the batch in the eager loop (ignored by compiled loops)."""
+    ``options``: the :class:`SearchOptions` (its ``width`` beams per sentence; ``alpha``,
+    ``penalty``, ``stopping``, ``forced_eos``, ``renormalize``). ``active`` ``(batch,)``
+    bool (False: bucket padding; the compiled loops also clear it for a sentence whose
+    search is over), ``caps`` ``(batch,)`` int32: the most tokens of each
+    sentence (at most ``width - 1``, the buffer's width without BOS). ``drop_finished``:
+    finished sentences leave the batch in the eager loop (ignored by compiled loops)."""
     xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     vocab = steps.vocab_size
     rules = TokenRules(vocab, eos_id)
-    early = stopping == "early"
+    beam, alpha, form = options.width, options.alpha, options.penalty
+    stopping = options.stopping
+
+    def penalty_at(length):
+        """``lp(length)`` of an int or an int32 tensor (float32)."""
+        return length_penalty(xp.cast(length, "float32"), alpha, form)
 
     def over(s, index):
         """``(n,)`` bool: whose search is over after ``index`` steps."""
         worst_finished = xp.min(s["finished_score"], axis=1)
-        best_alive = xp.max(s["alive_logp"], axis=1) / s["max_penalty"]
-        done = xp.greater_equal(worst_finished, best_alive)
-        if early:
+        if stopping == "heuristic":  # the live beams' current length (at least 1 token)
+            bound = penalty_at(max(index, 1) if isinstance(index, int)
+                               else xp.maximum(index, 1))
+        else:  # exact: the most any live beam's penalty can become
+            bound = s["max_penalty"]
+        done = xp.greater_equal(worst_finished, xp.max(s["alive_logp"], axis=1) / bound)
+        if stopping == "early":
             done = xp.logical_or(done, xp.greater(worst_finished, NEG_INF))
         done = xp.logical_or(done, xp.greater_equal(index, s["cap"]))
         return xp.logical_or(done, xp.logical_not(s["active"]))
+
+    def candidates_of(logits, s, index):
+        """``(n * beam, vocab)`` scores of every extension: log p(prefix) + log p(token),
+        the ruled-out ids -inf (before or after the softmax, ``renormalize``), only EOS
+        where a sentence reaches its cap (``forced_eos``)."""
+        prefix = xp.reshape(s["alive_logp"], (-1,))
+        forbid_eos = index < min_new
+        # log p(prefix) + log softmax(logits) is one fused pass (logsumexp takes several)
+        if options.renormalize:
+            scores = log_softmax_plus(rules.apply(logits, forbid_eos, owned=True), prefix)
+        else:
+            scores = rules.apply(log_softmax_plus(logits, prefix), forbid_eos, owned=True)
+        if options.forced_eos:
+            at_cap = xp.greater_equal(index + 1, s["cap"])  # (n,)
+            if not isinstance(index, int) or not bool(xp.all(xp.logical_not(at_cap))):
+                scores = rules.force_eos(scores, prefix, xp.repeat(at_cap, beam, axis=0))
+        return scores
 
     def expand(s, static):
         """One step of the ``n`` sentences of ``s``: the new fields, the parent row of each
@@ -111,10 +149,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
             logits, new_state = steps.first_step_of_copies(s["alive"], s["state"], static)
         else:
             logits, new_state = steps.step(s["alive"], index, s["state"], static)
-        logits = xp.cast(logits, "float32")
-        # log p(prefix) + log softmax(logits) (one fused pass; logsumexp takes several)
-        scores = log_softmax_plus(logits, xp.reshape(s["alive_logp"], (-1,)))
-        candidates = rules.apply(scores, index < min_new, owned=True)  # (n * beam, vocab)
+        candidates = candidates_of(xp.cast(logits, "float32"), s, index)
         top_logp, top_ids = chunked_top_k(xp.reshape(candidates, (n, beam * vocab)), 2 * beam)
         parent, token = xp.floor_divide(top_ids, vocab), xp.mod(top_ids, vocab)
         # (n * 2beam, width): the parents' sequences with the new token written in
@@ -124,7 +159,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
 
         # finished: the best `beam` of the kept ones and the candidates that end here, if
         # among the best `beam` candidates (as in fairseq: so beam 1 is greedy search)
-        penalty = length_penalty(xp.cast(position, "float32"), alpha)
+        penalty = penalty_at(position)
         in_beam = xp.expand_dims(xp.less(xp.arange(2 * beam), beam), 0)
         new_scores = xp.where(xp.logical_and(is_eos, in_beam), top_logp / penalty, NEG_INF)
         scores = xp.concatenate([s["finished_score"], new_scores], axis=1)
@@ -154,7 +189,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
         return new, parent_rows, new_state
 
     rows = batch * beam
-    caps = xp.convert_to_tensor(np.full((batch,), width - 1) if caps is None else caps, "int32")
+    caps = xp.convert_to_tensor(caps, "int32")
     first = np.full((batch, beam), NEG_INF, dtype="float32")
     first[:, 0] = 0.0  # all beams start equal: expand only the first one
     init = dict(index=start_index(0), state=state,
@@ -165,7 +200,7 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
                 finished_score=xp.full((batch, beam), NEG_INF, "float32"),
                 finished_logp=xp.full((batch, beam), NEG_INF, "float32"),
                 finished_length=xp.zeros((batch, beam), "int32"),
-                max_penalty=length_penalty(xp.cast(caps, "float32"), alpha),
+                max_penalty=penalty_at(caps),
                 cap=caps,
                 active=xp.convert_to_tensor(active, "bool"))
     if drop_finished and is_eager_loop():
@@ -184,6 +219,9 @@ def beam_search_loop(steps, static, state, batch, beam, width, alpha, min_new, e
                                   s[name], new[name])
         for name in _ROW_FIELDS:
             new[name] = xp.where(rows_done, s[name], new[name])
+        # over stays over: the heuristic rule's bound moves with the index, which a frozen
+        # sentence would otherwise meet again (transformers keeps the same flag)
+        new["active"] = xp.logical_and(s["active"], xp.logical_not(done))
         new["state"] = steps.reorder(new_state, parent_rows, s["index"] + 1)
         return new
 
@@ -249,15 +287,17 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
             :func:`~transformerkit.decoding.greedy_translate`.
         options: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
             defaults), ``search`` any of its fields in its place. Used here: ``beam_size``
-            (the beam widens to ``n_best`` when that is larger), ``alpha`` (GNMT length
-            penalty exponent, 0 = plain log-probability), ``n_best`` (hypotheses returned per
-            sentence), ``max_new_tokens``, ``max_len_a`` / ``max_len_b`` (each output has at
-            most ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS included, as
-            fairseq; both None: only ``max_new_tokens``) and ``stopping``: ``"exact"`` (a
-            sentence's search ends when no live beam can beat its finished hypotheses: the
-            best result within the length cap) or ``"early"`` (it also ends once
-            ``beam_size`` hypotheses have finished, as CTranslate2 and Hugging Face
-            ``early_stopping=True``; faster, rarely different).
+            (the beam widens to ``n_best`` when that is larger), ``alpha`` and ``penalty``
+            (the length penalty's exponent and form, see the module docstring; alpha 0 =
+            plain log-probability), ``n_best`` (hypotheses returned per sentence),
+            ``max_new_tokens``, ``max_len_a`` / ``max_len_b`` (each output has at most
+            ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS included, as fairseq;
+            both None: only ``max_new_tokens``), ``forced_eos``, ``renormalize`` and
+            ``stopping``: ``"exact"`` (a sentence's search ends when no live beam can beat
+            its finished hypotheses: the best result within the length cap), ``"early"``
+            (it also ends once ``beam_size`` hypotheses have finished, as CTranslate2 and
+            ``transformers``' ``early_stopping=True``; faster, rarely different) or
+            ``"heuristic"`` (``transformers``' default rule).
 
     Returns:
         ``batch`` lists of ``n_best`` :class:`Hypothesis`, best first (sorted by score).
@@ -267,8 +307,7 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
     options = resolve(SearchOptions, options, search, "beam_translate")
     if bos_id != BOS_ID:
         raise ValueError(f"beam search starts every target with id {BOS_ID}, got bos_id={bos_id}")
-    beam_size, n_best, alpha = options.width, options.n_best, options.alpha
-    stopping = options.stopping
+    beam_size = options.width
     max_new = check_max_new_tokens(options.max_new_tokens, model.max_length)
     source, active = prepare_sources(model, source_ids)
     batch = np.asarray(source_ids).shape[0]
@@ -279,17 +318,19 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
 
     def decode(source, active, caps, min_new):
         state, static = steps.start(source, max_new, copies=beam_size)
-        return beam_search_loop(steps, static, state, source.shape[0], beam_size, max_new + 1,
-                                alpha, min_new, eos_id, active, caps, stopping, drop_finished)
+        return beam_search_loop(steps, static, state, source.shape[0], options, min_new,
+                                eos_id, active, caps, max_new + 1, drop_finished)
 
-    key = ("beam", beam_size, alpha, max_new, eos_id, use_cache, stopping)
+    key = ("beam", beam_size, options.alpha, options.penalty, options.stopping,
+           options.forced_eos, options.renormalize, max_new, eos_id, use_cache)
     out = run_decoder(model, key, decode, source, active, caps, np.int32(min_new_tokens))
-    return [_n_best(out, row, beam_size, n_best, alpha, eos_id) for row in range(batch)]
+    return [_n_best(out, row, options, eos_id) for row in range(batch)]
 
 
-def _n_best(out, row, beam, n_best, alpha, eos_id):
-    """The ``n_best`` hypotheses of sentence ``row``: finished ones and, when its length cap
-    was hit, the live beams (scored as if they ended there)."""
+def _n_best(out, row, options, eos_id):
+    """The ``options.n_best`` hypotheses of sentence ``row``: finished ones and, when its
+    length cap was hit, the live beams (scored as if they ended there)."""
+    beam, n_best = options.width, options.n_best
     found = []
     for k in range(beam):
         score = float(out["finished_score"][row, k])
@@ -303,6 +344,8 @@ def _n_best(out, row, beam, n_best, alpha, eos_id):
             logp = float(out["alive_logp"][row, k])
             if np.isfinite(logp):
                 found.append(Hypothesis(cut_at_eos(out["alive"][row * beam + k, 1:], eos_id),
-                                        logp / length_penalty(steps, alpha), logp, False))
+                                        logp / length_penalty(steps, options.alpha,
+                                                                options.penalty),
+                                        logp, False))
     found.sort(key=lambda h: -h.score)
     return found[:n_best]

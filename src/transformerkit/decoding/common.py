@@ -110,7 +110,8 @@ def log_softmax_plus(logits, row_scores):
 
 class TokenRules:
     """Which ids may be chosen: never PAD or BOS, and not EOS while ``min_new_tokens`` is
-    not reached. Built once per decode; :meth:`apply` adds a 0 / -inf bias to the logits.
+    not reached. Built once per decode; :meth:`apply` adds a 0 / -inf bias to the logits,
+    :meth:`force_eos` leaves only the end token to rows at their length cap.
 
     Args:
         vocab: vocabulary size.
@@ -123,8 +124,12 @@ class TokenRules:
         without_eos = always.copy()
         if eos_id is not None and eos_id >= 0:
             without_eos[0, eos_id] = NEG_INF
+        only_eos = np.full((1, vocab), NEG_INF, dtype="float32")
+        if eos_id is not None and eos_id >= 0:
+            only_eos[0, eos_id] = 0.0
         self.always = ops.convert_to_tensor(always)
         self.without_eos = ops.convert_to_tensor(without_eos)
+        self.only_eos = ops.convert_to_tensor(only_eos)
         self.columns = None  # the forbidden columns, for apply(..., owned=True) on PyTorch
         if fastpath.applies():
             import torch
@@ -133,6 +138,14 @@ class TokenRules:
             self.columns = {flag: torch.as_tensor(np.flatnonzero(row[0] == NEG_INF),
                                                   device=device)
                             for flag, row in ((False, always), (True, without_eos))}
+
+    def force_eos(self, scores, row_scores, rows):
+        """``(rows, vocab)`` candidate ``scores`` where the rows of ``rows`` (a ``(rows,)``
+        bool tensor) may only end: their end token scores ``row_scores`` (the prefix's
+        log-probability plus 0, as ``transformers``' ``ForcedEOSTokenLogitsProcessor``
+        sets it), every other id -inf."""
+        only_eos = ops.expand_dims(row_scores, 1) + self.only_eos
+        return ops.where(ops.expand_dims(rows, 1), only_eos, scores)
 
     def apply(self, logits, forbid_eos, owned=False):
         """``(rows, vocab)`` logits with the forbidden ids at -inf. ``forbid_eos`` is a
@@ -150,8 +163,14 @@ class TokenRules:
         return logits + ops.where(forbid_eos, self.without_eos, self.always)
 
 
-def length_penalty(length, alpha):
-    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al. 2016, eq. 14)."""
+def length_penalty(length, alpha, form):
+    """What a beam search divides a hypothesis' log-probability by, for ``length`` tokens
+    (its end token included): ``form`` ``"gnmt"``, ``((5 + length) / 6) ** alpha`` (Wu et
+    al. 2016, eq. 14, the Transformer paper's), or ``"power"``, ``length ** alpha``
+    (``transformers``' and CTranslate2's ``length_penalty``, which a checkpoint's
+    generation config names). ``length``: a number or a float32 tensor."""
+    if form == "power":
+        return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 

@@ -44,7 +44,7 @@ def argmax_choice(logits, index):
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
                  choose, eos_id, active, collect_logits=False, drop_finished=False,
-                 on_token=None):
+                 on_token=None, forced_eos=False):
     """Extend each row of ``buffer`` one token per step until EOS or ``max_new`` tokens.
 
     Args:
@@ -68,6 +68,9 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
             finished rows, the prompt's id for rows still in their prompt); whatever it
             raises stops the search and propagates (streamed generation,
             :mod:`.streaming`).
+        forced_eos: a row's last allowed token (its ``max_new``-th) is ``eos_id`` whatever
+            was chosen (``transformers``' ``forced_eos_token_id``; a sampled row draws its
+            random numbers all the same).
 
     Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
     """
@@ -76,7 +79,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
                          "compiled loops cannot call Python between steps")
     if drop_finished and is_eager_loop():
         return _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
-                                 max_new, min_new, choose, eos_id, active, collect_logits)
+                                 max_new, min_new, choose, eos_id, active, collect_logits,
+                                 forced_eos)
     rows, width = buffer.shape
     rules = TokenRules(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
@@ -92,6 +96,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         position = index + 1
         made = position - prompt_lengths  # tokens generated before this one (per row)
         token = choose(rules.apply(logits, made < min_new, owned=not collect_logits), index)
+        if forced_eos:
+            token = ops.where(made + 1 >= max_new, eos_id, token)
         if per_row_prompts:  # rows still inside their prompt copy it
             in_prompt = ops.less(position, prompt_lengths)
             token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), token)
@@ -120,7 +126,7 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
 
 
 def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths, max_new,
-                      min_new, choose, eos_id, active, collect_logits):
+                      min_new, choose, eos_id, active, collect_logits, forced_eos):
     """:func:`token_search` in the eager loop where finished rows leave the batch: the same
     steps on the live rows only (which rows are live is known on the host every step, as
     the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
@@ -157,6 +163,8 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         made = position - prompts[live]
         forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
         token = choose(rules.apply(logits, forbid, owned=not collect_logits), index)
+        if forced_eos and (made + 1 >= limits[live]).any():  # the last token a cap allows
+            token = xp.where(xp.convert_to_tensor(made + 1 >= limits[live]), eos_id, token)
         in_prompt = position < prompts[live]
         if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
             token = xp.where(xp.convert_to_tensor(in_prompt),
@@ -179,7 +187,7 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
 def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                   make_choose=None, bos_id=BOS_ID, eos_id=EOS_ID, min_new_tokens=0,
                   use_cache=True, return_logits=False, max_len_a=None, max_len_b=None,
-                  drop_finished=True):
+                  drop_finished=True, forced_eos=False):
     """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling.
     ``drop_finished`` applies to the greedy choice only (``make_choose`` None)."""
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
@@ -198,9 +206,9 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                                   ops.zeros((rows, max_new), "int32")], axis=1)
         chooser = make_choose(*extra) if make_choose is not None else choose
         return token_search(steps, static, state, buffer, 0, 1, caps, min_new, chooser,
-                            eos_id, active, return_logits, drop)
+                            eos_id, active, return_logits, drop, forced_eos=forced_eos)
 
-    full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits)
+    full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits, forced_eos)
     buffer, logits = run_decoder(model, full_key, decode, source, active, caps,
                                  np.int32(min_new_tokens), *extra_args)
     ids = [cut_at_eos(row[1:], eos_id) for row in buffer[:batch]]
@@ -224,7 +232,8 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
             and upper limit: the model's ``max_length``, more is cut with a warning) and
             ``max_len_a``, ``max_len_b`` (cap each output at ``floor(max_len_a * source_len +
             max_len_b)`` tokens, EOS included, ``source_len`` counting the source's real
-            tokens and its EOS, as fairseq; both None: only ``max_new_tokens``).
+            tokens and its EOS, as fairseq; both None: only ``max_new_tokens``) and
+            ``forced_eos`` (the last token a cap allows is EOS).
         bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
         min_new_tokens: EOS is forbidden before this many tokens (``bench/decode.py``
             forces fixed-length outputs with ``min_new_tokens = max_new_tokens``).
@@ -252,4 +261,4 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                          bos_id=bos_id, eos_id=eos_id, min_new_tokens=min_new_tokens,
                          use_cache=use_cache, return_logits=return_logits,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                         drop_finished=drop_finished)
+                         drop_finished=drop_finished, forced_eos=options.forced_eos)

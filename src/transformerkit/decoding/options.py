@@ -19,7 +19,12 @@ it by (default: its name). Building an instance checks every value
 (:func:`transformerkit.declared.check`; a ``TypeError`` or ``ValueError`` naming the
 option): ints are ints (not bools), numbers are finite, each value is in its range.
 
-Plain Python, no Keras: the command line builds its parser from this module.
+The run config's ``search:`` section (``config/loading.py``) is a :class:`SearchOptions`:
+a run's own default search (an imported checkpoint's generation settings), which the
+command line, ``Run.translate`` and the server start from.
+
+Plain Python, no Keras, importing only :mod:`transformerkit.declared`: the command line
+builds its parser from this module, and the run config (a lower layer) reads it as a leaf.
 """
 
 import dataclasses
@@ -29,7 +34,8 @@ from transformerkit.declared import check, nullable, option, value_type
 
 optional = nullable  # the name the command line and the HTTP schemas import
 
-STOPPING_RULES = ("early", "exact")
+STOPPING_RULES = ("early", "exact", "heuristic")
+PENALTIES = ("gnmt", "power")
 
 
 def check_field(f, value):
@@ -58,13 +64,21 @@ class _Checked:
 class SearchOptions(_Checked):
     """How a ``Transformer`` translates: beam search (``beam_size`` > 1), greedy search
     (``beam_size`` 1) or sampling (``temperature`` set). Paper section 6.1: beam size 4,
-    length penalty 0.6."""
+    length penalty 0.6. ``penalty``, ``stopping``, ``forced_eos`` and ``renormalize`` also
+    express ``transformers``' beam search (``length_penalty``, ``early_stopping``,
+    ``forced_eos_token_id``, ``renormalize_logits``), so that an imported checkpoint
+    searches as its generation config says."""
 
     beam_size: int = option(4, minimum=1, flag="--beam",
                             help="beam size; 1 = greedy search")
-    # at most 10: ((5+len)/6)^alpha stays a float32 for any length a model reads
+    # at most 10: ((5+len)/6)^alpha and len^alpha stay float32 for any length a model reads
     alpha: float = option(0.6, minimum=0.0, maximum=10.0, label="alpha (length penalty)",
-                          help="length penalty of beam search, GNMT ((5+len)/6)^alpha")
+                          help="length penalty exponent of beam search: a finished "
+                               "hypothesis scores log p / penalty(len) (see penalty)")
+    penalty: str = option("gnmt", choices=PENALTIES,
+                          help="the length penalty's form: gnmt = ((5+len)/6)^alpha (Wu et "
+                               "al. 2016), power = len^alpha (transformers' and "
+                               "CTranslate2's length_penalty); len counts the end token")
     n_best: int = option(1, minimum=1, help="return the n best translations with their scores "
                                             "(beam search; the beam widens to n)")
     max_new_tokens: int | None = option(None, minimum=1, help="longest translation in tokens "
@@ -72,9 +86,19 @@ class SearchOptions(_Checked):
     batch_size: int = option(64, minimum=1, help="sentences decoded together")
     stopping: str = option("early", choices=STOPPING_RULES,
                            help="when a sentence's beam search ends: early = once beam_size "
-                                "hypotheses have ended (CTranslate2's and Hugging Face's "
-                                "rule), exact = when no live beam can win (keras engine "
-                                "only)")
+                                "hypotheses have ended (CTranslate2's rule, transformers' "
+                                "early_stopping=True), exact = when no live beam can win "
+                                "(transformers' 'never'), heuristic = when no live beam, "
+                                "scored at its current length, beats beam_size ended ones "
+                                "(transformers' default, early_stopping=False); exact and "
+                                "heuristic: keras engine only")
+    forced_eos: bool = option(False, help="the last token a length cap allows is the end "
+                                          "token, with log-probability 0 (transformers' "
+                                          "forced_eos_token_id)")
+    renormalize: bool = option(False, help="beam search rules PAD and BOS out before the "
+                                           "softmax, so the other tokens' probabilities sum "
+                                           "to 1 (transformers' renormalize_logits; "
+                                           "CTranslate2 always does); false: after it")
     max_len_a: float | None = option(1.2, minimum=0.0,
                                      help="each output has at most max_len_a * source tokens "
                                           "+ max_len_b tokens (none: no cap)")

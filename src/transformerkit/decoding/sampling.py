@@ -102,7 +102,8 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
     :func:`~transformerkit.decoding.greedy.greedy_translate`; of the
     :class:`~transformerkit.decoding.options.SearchOptions` also ``temperature`` (0 = greedy;
     unset: 1.0, the model's own distribution), ``top_k``, ``top_p`` and ``seed``: the same
-    seed gives the same output on the same backend). Returns ``batch`` lists of ids."""
+    seed gives the same output on the same backend; and ``forced_eos``). Returns ``batch``
+    lists of ids."""
     options = resolve(SearchOptions, options, search, "sample_translate")
     # unset, the temperature is sampling's own default (GenerationOptions'): 1.0
     temperature = options.temperature if options.samples else _GENERATION.temperature
@@ -111,7 +112,8 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
     return translate_ids(model, source_ids, options.max_new_tokens, argmax_choice, key, args,
                          make_choose, bos_id=bos_id, eos_id=eos_id,
                          min_new_tokens=min_new_tokens, use_cache=use_cache,
-                         max_len_a=options.max_len_a, max_len_b=options.max_len_b)
+                         max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+                         forced_eos=options.forced_eos)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,

@@ -12,17 +12,19 @@ How our decoding options map onto CTranslate2's:
     n_best                ``num_hypotheses`` (scores: ``return_scores``)
     max_new_tokens        ``max_decoding_length`` / ``max_length``, within the model's
                           ``max_length`` (the positional table's end), as ours
-    alpha                 ``length_penalty``: CTranslate2 divides a beam's log-probability
-                          by ``length ** alpha``, not by GNMT's ``((5 + length) / 6) **
-                          alpha``, so long and short candidates are weighed a little
-                          differently
+    alpha, penalty        ``length_penalty``: CTranslate2 divides a beam's log-probability
+                          by ``length ** alpha``: ``penalty="power"`` exactly; with the
+                          GNMT form (``((5 + length) / 6) ** alpha``) long and short
+                          candidates are weighed a little differently
     temperature, top_k,   ``sampling_temperature``, ``sampling_topk`` (0: the whole
     top_p                 vocabulary), ``sampling_topp``; temperature 0 is greedy
     seed                  ``ctranslate2.set_random_seed``, which seeds a translator's
                           worker threads when they start: a call with a seed runs on a
                           fresh session (a model load), so the same seed gives the same
                           output (not the same draws as our engine)
-    never PAD or BOS      ``suppress_sequences``
+    never PAD or BOS      ``suppress_sequences``, which rules them out before the softmax:
+                          ``renormalize=True``; with ``false`` (ours rules them out after
+                          it) a beam's scores differ by the mass they had
     an empty translation  ``min_decoding_length=0``: ``</s>`` may come first, as in ours
                           (CTranslate2's default 1 forbids it)
     stop_at_eos=False     ``end_token=[]``
@@ -34,7 +36,11 @@ How our decoding options map onto CTranslate2's:
                           shorter cap only ends the same sequence earlier); beam search
                           compares its candidates under the batch's cap, so a capped
                           sentence may get another hypothesis than ours
-    stopping="early"      CTranslate2's only rule; ``"exact"`` is refused
+    stopping="early"      CTranslate2's only rule; ``"exact"`` and ``"heuristic"`` are
+                          refused for beam search
+    forced_eos            greedy search and sampling: each output is cut one token
+                          before its cap (the forced end token), exactly ours; refused
+                          for beam search, where forcing changes the hypotheses' scores
     ====================  ===========================================================
 
 Not mapped: for a GPT, generation beyond the model's ``max_length`` (our engine slides a
@@ -50,7 +56,7 @@ import numpy as np
 
 from transformerkit.data.pipeline import pad_batch
 from transformerkit.decoding.common import length_caps
-from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
+from transformerkit.decoding.options import GenerationOptions, resolve
 from transformerkit.decoding.sampling import check_sampling
 from transformerkit.decoding.streaming import text_pieces
 from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
@@ -147,11 +153,8 @@ class CTranslate2Engine:
         :func:`transformerkit.decoding.translate.translate_batches` (the same
         :class:`~transformerkit.decoding.options.SearchOptions`; the length cap and stopping
         rule as the module's table says)."""
-        options = resolve(SearchOptions, options, keywords, "translate")
-        if options.stopping != "early":
-            raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a "
-                             f"sentence ends when beam_size hypotheses have); got "
-                             f"{options.stopping!r}")
+        options = self.run.search_options(options, keywords, "translate")
+        _check_expressible(options)
         n_best, max_len_a, max_len_b = options.n_best, options.max_len_a, options.max_len_b
         encoded = encode_sources(texts, self.run.source_tokenizer, self.max_length)
         order = np.argsort([len(e) for e in encoded], kind="stable")
@@ -174,7 +177,9 @@ class CTranslate2Engine:
                                options["max_decoding_length"], max_len_a, max_len_b)
             found = session.translate_batch(source, **{**options,
                                                        "max_decoding_length": int(caps.max())})
-            # a cap counts the end token: an output of cap tokens or more is cut to cap
+            # a cap counts the end token: an output of cap tokens or more is cut to cap,
+            # or one token before it where the end token is forced there
+            caps = caps - int(search.forced_eos)
             if n_best > 1:
                 results = [[(self._decode(h[:cap]), float(s)) for h, s in
                             zip(r.hypotheses, r.scores, strict=True)]
@@ -250,6 +255,28 @@ class CTranslate2Engine:
             arguments["end_token"] = []
         session = self._session(seed if options.temperature else None)
         return session, [self._source_tokens[i] for i in ids], arguments
+
+
+def _check_expressible(options):
+    """Refuse, in one ``ValueError`` naming each, the options CTranslate2's beam search
+    cannot express (see the module's table): a stopping rule other than ``early``, and a
+    forced end token. Greedy search and sampling take them all (no stopping rule to apply;
+    the forced token is a cut)."""
+    if not options.searches_beams:
+        return
+    refused = []
+    if options.stopping != "early":
+        refused.append(("stopping", options.stopping, "early", "--stopping early"))
+    if options.forced_eos:
+        refused.append(("forced_eos", True, False, "--no-forced-eos"))
+    if refused:
+        given = ", ".join(f"{name}={value!r}" for name, value, _, _ in refused)
+        wanted = ", ".join(f"{name}={value!r}" for name, _, value, _ in refused)
+        flags = " ".join(flag for *_, flag in refused)
+        raise ValueError(f"the ctranslate2 engine has one stopping rule, 'early' (a sentence "
+                         f"ends when beam_size hypotheses have), and never forces the end "
+                         f"token; got {given} (the run's search section, or the call's); "
+                         f"pass {wanted} ({flags}) or use the keras engine")
 
 
 def _sampling(temperature, top_k, top_p, seed):

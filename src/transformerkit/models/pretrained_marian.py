@@ -79,6 +79,7 @@ import numpy as np
 
 from transformerkit.layers.embeddings import sinusoidal_table
 from transformerkit.models.pretrained import CheckpointError, read_hf_config, read_hf_weights
+from transformerkit.models.pretrained_generation import read_generation_config, search_section
 
 log = logging.getLogger("transformerkit")
 
@@ -162,6 +163,24 @@ def transformer_kwargs(config):
         layer_norm_epsilon=LAYER_NORM_EPSILON,
         scale_embeddings=bool(config.get("scale_embedding", False)),
         tie_embeddings=tie, final_logits_bias=True)
+
+
+def marian_search(folder, config):
+    """The ``search:`` section of a run imported from the Marian ``folder`` (its checked
+    ``config``): the search ``transformers``' ``generate`` does with the folder's
+    generation settings (:mod:`transformerkit.models.pretrained_generation`); the settings
+    it has no counterpart to are named in one warning line."""
+    settings, path = read_generation_config(folder, config)
+    pad = config["pad_token_id"]
+    start = config.get("decoder_start_token_id")
+    special = {"eos_token_id": config["eos_token_id"], "pad_token_id": pad,
+               "decoder_start_token_id": pad if start is None else start}
+    search, unsupported = search_section(settings, special,
+                                         config["max_position_embeddings"], path)
+    if unsupported:
+        log.warning("%s: not reproduced by transformerkit's search, which runs without "
+                    "them: %s", path, ", ".join(unsupported))
+    return search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,4 +401,4 @@ def load_marian_weights(model, folder, weights=None, config=None):
 
 
 __all__ = ["MarianIds", "block_tensors", "load_marian_config", "load_marian_weights",
-           "transformer_kwargs"]
+           "marian_search", "transformer_kwargs"]

@@ -9,6 +9,8 @@ bounds of :class:`~.limits.Limits`, and a text longer than the model's ``max_len
 refused, where the Python API would cut it with a warning.
 """
 
+import dataclasses
+
 from transformerkit.decoding.options import GenerationOptions, SearchOptions
 from transformerkit.decoding.translate import check_text as decoders_check_text
 from transformerkit.serving.errors import RequestError
@@ -27,14 +29,16 @@ def check_max_new_tokens(value, limits):
                                 f"({limits.max_new_tokens}, --max-new-tokens)")
 
 
-def search_options(request, limits):
-    """The :class:`SearchOptions` of a ``TranslateRequest``, within ``limits`` (decoded in
-    batches of up to ``max_batch_texts``)."""
+def search_options(request, limits, run):
+    """The :class:`SearchOptions` of a ``TranslateRequest`` to ``run``: the run's own
+    (``Run.search``: its config's ``search:`` section) with the fields the request sets,
+    within ``limits`` (decoded in batches of up to ``max_batch_texts``)."""
     check_max_new_tokens(request.max_new_tokens, limits)
-    fields = request.model_dump(exclude={"texts", "model"})
+    given = request.model_dump(exclude={"texts", "model"}, exclude_unset=True)
+    fields = {**dataclasses.asdict(run.search), **given}
     if fields["temperature"] is None:  # sampling's options mean nothing to a search
         fields.update(top_k=None, top_p=None, seed=None)
-    options = _options(SearchOptions, {"batch_size": limits.max_batch_texts, **fields})
+    options = _options(SearchOptions, {**fields, "batch_size": limits.max_batch_texts})
     if options.width > limits.max_beam_size:
         raise RequestError(422, f"beam_size / n_best {options.width} is more than this "
                                 f"server allows ({limits.max_beam_size}, --max-beam-size)")

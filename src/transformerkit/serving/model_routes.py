@@ -57,7 +57,7 @@ async def translate(request: TranslateRequest, registry: Registry, batcher: Mode
                     limits: ServerLimits, metrics: Metrics):
     name, run = registry.pick(request.model, "transformer", "/translate")
     check_texts(request.texts, run, limits)
-    options = search_options(request, limits)
+    options = search_options(request, limits, run)
     key = None if options.seed is not None else (name, options)
 
     def call(texts):
@@ -66,7 +66,7 @@ async def translate(request: TranslateRequest, registry: Registry, batcher: Mode
         return results
 
     results = await submit(batcher, request.texts, call, key)
-    if request.n_best == 1:
+    if options.n_best == 1:
         return {"model": name, "translations": results}
     return {"model": name, "translations": best_of(results, options),
             "n_best": [[{"text": t, "score": float(s)} for t, s in found]
