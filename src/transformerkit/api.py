@@ -20,32 +20,34 @@ from transformerkit.run_directory import RunDirectory
 from transformerkit.special_tokens import SPECIAL_TOKENS
 
 
-def load(run_dir, checkpoint="model", precision="float32"):
-    """Load a run directory written by ``transformerkit train``.
+def load(run_dir, runtime=None, **keywords):
+    """Load a run directory written by ``transformerkit train`` (or ``import``).
 
     Args:
         run_dir: the run directory (holds ``config.yaml``, the tokenizer(s), ``model.keras``).
-        checkpoint: ``"model"`` (the final model, default), ``"best"`` (best validation
-            score, see ``train.early_stopping_metric``), ``"averaged"`` (``transformerkit
-            average``), the name of a file in ``RUN/checkpoints`` or a path to a ``.keras``
-            file.
-        precision: what the run decodes in unless a call says otherwise (its
-            ``precision`` attribute): ``float32`` (default), ``bfloat16``, ``int8`` or
-            ``auto`` (see :meth:`Run.translate`).
+        runtime: a :class:`transformerkit.decoding.options.RuntimeOptions` (None: its
+            defaults), or its fields as keywords in its place, each replacing its value:
+            ``checkpoint`` (``"model"``: the final weights; ``"best"``: the best validation
+            score, see ``train.early_stopping_metric``; ``"averaged"``: ``transformerkit
+            average``; the name of a file in ``RUN/checkpoints`` or a ``.keras`` path),
+            ``engine`` (``"keras"`` or ``"ctranslate2"``), ``precision`` (``float32``,
+            ``bfloat16``, ``int8`` or ``auto``: see :meth:`Run.translate`), ``threads`` (the
+            CTranslate2 engine's). They are the run's :attr:`Run.runtime`: what its calls
+            use unless a call says otherwise.
 
     Returns a :class:`Run`.
     """
     from transformerkit.data.tokenizers import load_tokenizer
+    from transformerkit.decoding.options import RuntimeOptions, resolve
     from transformerkit.models.base import compute_in_float32
-    from transformerkit.precisions import check
     from transformerkit.saving import load_model
 
-    check(precision)
+    runtime = resolve(RuntimeOptions, runtime, keywords, "load()")
     run = RunDirectory(run_dir)
     if not os.path.isfile(run.config):
         raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
     config = load_config(run.config)
-    model = load_model(run.model_file(checkpoint), compile=False)
+    model = load_model(run.model_file(runtime.checkpoint), compile=False)
     compute_in_float32(model)  # a mixed_bfloat16-trained model decodes as chosen per call
     source_path, target_path = run.tokenizer_paths(
         shared=True if config.model["type"] == "gpt" else None)
@@ -54,8 +56,8 @@ def load(run_dir, checkpoint="model", precision="float32"):
         load_tokenizer(target_path)
     # an encoder without a classifier head (an imported BERT) has no labels
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
-    loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels)
-    loaded.precision = precision
+    loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime)
+    loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
     return loaded
 
 
@@ -67,13 +69,17 @@ class Run:
     ``source_tokenizer``, ``target_tokenizer`` (the same object for a shared vocabulary, a
     GPT or an encoder), ``run_dir``, ``kind`` ("transformer", "gpt" or
     "encoder"), ``labels`` (an encoder classifier's class names by class id, else None),
-    ``precision`` (what translations and generations compute in when a call names none:
-    ``float32`` unless :func:`load` was told otherwise), ``search`` (how it translates when
-    a call names no option: its config's ``search:`` section).
+    ``runtime`` (a :class:`~transformerkit.decoding.options.RuntimeOptions`: the engine and
+    precision its translations and generations use when a call names none, the
+    CTranslate2 engine's threads, the weights loaded), ``precision`` (``runtime``'s),
+    ``search`` (how it translates when a call names no option: its config's ``search:``
+    section).
     """
 
     def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None,
-                 labels=None):
+                 labels=None, runtime=None):
+        from transformerkit.decoding.options import RuntimeOptions
+
         self.model = model
         self.config = config
         self.source_tokenizer = source_tokenizer
@@ -81,7 +87,13 @@ class Run:
         self.run_dir = run_dir
         self.kind = config.model["type"]
         self.labels = labels
-        self.precision = "float32"
+        self.runtime = runtime or RuntimeOptions()
+
+    @property
+    def precision(self):
+        """The precision of the run's products unless a call says otherwise
+        (``runtime.precision``)."""
+        return self.runtime.precision
 
     def __repr__(self):
         return (f"Run({self.run_dir!r}, {type(self.model).__name__}, "
@@ -93,7 +105,7 @@ class Run:
                             f"{self.kind}")
 
     # -- translation ------------------------------------------------------------------------
-    def translate(self, texts, options=None, engine="keras", precision=None, **keywords):
+    def translate(self, texts, options=None, engine=None, precision=None, **keywords):
         """Translate one text (returns a str) or a list of texts (returns a list).
 
         Args:
@@ -111,13 +123,14 @@ class Run:
             engine: "keras" (this model) or "ctranslate2" (the run's CTranslate2 export,
                 written into the run directory on first use; see
                 :mod:`transformerkit.export.runtime` for how the options map), or a
-                ``transformerkit.export.runtime.CTranslate2Engine``.
+                ``transformerkit.export.runtime.CTranslate2Engine``; None: the run's
+                (``runtime.engine``).
             precision: the products of the model's ``Dense`` layers in ``float32``,
                 ``bfloat16`` (faster products where the CPU has AVX512-BF16 or AMX: 1.3-2x
                 on an AVX512-BF16 EPYC; each within bfloat16 rounding), ``int8`` (dynamic
                 quantization, per-channel weights) or ``auto`` (bfloat16 where the CPU has bfloat16
                 units, else float32: :mod:`transformerkit.precisions`); None: the run's
-                ``precision`` (float32 unless :func:`load` set it). The rest (softmax,
+                (``runtime.precision``, float32 unless :func:`load` set it). The rest (softmax,
                 LayerNorm, the search) stays float32; docs/decoding.md, "Precision".
                 bfloat16 and int8 need the PyTorch backend with its fast paths and the keras
                 engine (CTranslate2's is chosen at export: ``--quantization``).
@@ -130,9 +143,9 @@ class Run:
         self._require("transformer", "translate")
         texts, single = as_text_list(texts)
         options = self.search_options(options, keywords, "translate()")
-        precision = self._precision(precision, engine)
+        engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
-            results = self._engine(engine).translate(texts, options)
+            results = engine.translate(texts, options)
         else:
             from transformerkit.kernels.lowprec import using
 
@@ -141,7 +154,7 @@ class Run:
                                           self.target_tokenizer, texts, options)
         return results[0] if single else results
 
-    def translate_batches(self, texts, options=None, engine="keras", precision=None,
+    def translate_batches(self, texts, options=None, engine=None, precision=None,
                           **keywords):
         """Like :meth:`translate` for a list, but returns an iterator of ``(indices,
         results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
@@ -151,9 +164,9 @@ class Run:
 
         self._require("transformer", "translate_batches")
         options = self.search_options(options, keywords, "translate_batches()")
-        precision = self._precision(precision, engine)
+        engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
-            return self._engine(engine).translate_batches(texts, options)
+            return engine.translate_batches(texts, options)
         return iterate(precision, translate_batches(
             self.model, self.source_tokenizer, self.target_tokenizer, texts, options))
 
@@ -174,23 +187,31 @@ class Run:
         return resolve(SearchOptions, self.search if options is None else options,
                        keywords or {}, what)
 
-    def _precision(self, precision, engine):
-        """The precision a call runs at: ``precision``, or the run's for None; checked (a
-        clear ``ValueError`` for a bad name, or bfloat16/int8 with CTranslate2)."""
-        from transformerkit.kernels.lowprec import resolve
-        from transformerkit.precisions import check
+    def _call_runtime(self, engine, precision):
+        """``(engine, precision)`` of a call: ``"keras"`` or the CTranslate2 engine object,
+        and the precision; each None is the run's (:attr:`runtime`), the pair checked by
+        :class:`~transformerkit.decoding.options.RuntimeOptions` (a clear ``ValueError``
+        for a bad name, or bfloat16/int8 with CTranslate2)."""
+        from transformerkit.export.runtime import CTranslate2Engine
 
-        precision = self.precision if precision is None else check(precision)
-        if engine != "keras" and precision not in ("float32", "auto"):
-            raise ValueError(f"precision {precision} applies to the keras engine; "
-                             "CTranslate2's precision is chosen at export (transformerkit "
-                             "export --quantization)")
-        if engine == "keras":
-            resolve(precision)  # bfloat16/int8 where they cannot run: the error, now
-        return precision
+        given = isinstance(engine, CTranslate2Engine)
+        changes = {"engine": "ctranslate2" if given else engine, "precision": precision}
+        runtime = self.runtime.replace(**{k: v for k, v in changes.items() if v is not None})
+        self.check_runtime(runtime)
+        if runtime.engine == "keras":
+            return "keras", runtime.precision
+        return (engine if given else self._engine(runtime)), runtime.precision
+
+    def check_runtime(self, runtime):
+        """A clear ``ValueError`` now where ``runtime``'s precision cannot run here
+        (bfloat16/int8 without the PyTorch backend's fast paths)."""
+        if runtime.engine == "keras":
+            from transformerkit.kernels.lowprec import resolve
+
+            resolve(runtime.precision)
 
     # -- generation -------------------------------------------------------------------------
-    def generate(self, prompt, options=None, engine="keras", precision=None, **keywords):
+    def generate(self, prompt, options=None, engine=None, precision=None, **keywords):
         """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
 
         ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: its
@@ -205,9 +226,9 @@ class Run:
         from transformerkit.kernels.lowprec import using
 
         options = self._generation_options(options, keywords, "generate")
-        precision = self._precision(precision, engine)
+        engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
-            return self._engine(engine).generate(prompt, options)
+            return engine.generate(prompt, options)
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
         with using(precision):
             new = generate_ids(self.model, ids, options.max_new_tokens,
@@ -216,7 +237,7 @@ class Run:
                                eos_id=eos_id if options.stop_at_eos else None)
         return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
 
-    def generate_stream(self, prompt, options=None, engine="keras", precision=None,
+    def generate_stream(self, prompt, options=None, engine=None, precision=None,
                         **keywords):
         """:meth:`generate`'s continuation while it is made: a generator of text pieces,
         each the new text since the last, empty where a token adds none (an end token, part
@@ -239,9 +260,9 @@ class Run:
         from transformerkit.kernels.lowprec import iterate
 
         options = self._generation_options(options, keywords, "generate_stream")
-        precision = self._precision(precision, engine)
+        engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
-            return self._engine(engine).generate_stream(prompt, options)
+            return engine.generate_stream(prompt, options)
         ids = self._prompt_ids(prompt)
         new_ids = stream_ids(self.model, ids, options.max_new_tokens,
                              temperature=options.temperature, top_k=options.top_k,
@@ -268,12 +289,12 @@ class Run:
             raise ValueError("the prompt is empty: give at least one character or token")
         return ids
 
-    def _engine(self, engine):
-        """The CTranslate2 engine named by ``engine`` (:func:`~transformerkit.export.runtime.
-        engine_for`)."""
+    def _engine(self, runtime):
+        """The run's CTranslate2 engine with ``runtime``'s threads
+        (:func:`~transformerkit.export.runtime.engine_for`)."""
         from transformerkit.export.runtime import engine_for
 
-        return engine_for(self, engine)
+        return engine_for(self, runtime.threads)
 
     # -- encoders ---------------------------------------------------------------------------
     def classify(self, texts, probabilities=False, batch_size=64):

@@ -23,13 +23,14 @@ float32 kernel by vendor), not the kernels the host runs: PyTorch, oneDNN and FB
 dispatch on the real CPU. Declare only flags the host has (an ``int8`` range chosen for VNNI
 saturates on a CPU without it); ``ONEDNN_MAX_CPU_ISA`` is the setting that changes kernels.
 
-Plain Python (no Keras, no PyTorch): the command line reads :data:`PRECISIONS` from here.
+Plain Python (no Keras, no PyTorch): the runtime options (``decoding/options.py``) read
+:data:`DECODE_PRECISIONS` from here.
 """
 
 import functools
 import os
 
-PRECISIONS = ("float32", "bfloat16", "int8", "auto")
+DECODE_PRECISIONS = ("float32", "bfloat16", "int8", "auto")
 
 # oneDNN's ONEDNN_MAX_CPU_ISA values, lowest first (its documentation, "CPU dispatcher
 # control"); a cap at or above AVX512_CORE_BF16 leaves the bfloat16 instructions on
@@ -41,9 +42,11 @@ _BFLOAT16_ISA = _ONEDNN_ISAS.index("AVX512_CORE_BF16")
 
 
 def check(precision, what="precision"):
-    """``precision`` if it is one of :data:`PRECISIONS`, else a clear ``ValueError``."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"{what} must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    """``precision`` if it is one of :data:`DECODE_PRECISIONS`, else a clear
+    ``ValueError``."""
+    if precision not in DECODE_PRECISIONS:
+        raise ValueError(f"{what} must be one of {', '.join(DECODE_PRECISIONS)}; got "
+                         f"{precision!r}")
     return precision
 
 

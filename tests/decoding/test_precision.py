@@ -411,8 +411,8 @@ def test_run_translate_takes_a_precision_and_a_run_default(trained_run):
                                                  precision=precision))
         assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
         assert sorted(i for indices, _ in batches for i in indices) == [0, 1]
-    with pytest.raises(ValueError, match="precision must be one of float32, bfloat16, int8, "
-                                         "auto; got 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of 'float32', 'bfloat16', "
+                                         "'int8', 'auto'; got 'fp16'"):
         run.translate("ein", precision="fp16")
     with pytest.raises(ValueError, match="precision must be one of"):
         transformerkit.load(run.run_dir, precision="half")
@@ -719,18 +719,22 @@ def test_low_precision_without_the_fast_paths_is_refused_and_auto_is_float32():
     assert "TRANSFORMERKIT_FAST_PATHS" in out[-1]
 
 
-def test_serving_loads_runs_at_a_precision(trained_run):
+def test_serving_loads_runs_at_a_precision(trained_run, capsys):
     """``serve --precision``: every run is loaded (and warmed up) at it; CTranslate2 with
     bfloat16 or int8 is refused before anything starts."""
-    from transformerkit.serving.server import load_runs, serve
+    from transformerkit import cli
+    from transformerkit.decoding.options import RuntimeOptions
+    from transformerkit.serving.server import load_runs
 
-    runs = load_runs([trained_run.run_dir], precision="int8")
+    runs = load_runs([trained_run.run_dir], RuntimeOptions(precision="int8"))
     (run,) = runs.values()
-    assert run.precision == "int8"
-    with pytest.raises(ValueError, match="--precision bfloat16 applies to the keras engine"):
-        serve([trained_run.run_dir], engine="ctranslate2", precision="bfloat16")
-    with pytest.raises(ValueError, match="--precision must be one of"):
-        serve([trained_run.run_dir], precision="fp8")
+    assert run.precision == "int8" and run.runtime.precision == "int8"
+    assert cli.main(["serve", str(trained_run.run_dir), "--engine", "ctranslate2",
+                     "--precision", "bfloat16"]) == 2
+    assert "precision bfloat16 applies to the keras engine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's one-line error naming the choices
+        cli.main(["serve", str(trained_run.run_dir), "--precision", "fp8"])
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
 
 
 def test_command_line_precision(trained_run, capsys, monkeypatch):

@@ -184,8 +184,8 @@ def test_the_documented_defaults_are_the_declared_ones(page):
 
 
 def test_the_documented_option_tables_are_the_generated_ones():
-    """docs/decoding.md embeds ``markdown_reference`` of SearchOptions and
-    GenerationOptions; regenerate the blocks when a declaration changes."""
+    """docs/decoding.md embeds ``markdown_reference`` of SearchOptions, GenerationOptions
+    and RuntimeOptions; regenerate the blocks when a declaration changes."""
     import re
 
     from transformerkit.decoding import options
@@ -193,7 +193,8 @@ def test_the_documented_option_tables_are_the_generated_ones():
     page = (ROOT / "docs" / "decoding.md").read_text(encoding="utf-8")
     blocks = re.findall(r"<!-- generated: markdown_reference\((\w+)\) -->\n(.*?)"
                         r"<!-- end generated -->", page, re.S)
-    assert [name for name, _ in blocks] == ["SearchOptions", "GenerationOptions"]
+    assert [name for name, _ in blocks] == ["SearchOptions", "GenerationOptions",
+                                            "RuntimeOptions"]
     for name, text in blocks:
         assert text == options.markdown_reference(getattr(options, name)), name
     table = options.markdown_reference(options.SearchOptions)

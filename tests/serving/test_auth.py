@@ -324,7 +324,7 @@ def served(runs, monkeypatch):
     monkeypatch.setattr(server, "check_runs", lambda run_dirs, checkpoint: None)
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):  # serve sets them
         monkeypatch.setenv(name, os.environ.get(name, "1024"))
-    monkeypatch.setattr(server, "load_runs", lambda run_dirs, **options: runs)
+    monkeypatch.setattr(server, "load_runs", lambda run_dirs, runtime=None: runs)
     monkeypatch.setattr(shutdown.DrainingServer, "run", lambda self: calls.append(
         (self.config.app, self.config.host)))
     return calls

@@ -1,5 +1,5 @@
 """What the commands share: loading a run, reading texts from arguments or stdin as valid
-Unicode, printing, the CTranslate2 engine and the search options."""
+Unicode, printing, and the options the flags give."""
 
 import dataclasses
 import os
@@ -8,12 +8,13 @@ import sys
 
 # -- using a trained run ------------------------------------------------------------------------
 def load_run(args):
-    """The run of ``args.run_dir`` at ``--checkpoint``, decoding at ``--precision`` (for the
-    commands that have it; float32 for the others)."""
+    """The run of ``args.run_dir`` with the runtime options the command line gives
+    (``--checkpoint``, and for the commands that have them ``--engine``, ``--precision``,
+    ``--threads``; the declared defaults for the others): ``Run.runtime``."""
     from transformerkit.api import load
+    from transformerkit.decoding.options import RuntimeOptions
 
-    return load(args.run_dir, checkpoint=args.checkpoint,
-                precision=getattr(args, "precision", "float32"))
+    return load(args.run_dir, options_of(args, RuntimeOptions))
 
 
 def echo(text=""):
@@ -76,20 +77,6 @@ def stderr_console():
     from rich.console import Console
 
     return Console(stderr=True)
-
-
-def engine_of(args, run):
-    """``--engine``/``--threads``: "keras", or the run's CTranslate2 engine (which takes no
-    ``--precision`` but float32 and auto: checked before it loads)."""
-    if args.engine == "keras":
-        return "keras"
-    precision = getattr(args, "precision", "float32")
-    if precision not in ("float32", "auto"):
-        raise ValueError(f"precision {precision} applies to the keras engine; CTranslate2's "
-                         "precision is chosen at export (transformerkit export --quantization)")
-    from transformerkit.export.runtime import CTranslate2Engine
-
-    return CTranslate2Engine(run, threads=args.threads)
 
 
 def options_of(args, options_class, base=None):

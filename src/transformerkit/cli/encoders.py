@@ -37,7 +37,7 @@ def evaluate_classifier(args, run):
                f"f1 {values['f1']:.4f} support {values['support']}")
     run_dir = RunDirectory(args.run_dir)
     metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
-    metrics.setdefault("evaluate", {})[name] = dict(scores, checkpoint=args.checkpoint)
+    metrics.setdefault("evaluate", {})[name] = dict(scores, checkpoint=run.runtime.checkpoint)
     run_dir.write_metrics(metrics)
     echo(f"stored in {run_dir.metrics}")
     return 0

@@ -8,8 +8,6 @@ Nothing here imports Keras: the backend is chosen from ``--backend`` after parsi
 import argparse
 import re
 
-from transformerkit.precisions import PRECISIONS
-
 BACKENDS = ("torch", "jax", "tensorflow")
 
 
@@ -150,28 +148,21 @@ def _number_or_none(kind):
 
 def _add_use_commands(command):
     """The subcommands that use a trained run directory (``command(name, help)`` adds one)."""
-    from transformerkit.decoding.options import GenerationOptions, SearchOptions
+    from transformerkit.decoding.options import (
+        GenerationOptions,
+        RuntimeOptions,
+        SearchOptions,
+    )
 
     def run_parser(name, help_text):
         p = command(name, help_text)
         p.add_argument("run_dir", help="run directory written by `transformerkit train`")
-        p.add_argument("--checkpoint", default="model",
-                       help="model (final, default), best (best validation score), averaged "
-                            "(transformerkit average), a file in RUN/checkpoints or a .keras "
-                            "path")
+        options_flags(p, RuntimeOptions, ("checkpoint",))
         return p
 
     def engine_options(p):
-        p.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
-                       help="keras (default) or ctranslate2: the run's CTranslate2 export "
-                            "(RUN/ctranslate2, written on first use)")
-        p.add_argument("--threads", type=int, default=0,
-                       help="CTranslate2 threads (intra_threads; 0: its default)")
-        p.add_argument("--precision", choices=PRECISIONS, default="float32",
-                       help="the keras engine's Dense products: float32 (default), bfloat16 "
-                            "(faster products on AVX512-BF16/AMX CPUs), int8 (dynamic "
-                            "quantization) or auto (bfloat16 where the CPU has bfloat16 "
-                            "units, else float32); docs/decoding.md, Precision")
+        """``--engine``, ``--precision``, ``--threads``: the other runtime options."""
+        options_flags(p, RuntimeOptions, ("engine", "precision", "threads"))
 
     def options_flags(p, options_class, names=None):
         """One flag per field of ``options_class`` (``decoding/options.py``), with its type,
@@ -311,13 +302,7 @@ def _add_use_commands(command):
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (8000)")
-    serve.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras",
-                       help="keras (default) or ctranslate2 (the runs' CTranslate2 exports)")
-    serve.add_argument("--precision", choices=PRECISIONS, default="float32",
-                       help="what the keras engine's Dense products compute in, as for "
-                            "translate (default float32)")
-    serve.add_argument("--checkpoint", default="model", help="which weights of each run, as "
-                                                             "for translate (model)")
+    options_flags(serve, RuntimeOptions)  # --engine, --precision, --threads, --checkpoint
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", default=[],
                        metavar="ORIGIN",
                        help="let pages from ORIGIN (https://host[:port], or * for any) call "

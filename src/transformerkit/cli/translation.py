@@ -6,7 +6,6 @@ import sys
 
 from transformerkit.cli.common import (
     echo,
-    engine_of,
     evaluation_data,
     load_run,
     options_of,
@@ -23,7 +22,6 @@ def translate_command(args):
 
     run = load_run(args)
     options = options_of(args, SearchOptions, run.search)
-    engine = engine_of(args, run)
     texts = [valid_text(t, f"argument {i + 1}") for i, t in enumerate(args.texts)]
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     chunks = [texts] if texts else stdin_chunks(stdin, options.batch_size)
@@ -32,12 +30,12 @@ def translate_command(args):
                          "each hypothesis with its score")
     offset = 0
     for chunk in chunks:
-        _translate_chunk(run, chunk, offset, options, engine, args.scores)
+        _translate_chunk(run, chunk, offset, options, args.scores)
         offset += len(chunk)
     return 0
 
 
-def _translate_chunk(run, texts, offset, options, engine, scores=False):
+def _translate_chunk(run, texts, offset, options, scores=False):
     """Translate ``texts`` and print them in order as soon as each is ready; empty lines
     stay empty lines; ``scores``: each line is LOGPROB<TAB>TEXT (``Run.score``)."""
     real = [i for i, t in enumerate(texts) if t.strip()]
@@ -56,8 +54,7 @@ def _translate_chunk(run, texts, offset, options, engine, scores=False):
 
     flush()
     if real:
-        for indices, results in run.translate_batches([texts[i] for i in real], options,
-                                                      engine=engine):
+        for indices, results in run.translate_batches([texts[i] for i in real], options):
             if scores:
                 logp = run.score([texts[real[i]] for i in indices], results)
                 results = [f"{s:.4f}\t{r}" for s, r in zip(logp, results, strict=True)]
@@ -72,7 +69,7 @@ def generate_command(args):
 
     options = options_of(args, GenerationOptions)
     run = load_run(args)
-    echo(run.generate(valid_text(args.prompt, "--prompt"), options, engine=engine_of(args, run)))
+    echo(run.generate(valid_text(args.prompt, "--prompt"), options))
     return 0
 
 
@@ -97,10 +94,9 @@ def evaluate_command(args):
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
     hypotheses = [None] * len(sources)
-    engine = engine_of(args, run)
     with Progress(transient=True, console=stderr_console()) as progress:
         task = progress.add_task(f"translating {name}", total=len(sources))
-        for indices, results in run.translate_batches(sources, options, engine=engine):
+        for indices, results in run.translate_batches(sources, options):
             for i, text in zip(indices, results, strict=True):
                 hypotheses[i] = text
             progress.advance(task, len(indices))
@@ -108,14 +104,14 @@ def evaluate_command(args):
     if args.output:
         atomic_write_text(args.output, "\n".join(hypotheses) + "\n")
     echo(f"{name}: {len(sources)} sentences, beam {options.beam_size}, alpha {options.alpha}, "
-           f"engine {args.engine}")
+           f"engine {run.runtime.engine}")
     echo(f"BLEU = {scores['bleu']:.2f}   {scores['bleu_signature']}")
     echo(f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}")
     run_dir = RunDirectory(args.run_dir)
     metrics = run_dir.read_metrics() if os.path.exists(run_dir.metrics) else {}
     metrics.setdefault("evaluate", {})[name] = dict(
         scores, sentences=len(sources), beam_size=options.beam_size, alpha=options.alpha,
-        checkpoint=args.checkpoint, engine=args.engine)
+        checkpoint=run.runtime.checkpoint, engine=run.runtime.engine)
     run_dir.write_metrics(metrics)
     echo(f"stored in {run_dir.metrics}")
     return 0
@@ -171,9 +167,11 @@ def export_command(args):
 def serve_command(args):
     import dataclasses
 
+    from transformerkit.decoding.options import RuntimeOptions
     from transformerkit.serving.limits import Limits
     from transformerkit.serving.server import serve
 
+    runtime = options_of(args, RuntimeOptions)  # checked before anything starts
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     try:
         import fastapi  # noqa: F401
@@ -182,7 +180,6 @@ def serve_command(args):
         print(f"transformerkit serve: error: {err}: install the server's packages with "
               "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
         return 2
-    return serve(args.run_dirs, host=args.host, port=args.port, engine=args.engine,
-                 checkpoint=args.checkpoint, limits=limits, cors_origins=args.cors_origins,
-                 api_keys=args.api_keys, no_auth=args.no_auth, workers=args.workers,
-                 shutdown_timeout=args.shutdown_timeout, precision=args.precision)
+    return serve(args.run_dirs, runtime, host=args.host, port=args.port, limits=limits,
+                 cors_origins=args.cors_origins, api_keys=args.api_keys, no_auth=args.no_auth,
+                 workers=args.workers, shutdown_timeout=args.shutdown_timeout)

@@ -37,15 +37,15 @@ from transformerkit.config.sections import (
     DATASETS,
     DISTRIBUTIONS,
     OPTIMIZERS,
-    PRECISIONS,
     SAMPLE_UNITS,
     STOPPING_METRICS,
+    TRAIN_POLICIES,
     ConfigError,
     DataOptions,
     TrainOptions,
 )
 
-__all__ = ["DATASETS", "DISTRIBUTIONS", "MODEL_TYPES", "OPTIMIZERS", "PRECISIONS",
+__all__ = ["DATASETS", "DISTRIBUTIONS", "MODEL_TYPES", "OPTIMIZERS", "TRAIN_POLICIES",
            "SAMPLE_UNITS", "SECTIONS", "STOPPING_METRICS", "ConfigError", "DataOptions", "Key",
            "ModelSection", "RunConfig", "TrainOptions", "defaults", "describe", "load_config",
            "parse_duration", "resolve", "save_config", "schema"]

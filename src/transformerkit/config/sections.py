@@ -33,8 +33,8 @@ from transformerkit.declared import check, option
 from transformerkit.declared import nullable as nullable  # tests/test_config.py reads it here
 
 STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")  # Keras dtype policies
-TRAIN_PRECISIONS = ("auto", *PRECISIONS)  # train.precision: auto is resolved per machine
+TRAIN_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")  # Keras dtype policies
+TRAIN_PRECISIONS = ("auto", *TRAIN_POLICIES)  # train.precision: auto is resolved per machine
 OPTIMIZERS = ("paper", "adamw_cosine")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 DATASETS = ("multi30k", "parallel", "tsv", "files", "text", "ted_hrlr")

@@ -23,14 +23,21 @@ The run config's ``search:`` section (``config/loading.py``) is a :class:`Search
 a run's own default search (an imported checkpoint's generation settings), which the
 command line, ``Run.translate`` and the server start from.
 
-Plain Python, no Keras, importing only :mod:`transformerkit.declared`: the command line
-builds its parser from this module, and the run config (a lower layer) reads it as a leaf.
+:class:`RuntimeOptions` says where a run computes (the engine, the precision of its
+products, threads, which weights): the same flags, ``load``/``Run`` keywords, server
+settings and docs table are made from it, and its checks hold the rules between them
+(which precisions each engine takes).
+
+Plain Python, no Keras, importing only the leaves :mod:`transformerkit.declared` and
+:mod:`transformerkit.precisions`: the command line builds its parser from this module, and
+the run config (a lower layer) reads it as a leaf.
 """
 
 import dataclasses
 from dataclasses import dataclass
 
 from transformerkit.declared import check, nullable, option, value_type
+from transformerkit.precisions import DECODE_PRECISIONS
 
 optional = nullable  # the name the command line and the HTTP schemas import
 
@@ -153,6 +160,46 @@ class GenerationOptions(_Checked):
                                       "probability mass (nucleus)")
     seed: int | None = option(None, help="the same seed gives the same text")
     stop_at_eos: bool = option(True, help="stop at the end-of-text token")
+
+
+ENGINES = ("keras", "ctranslate2")
+# the precisions the CTranslate2 engine takes at run time: its own is chosen at export
+CTRANSLATE2_PRECISIONS = ("float32", "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions(_Checked):
+    """Where and how a run computes its translations and generations: the engine, the
+    precision of the keras engine's products, the CTranslate2 engine's threads, and which
+    weights are loaded. ``transformerkit.load(run_dir, **fields)``, the ``translate`` /
+    ``generate`` / ``evaluate`` / ``serve`` flags and the server's settings are made from
+    these declarations."""
+
+    engine: str = option("keras", choices=ENGINES,
+                         help="keras: the run's model; ctranslate2: the run's CTranslate2 "
+                              "export (RUN/ctranslate2, written on first use)")
+    precision: str = option("float32", choices=DECODE_PRECISIONS,
+                            help="the keras engine's Dense products: float32, bfloat16 (faster "
+                                 "products on CPUs with AVX512-BF16 or AMX), int8 (dynamic "
+                                 "quantization) or auto (bfloat16 where the CPU has bfloat16 "
+                                 "units, else float32); CTranslate2's is chosen at export")
+    threads: int = option(0, minimum=0,
+                          help="the ctranslate2 engine's threads (intra_threads; 0: its "
+                               "default)")
+    checkpoint: str = option("model",
+                             help="which weights: model (the final ones), best (best "
+                                  "validation score), averaged (transformerkit average), a "
+                                  "file in RUN/checkpoints or a .keras path")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.engine != "keras" and self.precision not in CTRANSLATE2_PRECISIONS:
+            raise ValueError(f"precision {self.precision} applies to the keras engine; "
+                             "CTranslate2's precision is chosen at export (transformerkit "
+                             "export --quantization)")
+        if not self.checkpoint:
+            raise ValueError("checkpoint must name the weights: model, best, averaged, a file "
+                             "in RUN/checkpoints or a .keras path")
 
 
 def fields_of(options_class):

@@ -66,19 +66,16 @@ from transformerkit.export.ctranslate2 import (
     is_current,
 )
 
-_ENGINES = weakref.WeakKeyDictionary()  # Run -> its default CTranslate2Engine
+_ENGINES = weakref.WeakKeyDictionary()  # Run -> {threads: its CTranslate2Engine}
 
 
-def engine_for(run, engine):
-    """The engine object for ``run.translate(..., engine=engine)``: ``"ctranslate2"`` (the
-    run's default :class:`CTranslate2Engine`, made once per run) or an engine instance."""
-    if isinstance(engine, CTranslate2Engine):
-        return engine
-    if engine != "ctranslate2":
-        raise ValueError(f"engine must be 'keras' or 'ctranslate2', got {engine!r}")
-    if run not in _ENGINES:
-        _ENGINES[run] = CTranslate2Engine(run)
-    return _ENGINES[run]
+def engine_for(run, threads=0):
+    """The run's :class:`CTranslate2Engine` with ``threads`` (``RuntimeOptions.threads``),
+    made once per run and thread count."""
+    engines = _ENGINES.setdefault(run, {})
+    if threads not in engines:
+        engines[threads] = CTranslate2Engine(run, threads=threads)
+    return engines[threads]
 
 
 def ensure_export(run, quantization=None):

@@ -79,7 +79,7 @@ def _why_not_fast():
 @contextlib.contextmanager
 def using(precision):
     """Run the block's inference products at ``precision`` (one of
-    :data:`transformerkit.precisions.PRECISIONS`; ``auto`` resolved by :func:`resolve`).
+    :data:`transformerkit.precisions.DECODE_PRECISIONS`; ``auto`` resolved by :func:`resolve`).
     Context-local: other threads and tasks keep theirs."""
     token = _PRECISION.set(resolve(precision)[0])
     try:

@@ -41,7 +41,7 @@ from transformerkit.serving.errors import add_error_handlers
 from transformerkit.serving.lifecycle import Admission, Lifecycle
 from transformerkit.serving.limits import BodySizeLimit, Limits
 from transformerkit.serving.origins import check_origins
-from transformerkit.serving.registry import ENGINES, RunRegistry
+from transformerkit.serving.registry import RunRegistry, check_engine
 from transformerkit.serving.schemas import ErrorResponse
 
 log = logging.getLogger("transformerkit.serve")
@@ -95,7 +95,7 @@ def load_in_background(app, load_runs):
     lifecycle.loader.start()
 
 
-def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
+def create_app(runs, limits=None, engine=None, cors_origins=(), api_keys=()):
     """A FastAPI application serving ``runs``.
 
     Args:
@@ -107,7 +107,8 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
             (:class:`~.lifecycle.Admission`); if it raises, the state is "failed".
         limits: a :class:`~.limits.Limits` (default: its defaults).
         engine: "keras" or "ctranslate2", passed to ``Run.translate`` / ``Run.generate``
-            (attention always comes from the Keras model).
+            (attention always comes from the Keras model); None: the declared default of
+            ``RuntimeOptions.engine``.
         cors_origins: origins (``https://host[:port]``, or ``*`` for any) whose pages may
             call the API from a browser; none by default (the server's own page only).
         api_keys: the keys a request may send as ``Authorization: Bearer KEY``
@@ -115,8 +116,7 @@ def create_app(runs, limits=None, engine="keras", cors_origins=(), api_keys=()):
     """
     cors_origins = check_origins(cors_origins)
     api_keys = check_keys(api_keys, "api_keys")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    engine = check_engine(engine)
     load_runs = runs if callable(runs) else None
     registry = None if load_runs else RunRegistry(runs, engine)
     limits = limits or Limits()

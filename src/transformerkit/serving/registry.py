@@ -4,9 +4,14 @@ request; none: the first), each with the summary ``GET /models`` shows."""
 import contextlib
 import json
 
+from transformerkit.decoding.options import RuntimeOptions
 from transformerkit.serving.errors import RequestError
 
-ENGINES = ("keras", "ctranslate2")
+
+def check_engine(engine):
+    """``engine`` if the runtime options declare it, their default for None (a clear
+    ``ValueError`` otherwise)."""
+    return RuntimeOptions().engine if engine is None else RuntimeOptions(engine=engine).engine
 
 
 def run_summary(name, run, engine):
@@ -32,11 +37,10 @@ class RunRegistry:
     """``runs`` (``{name: transformerkit.api.Run}``, the first the default) and the
     ``engine`` ("keras" or "ctranslate2") their translations and generations run on."""
 
-    def __init__(self, runs, engine="keras"):
+    def __init__(self, runs, engine=None):
         if not runs:
             raise ValueError("create_app needs at least one run")
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        engine = check_engine(engine)
         self.runs = dict(runs)
         self.engine = engine
         self.default = next(iter(self.runs))

@@ -26,21 +26,22 @@ def run_names(run_dirs):
     return names
 
 
-def load_runs(run_dirs, checkpoint="model", engine="keras", precision="float32"):
+def load_runs(run_dirs, runtime=None):
     """``{name: Run}`` for ``run_dirs``, each loaded once (``transformerkit.load``: Keras
-    safe mode) to decode at ``precision`` and warmed up with one short request on ``engine``
-    (for "ctranslate2" this writes the run's export first if it is missing; for the keras
-    engine it packs the weights at that precision)."""
+    safe mode) with the :class:`~transformerkit.decoding.options.RuntimeOptions`
+    ``runtime`` (None: the declared defaults) and warmed up with one short request on its
+    engine (for "ctranslate2" this writes the run's export first if it is missing; for the
+    keras engine it packs the weights at its precision)."""
     import transformerkit
 
     runs = {}
     for name, path in zip(run_names(run_dirs), run_dirs, strict=True):
-        run = transformerkit.load(path, checkpoint=checkpoint, precision=precision)
-        log.info("loaded %s as %r: %s (precision %s)", path, name, run, precision)
+        run = transformerkit.load(path, runtime)
+        log.info("loaded %s as %r: %s (%s)", path, name, run, run.runtime)
         if run.kind == "transformer":
-            run.translate(["a"], beam_size=1, max_new_tokens=2, engine=engine)
+            run.translate(["a"], beam_size=1, max_new_tokens=2)
         elif run.kind == "gpt":
-            run.generate("a", max_new_tokens=2, engine=engine)
+            run.generate("a", max_new_tokens=2)
         else:
             raise ValueError(f"{path} holds a {run.kind} run; serve takes transformer and gpt "
                              "runs")
@@ -48,7 +49,7 @@ def load_runs(run_dirs, checkpoint="model", engine="keras", precision="float32")
     return runs
 
 
-def check_runs(run_dirs, checkpoint="model"):
+def check_runs(run_dirs, checkpoint):
     """A ``FileNotFoundError`` naming the first of ``run_dirs`` that is no run directory or
     lacks the ``checkpoint`` weights: found before the server starts, not in its log."""
     from transformerkit.run_directory import RunDirectory
@@ -63,15 +64,16 @@ def check_runs(run_dirs, checkpoint="model"):
                                     f"{checkpoint})")
 
 
-def build_app(run_dirs, engine="keras", checkpoint="model", limits=None, cors_origins=(),
-              api_keys=(), precision="float32"):
+def build_app(run_dirs, runtime=None, limits=None, cors_origins=(), api_keys=()):
     """The application ``serve`` runs: :func:`~.app.create_app` with a loader that loads and
-    warms ``run_dirs`` (:func:`load_runs`) on a thread once the application starts."""
+    warms ``run_dirs`` with ``runtime`` (:func:`load_runs`) on a thread once the
+    application starts."""
+    from transformerkit.decoding.options import RuntimeOptions
     from transformerkit.serving.app import create_app
 
-    loader = functools.partial(load_runs, list(run_dirs), checkpoint=checkpoint, engine=engine,
-                               precision=precision)
-    return create_app(loader, limits=limits, engine=engine, cors_origins=cors_origins,
+    runtime = runtime or RuntimeOptions()
+    loader = functools.partial(load_runs, list(run_dirs), runtime)
+    return create_app(loader, limits=limits, engine=runtime.engine, cors_origins=cors_origins,
                       api_keys=api_keys)
 
 
@@ -79,6 +81,7 @@ def app_from_environment():
     """The application of one worker process of ``serve --workers N`` (uvicorn calls this
     factory, named by import string, in each worker): the worker's share of the CPU
     threads, then :func:`build_app` with the settings ``serve`` passed."""
+    from transformerkit.decoding.options import RuntimeOptions
     from transformerkit.serving.limits import Limits
     from transformerkit.serving.workers import share_threads, worker_settings
 
@@ -88,27 +91,28 @@ def app_from_environment():
     if threads:
         log.info("worker %d: %d threads", os.getpid(), threads)
     settings["limits"] = Limits(**settings["limits"])
+    settings["runtime"] = RuntimeOptions(**settings["runtime"])
     return build_app(**settings)
 
 
-def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="model",
-          limits=None, cors_origins=(), api_keys=(), no_auth=False, workers=1,
-          shutdown_timeout=25.0, precision="float32"):
+def serve(run_dirs, runtime=None, host="127.0.0.1", port=8000, limits=None, cors_origins=(),
+          api_keys=(), no_auth=False, workers=1, shutdown_timeout=25.0):
     """Serve ``run_dirs`` until SIGTERM or SIGINT (Ctrl-C), then drain for at most
-    ``shutdown_timeout`` seconds (:mod:`.shutdown`); ``workers`` processes, each with its
-    own copy of the runs (:mod:`.workers`); ``cors_origins`` as for
+    ``shutdown_timeout`` seconds (:mod:`.shutdown`); ``runtime`` (a
+    :class:`~transformerkit.decoding.options.RuntimeOptions`; None: its defaults) says the
+    engine, precision, threads and weights of every run; ``workers`` processes, each with
+    its own copy of the runs (:mod:`.workers`); ``cors_origins`` as for
     :func:`~transformerkit.serving.app.create_app`; the API keys are ``api_keys`` and those
     of ``$TRANSFORMERKIT_API_KEYS``, required on a host other than loopback unless
-    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`); ``precision`` that of
-    every run's products (``Run.translate``). Returns the exit
+    ``no_auth`` (:func:`~transformerkit.serving.auth.keys_for_host`). Returns the exit
     status: 0, or 1 if the runs could not be loaded (logged)."""
-    from transformerkit.precisions import check
+    from transformerkit.decoding.options import RuntimeOptions
     from transformerkit.serving.auth import is_loopback, keys_for_host
 
-    check(precision, "--precision")
-    if engine != "keras" and precision not in ("float32", "auto"):
-        raise ValueError(f"--precision {precision} applies to the keras engine; CTranslate2's "
-                         "is chosen at export (transformerkit export --quantization)")
+    if runtime is None:
+        runtime = RuntimeOptions()
+    if not isinstance(runtime, RuntimeOptions):
+        raise TypeError(f"runtime must be a RuntimeOptions, got {type(runtime).__name__}")
 
     keys = keys_for_host(host, api_keys, no_auth)  # in a moment: before Keras is imported
     from transformerkit.allocator import bound_kernel_caches
@@ -131,15 +135,16 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
         raise ValueError(f"--shutdown-timeout must be 0 or more seconds, got "
                          f"{shutdown_timeout!r}")
     cors_origins = check_origins(cors_origins)  # before anything starts
-    check_runs(run_dirs, checkpoint)
+    check_runs(run_dirs, runtime.checkpoint)
     limits = limits or Limits()
-    settings = {"run_dirs": [os.fspath(p) for p in run_dirs], "engine": engine,
-                "checkpoint": checkpoint, "limits": dataclasses.asdict(limits),
-                "cors_origins": cors_origins, "api_keys": list(keys), "precision": precision}
+    settings = {"run_dirs": [os.fspath(p) for p in run_dirs],
+                "runtime": dataclasses.asdict(runtime), "limits": dataclasses.asdict(limits),
+                "cors_origins": cors_origins, "api_keys": list(keys)}
     options = {"host": host, "port": port, "log_level": "warning",
                "timeout_graceful_shutdown": CLOSE_GRACE_S}
     log.info("serving %s on http://%s:%d (engine %s, %d worker process%s); GET /health says "
-             "when the runs are loaded", ", ".join(run_names(run_dirs)), host, port, engine,
+             "when the runs are loaded", ", ".join(run_names(run_dirs)), host, port,
+             runtime.engine,
              workers, "" if workers == 1 else "es")
     if keys:
         log.info("API keys: on (%d %s); every route but / and /health needs "
@@ -148,7 +153,8 @@ def serve(run_dirs, host="127.0.0.1", port=8000, engine="keras", checkpoint="mod
         log.log(logging.INFO if is_loopback(host) else logging.WARNING,
                 "API keys: off; anyone who can reach %s may call the API", host)
     if workers == 1:
-        server = DrainingServer(uvicorn.Config(build_app(**settings | {"limits": limits}),
+        server = DrainingServer(uvicorn.Config(build_app(**settings | {"limits": limits,
+                                                                       "runtime": runtime}),
                                                **options), shutdown_timeout)
         server.run()
         exit_if_still_loading(server)

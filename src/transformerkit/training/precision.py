@@ -19,7 +19,7 @@ from typing import NamedTuple
 import keras
 
 from transformerkit import precisions
-from transformerkit.config import PRECISIONS
+from transformerkit.config import TRAIN_POLICIES
 
 # The widths from which the PyTorch CPU step gains from bfloat16 products: below it the
 # casts and the float32 parts around the products cost more than the products save
@@ -52,8 +52,8 @@ def resolve_precision(name, d_model=None, backend=None):
     The decision reads the flags and the environment only (nothing is timed); it is the
     same for every call in a process.
     """
-    if name not in (*PRECISIONS, "auto"):
-        raise ValueError(f"precision must be auto or one of {PRECISIONS}, got {name!r}")
+    if name not in (*TRAIN_POLICIES, "auto"):
+        raise ValueError(f"precision must be auto or one of {TRAIN_POLICIES}, got {name!r}")
     if name != "auto":
         return Precision(name, f"train.precision: {name}")
     backend = backend or keras.backend.backend()
@@ -108,8 +108,8 @@ def _accelerator_bfloat16(backend):
 def precision_policy(name):
     """Set Keras' global dtype policy to ``name`` inside the block, then restore the old one
     (so one ``train`` call does not change the models a later call builds)."""
-    if name not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {name!r}")
+    if name not in TRAIN_POLICIES:
+        raise ValueError(f"precision must be one of {TRAIN_POLICIES}, got {name!r}")
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(name)
     try:
