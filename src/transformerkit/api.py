@@ -126,10 +126,10 @@ class Run:
                 ``transformerkit.export.runtime.CTranslate2Engine``; None: the run's
                 (``runtime.engine``).
             precision: the products of the model's ``Dense`` layers in ``float32``,
-                ``bfloat16`` (faster products where the CPU has AVX512-BF16 or AMX: 1.3-2x
-                on an AVX512-BF16 EPYC; each within bfloat16 rounding), ``int8`` (dynamic
-                quantization, per-channel weights) or ``auto`` (bfloat16 where the CPU has bfloat16
-                units, else float32: :mod:`transformerkit.precisions`); None: the run's
+                ``bfloat16`` (faster products where the CPU has AVX512-BF16 or AMX units;
+                each within bfloat16 rounding), ``int8`` (dynamic quantization, per-channel
+                weights) or ``auto`` (bfloat16 where the CPU has bfloat16 units, else
+                float32: :mod:`transformerkit.precisions`); None: the run's
                 (``runtime.precision``, float32 unless :func:`load` set it). The rest (softmax,
                 LayerNorm, the search) stays float32; docs/decoding.md, "Precision".
                 bfloat16 and int8 need the PyTorch backend with its fast paths and the keras

@@ -147,9 +147,9 @@ class TrainStep:
         """For the step on PyTorch: the flat positions ``(n,)`` of the real (non-padding)
         labels of a ``(batch, len)`` batch that has padding, when the model's ``call`` takes
         ``logit_positions`` and the loss and every metric ignore padding positions; then the
-        output projection, the loss and the metrics need those positions only (the
-        projection is a third of a small Transformer's products; Multi30k's length-bucketed
-        batches are ~7% padding). None where that does not hold, or the batch has no
+        output projection, the loss and the metrics need those positions only (the output
+        projection is a large share of a small Transformer's products, and length-bucketed
+        batches still hold some padding). None where that does not hold, or the batch has no
         padding.
 
         A loss or metric says it ignores padding with a true ``ignores_padding`` class
