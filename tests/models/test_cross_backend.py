@@ -117,7 +117,7 @@ def test_tolerances_still_catch_short_softmax_rows_padded_with_zeros(probe_resul
     them with 0 instead of -inf (fast paths on, so attention over 4-15 keys takes it): the
     padding takes probability from every real key, far beyond the bound."""
     from transformerkit import fastpath
-    from transformerkit.layers import calls
+    from transformerkit.kernels import softmax as kernel_softmax
 
     if keras.backend.backend() != "torch":
         pytest.skip("the padded softmax is a PyTorch shortcut")
@@ -125,13 +125,13 @@ def test_tolerances_still_catch_short_softmax_rows_padded_with_zeros(probe_resul
 
     def padded_with_zeros(x):
         length = x.shape[-1]
-        if length in calls._SHORT_SOFTMAX:
+        if length in kernel_softmax._SHORT_SOFTMAX:
             padded = torch.nn.functional.pad(x, (0, 16 - length), value=0.0)
             return padded.softmax(-1)[..., :length]
         return x.softmax(-1)
 
     monkeypatch.setattr(fastpath, "ENABLED", True)
-    monkeypatch.setattr(calls, "softmax", padded_with_zeros)
+    monkeypatch.setattr(kernel_softmax, "softmax", padded_with_zeros)
     tol.assert_caught(test_subprocess_matches_this_process, probe_results, "transformer")
 
 
