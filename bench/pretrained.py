@@ -308,9 +308,9 @@ def transformerkit_decoder(folder, search, cap, batch, sentences, least=0):
     import numpy as np
 
     import transformerkit
+    from transformerkit.converters.marian_ids import MarianIds
     from transformerkit.decoding import beam_translate, greedy_translate
     from transformerkit.decoding.options import SearchOptions
-    from transformerkit.models.pretrained_marian import MarianIds
 
     run = transformerkit.load(os.path.join(folder, "run"))
     ids = MarianIds.from_folder(folder)
@@ -419,7 +419,7 @@ def train_batches(folder, tokens_per_batch, count, longest=64):
     taken evenly over the lengths."""
     import numpy as np
 
-    from transformerkit.models.pretrained_marian import MarianIds
+    from transformerkit.converters.marian_ids import MarianIds
 
     ids = MarianIds.from_folder(folder)
     with open(os.path.join(folder, "inputs.json")) as f:

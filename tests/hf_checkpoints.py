@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint folders and bounds for the import tests of ``models/pretrained.py``
+"""Hugging Face checkpoint folders and bounds for the import tests of ``converters/bert.py``
 (``models/test_hf_encoder.py``, ``models/test_hf_distilbert.py``): the chain bound of a
 BERT-style forward pass (two float32 paths, ours and ``transformers``), padded id batches,
 and folders of a config and safetensors weights written by hand."""

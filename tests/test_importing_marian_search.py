@@ -1,5 +1,5 @@
 """An imported Marian (OPUS-MT) run searches by default as its checkpoint's generation
-config says (``models/pretrained_generation.py``, the run's ``search:`` section):
+config says (``converters/generation.py``, the run's ``search:`` section):
 ``transformerkit.load(RUN).translate(texts)`` and ``transformerkit translate RUN TEXT ...``
 with no search option give ``transformers``' ``model.generate(**inputs)`` with no generation
 argument, token for token.
@@ -26,10 +26,10 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from transformerkit.cli import main  # noqa: E402
+from transformerkit.converters.marian_ids import MarianIds  # noqa: E402
 from transformerkit.data.pipeline import pad_batch  # noqa: E402
 from transformerkit.decoding import beam_translate, greedy_translate  # noqa: E402
 from transformerkit.decoding.translate import encode_sources  # noqa: E402
-from transformerkit.models.pretrained_marian import MarianIds  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 

@@ -4,9 +4,10 @@ Every import of a ``transformerkit`` module counts, at module level and inside f
 Two rules:
 
 - no import cycle between modules;
-- dependencies point down: ``kernels`` < ``layers`` < ``models`` (and ``config``, which
-  reads the models' option declarations) < ``training``, ``decoding`` < ``api``
-  (the public facade) < ``cli``; the leaves (``data``, ``files``, ``backend``,
+- dependencies point down: ``kernels`` < ``layers`` < ``converters`` (Hugging Face
+  checkpoints <-> model options and weights, on a model they are given) < ``models`` (and
+  ``config``, which reads the models' option declarations) < ``training``, ``decoding`` <
+  ``api`` (the public facade) < ``cli``; the leaves (``data``, ``files``, ``backend``,
   ``special_tokens``, ``run_directory``, ``evaluation``, ``plotting``, ...) are usable by
   all and import only leaves. A module of a layer may be a leaf of its own
   (:data:`LEAF_MODULES`).
@@ -30,6 +31,10 @@ LEAF_MODULES = {"transformerkit.decoding.options"}
 LEVELS = {
     "kernels": 0.5,  # the PyTorch kernels under the layers' math (products, packing, casts)
     "layers": 1,
+    # Hugging Face checkpoints <-> options, weights by name, tokenizers: they fill the model
+    # they are given and import no model class, so the models' from_pretrained classmethods
+    # call them (downward) and importing / export.huggingface build runs and folders on them
+    "converters": 1.5,
     "models": 2,
     "saving": 2,  # loads .keras files of the layer and model classes
     "config": 2,  # the run config; its model section comes from models/options.py

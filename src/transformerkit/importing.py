@@ -8,16 +8,17 @@ the local cache (``HF_HUB_CACHE``) when offline (``HF_HUB_OFFLINE=1``), download
 config, tokenizer and weight files when online. Only what the import reads is fetched
 (``.safetensors``, else ``pytorch_model.bin``; no TensorFlow, Flax or ONNX files).
 
-A BERT or DistilBERT folder becomes an encoder run without a classifier head (``embed``
-takes it; ``model.pretrained`` fine-tunes such a folder into a classifier, see
-docs/encoders.md). A Marian (OPUS-MT) folder becomes a translation run: the ``Transformer``
-of ``Transformer.from_pretrained`` and its two vocabulary sides (``source.spm`` /
+The conversions are the converters' (:mod:`transformerkit.converters`, one module per
+architecture); this module turns what they give into a run. A BERT or DistilBERT folder
+becomes an encoder run without a classifier head (``embed`` takes it; ``model.pretrained``
+fine-tunes such a folder into a classifier, see docs/encoders.md). A GPT-2 folder becomes a
+GPT run. A Marian (OPUS-MT) folder becomes a translation run: the ``Transformer`` of
+``Transformer.from_pretrained`` and its two vocabulary sides (``source.spm`` /
 ``target.spm`` + ``vocab.json``) as ``source_tokenizer.json`` / ``target_tokenizer.json``,
-renumbered to the model's ids (``models/pretrained_marian.py``, ``data/marian_vocab.py``),
-with ``data.tokenizer: marian``, and a ``search:`` section that makes ``translate`` search
-as ``transformers``' ``generate`` does with the folder's ``generation_config.json``
-(``models/pretrained_generation.py``; what it has no counterpart to is named in one
-warning line).
+renumbered to the model's ids (``converters/marian.py``), with ``data.tokenizer: marian``,
+and a ``search:`` section that makes ``translate`` search as ``transformers``' ``generate``
+does with the folder's ``generation_config.json`` (``converters/generation.py``; what it
+has no counterpart to is named in one warning line).
 
 The run directory is an ordinary one (:mod:`transformerkit.run_directory`): ``config.yaml``
 with the imported model options, the tokenizer file(s) and ``model.keras``, which
@@ -36,8 +37,10 @@ import re
 import shutil
 import tempfile
 
+from transformerkit.converters import bert, gpt2, marian
+from transformerkit.converters.hf_io import CheckpointError, read_config, read_json
 from transformerkit.files import TEMPORARY_PREFIX
-from transformerkit.run_directory import RunDirectory
+from transformerkit.run_directory import SOURCE_TOKENIZER, TARGET_TOKENIZER, RunDirectory
 
 # what the importers read: config, tokenizer and safetensors files (pytorch_model.bin only
 # when a repository has no safetensors weights)
@@ -49,18 +52,17 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _import_gpt2(folder, config):
-    """A GPT-2 folder -> a GPT run (``models/pretrained_gpt2.py``)."""
-    from transformerkit.data.gpt2_tokenizer import load_gpt2_tokenizer
+    """A GPT-2 folder -> a GPT run (``converters/gpt2.py``)."""
     from transformerkit.models.gpt import GPT
-    from transformerkit.models.pretrained_gpt2 import folder_offset, gpt_kwargs
 
-    tokenizer = load_gpt2_tokenizer(folder)
+    tokenizer = gpt2.convert_tokenizer(folder)
     model = GPT.from_pretrained(folder)
     if tokenizer.vocab_size != model.vocab_size:
-        offset = folder_offset(folder)
+        offset = gpt2.folder_offset(folder)
         raise ValueError(f"{folder}: the tokenizer has {tokenizer.vocab_size - offset} tokens "
                          f"but config.json's vocab_size is {model.vocab_size - offset}")
-    options = {k: v for k, v in gpt_kwargs(config).items() if k != "vocab_size"}
+    options = {k: v for k, v in gpt2.convert_backbone_config(config).items()
+               if k != "vocab_size"}
     sections = {"model": {"type": "gpt", **options},
                 "data": {"dataset": "text", "vocab_size": tokenizer.vocab_size}}
     return model, sections, {"tokenizer.json": tokenizer}
@@ -68,13 +70,11 @@ def _import_gpt2(folder, config):
 
 def _import_encoder(folder, config):
     """A BERT or DistilBERT folder -> an encoder run without a classifier head (its hidden
-    states; ``embed`` pools them), as ``Encoder.from_pretrained`` (``models/pretrained.py``)."""
-    from transformerkit.data.tokenizers import load_hf_tokenizer
+    states; ``embed`` pools them), as ``Encoder.from_pretrained`` (``converters/bert.py``)."""
     from transformerkit.models.encoder import Encoder
-    from transformerkit.models.pretrained import encoder_kwargs, load_hf_config
 
-    options = encoder_kwargs(load_hf_config(folder))
-    tokenizer = load_hf_tokenizer(folder)
+    options = bert.convert_backbone_config(bert.load_config(folder))
+    tokenizer = bert.convert_tokenizer(folder)
     model = Encoder.from_pretrained(folder)
     if tokenizer.vocab_size != model.vocab_size:
         raise ValueError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens but "
@@ -87,26 +87,14 @@ def _import_encoder(folder, config):
 
 def _import_marian(folder, config):
     """A Marian (OPUS-MT) folder -> a translation run: ``Transformer.from_pretrained`` and
-    the two vocabulary sides in the model's ids (:class:`MarianIds`). Both sides are saved
-    (``source_tokenizer.json``, ``target_tokenizer.json``) even when ``vocab.json`` is one
-    table for both: each side has its own SentencePiece model."""
-    from transformerkit.data.marian_vocab import load_marian_tokenizers
+    the two vocabulary sides in the model's ids (``converters/marian.py``). Both sides are
+    saved (``source_tokenizer.json``, ``target_tokenizer.json``) even when ``vocab.json`` is
+    one table for both: each side has its own SentencePiece model."""
     from transformerkit.models import Transformer
-    from transformerkit.models.pretrained_marian import (
-        MarianIds,
-        load_marian_config,
-        marian_search,
-        transformer_kwargs,
-    )
-    from transformerkit.run_directory import SOURCE_TOKENIZER, TARGET_TOKENIZER
 
-    config = load_marian_config(folder)
-    options = transformer_kwargs(config)
-    source, target = load_marian_tokenizers(folder)
-    ids = MarianIds.from_folder(folder, config)
-    _check_marian_sides(folder, options, ids, source, target)
-    source = source.renumbered(ids.source_rows)
-    target = target.renumbered(ids.target_rows)
+    config = marian.load_config(folder)
+    options = marian.convert_backbone_config(config)
+    source, target = marian.convert_tokenizer(folder, config)
     model = Transformer.from_pretrained(folder)
     tokenizer_config = _read_json_object(pathlib.Path(folder) / "tokenizer_config.json")
     languages = {f"{side}_lang": tokenizer_config[f"{side}_lang"] for side in ("source", "target")
@@ -118,39 +106,16 @@ def _import_marian(folder, config):
         "data": {"dataset": "tsv", "tokenizer": "marian", "vocab_size": source.vocab_size,
                  "shared_vocab": options["tie_embeddings"] == "all", **languages},
         # how translate searches unless told otherwise: as transformers' generate does
-        "search": marian_search(folder, config)}
+        "search": marian.convert_generation_config(folder, config)}
     return model, sections, {SOURCE_TOKENIZER: source, TARGET_TOKENIZER: target}
-
-
-def _check_marian_sides(folder, options, ids, source, target):
-    """One clear ValueError where a vocabulary side contradicts ``config.json`` (its size,
-    its ``<pad>`` or ``</s>`` id), instead of a failed renumbering or a wrong embedding."""
-    for side, tokenizer, rows, size in (
-            ("source", source, ids.source_rows, options["source_vocab_size"]),
-            ("target", target, ids.target_rows, options["target_vocab_size"])):
-        if tokenizer.vocab_size + 1 != size:  # the renumbering adds <s>
-            key = "vocab_size" if side == "source" or options["tie_embeddings"] == "all" \
-                else "decoder_vocab_size"
-            raise ValueError(f"{folder}: the {side} vocabulary has {tokenizer.vocab_size} "
-                             f"pieces but config.json's {key} is {size - 1}")
-        for key, marian, own in (("pad_token_id", rows[0], tokenizer.pad_id),
-                                 ("eos_token_id", rows[2], tokenizer.eos_id)):
-            if marian != own:
-                raise ValueError(f"{folder}: config.json's {key} is {marian}, but the {side} "
-                                 f"vocabulary has {tokenizer.id_to_token(own)!r} at id {own}")
 
 
 def _read_json_object(path):
     """A json file's object, or {} when the file is absent or holds no object (an optional
     file: what it lacks keeps its default)."""
-    import json
-
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.is_file():
         return {}
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    value = read_json(path)
     return value if isinstance(value, dict) else {}
 
 
@@ -208,8 +173,6 @@ def read_checkpoint(source):
     """The checkpoint ``source`` (a folder or a hub name) read by its importer: ``(model,
     config.yaml sections, {file name: tokenizer}, model_type)``. ``import_checkpoint``
     writes these as a run; ``model.pretrained`` fine-tunes them (training/finetune.py)."""
-    from transformerkit.models.pretrained import CheckpointError, read_config
-
     folder = resolve_source(source)
     config, path = read_config(folder)
     model_type = config.get("model_type")

@@ -274,7 +274,7 @@ def test_marian_side_saves_as_one_file_and_loads_back(marian, tmp_path):
 
 
 def test_marian_renumbered_to_model_ids_encodes_and_decodes_the_same(marian, tmp_path):
-    from transformerkit.models.pretrained_marian import MarianIds
+    from transformerkit.converters.marian_ids import MarianIds
 
     (source, target), _ = marian
     for side in (source, target):

@@ -1,6 +1,6 @@
 """``transformerkit export RUN --format huggingface`` of translation runs
-(``export/huggingface_marian.py``): a folder that ``MarianMTModel.from_pretrained`` and
-``MarianTokenizer.from_pretrained`` load.
+(``converters/marian.py``, written by ``export/huggingface.py``): a folder that
+``MarianMTModel.from_pretrained`` and ``MarianTokenizer.from_pretrained`` load.
 
 Checked, for (a) imported Marian runs (random ``MarianMTModel`` folders with tiny
 SentencePiece vocabularies: one shared vocabulary with tied embeddings, separate ones with a
@@ -37,9 +37,9 @@ import keras  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from transformerkit.cli import main  # noqa: E402
+from transformerkit.converters.marian_ids import export_ids  # noqa: E402
 from transformerkit.decoding import beam_translate, greedy_translate  # noqa: E402
 from transformerkit.export.huggingface import export_translation  # noqa: E402
-from transformerkit.export.huggingface_marian import marian_ids  # noqa: E402
 from transformerkit.models import Transformer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -166,7 +166,7 @@ def assert_same_model(run, folder, sources, targets, varied=True):
     """The export's tokenizer encodes as the run's; its logits on a padded batch are the
     run's; ``generate`` (greedy, beam 4) gives the run's outputs, ids and texts."""
     hf, hf_tokenizer = load_export(folder)
-    ids = marian_ids(run.model)
+    ids = export_ids(run.model)
     source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
     pad = hf.config.pad_token_id
     assert hf.config.decoder_start_token_id == pad == run.model.target_vocab_size - 2

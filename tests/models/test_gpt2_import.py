@@ -1,4 +1,4 @@
-"""Importing Hugging Face GPT-2 folders into ``GPT`` (``models/pretrained_gpt2.py``) and
+"""Importing Hugging Face GPT-2 folders into ``GPT`` (``converters/gpt2.py``) and
 their byte-level BPE tokenizers (``data/gpt2_tokenizer.py``).
 
 The folder is written by ``transformers`` itself: a small random ``GPT2LMHeadModel`` (3
@@ -36,10 +36,10 @@ torch = pytest.importorskip("torch")
 
 import keras  # noqa: E402
 
+from transformerkit.converters.hf_io import CheckpointError  # noqa: E402
 from transformerkit.data.gpt2_tokenizer import ID_OFFSET, load_gpt2_tokenizer  # noqa: E402
 from transformerkit.decoding.sampling import generate_ids  # noqa: E402
 from transformerkit.models import GPT  # noqa: E402
-from transformerkit.models.pretrained import CheckpointError  # noqa: E402
 
 TEXTS = ["A dog runs.", "Zwei Männer gehen über die Straße.", "Crème brûlée, 42 times!",
          "unseen: 東京 🙂 ǅ", "", "  spaces   and\ttabs\n", "<|endoftext|> is text here"]

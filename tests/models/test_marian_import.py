@@ -1,5 +1,5 @@
 """Importing Hugging Face Marian (OPUS-MT) checkpoints into ``Transformer``
-(``models/pretrained_marian.py``), against ``transformers``' ``MarianMTModel`` loaded from
+(``converters/marian.py``), against ``transformers``' ``MarianMTModel`` loaded from
 the same folder: small random configs (2+2 layers, d_model 32, 4 heads, d_ff 64) written
 with ``save_pretrained``; variants: swish / gelu / relu, scale_embedding on and off, shared
 and separate vocabularies, a random ``final_logits_bias`` (EOS raised so outputs end at
@@ -32,11 +32,11 @@ torch = pytest.importorskip("torch")
 
 import keras  # noqa: E402
 
+from transformerkit.converters.hf_io import CheckpointError  # noqa: E402
+from transformerkit.converters.marian_ids import MarianIds  # noqa: E402
 from transformerkit.decoding import beam_translate, greedy_translate  # noqa: E402
 from transformerkit.layers.embeddings import sinusoidal_table  # noqa: E402
 from transformerkit.models import Transformer  # noqa: E402
-from transformerkit.models.pretrained import CheckpointError  # noqa: E402
-from transformerkit.models.pretrained_marian import MarianIds  # noqa: E402
 
 SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,

@@ -1,7 +1,6 @@
 """Model options as data (``transformerkit.models.options``): constructors, ``get_config``,
 the run config's ``model:`` schema and ``build_model`` all follow the option dataclasses."""
 
-import ast
 import dataclasses
 import inspect
 import subprocess
@@ -135,15 +134,6 @@ def test_options_and_config_import_no_keras():
             "import transformerkit.config\n"
             "assert 'keras' not in sys.modules, 'keras imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_pretrained_does_not_import_the_encoder():
-    """``encoder.py`` imports ``pretrained.py``, never the other way (not even in a function)."""
-    tree = ast.parse(Path(options.__file__).with_name("pretrained.py").read_text())
-    imported = [n.module if isinstance(n, ast.ImportFrom) else a.name
-                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in n.names]
-    assert not [name for name in imported if name and name.startswith("transformerkit.models")]
 
 
 def test_build_model_takes_each_type_its_own_options():

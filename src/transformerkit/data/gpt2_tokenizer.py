@@ -12,7 +12,7 @@ decoding never picks id 0 or id 1 (the start token), while GPT-2's ids 0 and 1 a
 ordinary tokens ``!`` and ``"``. So the vocabulary is shifted by :data:`ID_OFFSET`: our id
 = GPT-2's id + 2, with ``<pad>`` at 0 and ``<s>`` at 1 in front (two reserved ids that no
 text encodes to); BOS = EOS = UNK = ``<|endoftext|>`` (50258 for GPT-2 itself). The model
-import (``models/pretrained_gpt2.py``) shifts the embedding rows the same way. As every
+import (``converters/gpt2.py``) shifts the embedding rows the same way. As every
 tokenizer here, the spelling ``<|endoftext|>`` inside a text is plain text, never the
 special id (``transformers`` would turn it into the special id).
 

@@ -7,12 +7,6 @@ from transformerkit.layers.dropout import apply_dropout
 from transformerkit.layers.masks import padding_mask
 from transformerkit.models.base import TransformerBase, check_token_ids
 from transformerkit.models.options import EncoderOptions
-from transformerkit.models.pretrained import (
-    encoder_kwargs,
-    load_hf_config,
-    load_hf_weights,
-    read_hf_weights,
-)
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -108,16 +102,20 @@ class Encoder(TransformerBase):
                 the Encoder cannot reproduce).
             **overrides: other constructor arguments, e.g. ``dropout=0.0``.
 
-        The tokenizer of the folder loads with :func:`transformerkit.data.load_hf_tokenizer`.
-        See :mod:`transformerkit.models.pretrained` for the mapping and its errors.
+        The tokenizer of the folder loads with
+        :func:`transformerkit.converters.bert.convert_tokenizer`. See
+        :mod:`transformerkit.converters.bert` for the mapping and its errors.
         """
+        from transformerkit.converters import bert
+        from transformerkit.converters.hf_io import read_weights
+
         if cls is not Encoder:
             raise TypeError("from_pretrained builds an Encoder, not a subclass")
-        config = load_hf_config(folder)
-        weights = read_hf_weights(folder)  # before building: a broken file fails fast
+        config = bert.load_config(folder)
+        weights = read_weights(folder)  # before building: a broken file fails fast
         encoder = Encoder(pooling=pooling, num_classes=num_classes,
-                          **{**encoder_kwargs(config), **overrides})
-        return load_hf_weights(encoder, folder, weights)
+                          **{**bert.convert_backbone_config(config), **overrides})
+        return bert.convert_weights(encoder, folder, weights)
 
     def encode(self, ids, token_type_ids=None, training=None, return_attention_scores=False):
         """Hidden states ``(batch, length, d_model)`` (and per-layer scores if asked)."""

@@ -83,24 +83,19 @@ class GPT(TransformerBase):
         ``**overrides``: other constructor arguments, e.g. ``dropout=0.0``. Its ids are
         GPT-2's + 2 (``<pad>`` and ``<s>`` first; a folder exported from a run keeps its
         ids); the folder's tokenizer loads with the same ids with
-        :func:`transformerkit.data.gpt2_tokenizer.load_gpt2_tokenizer`. See
-        :mod:`transformerkit.models.pretrained_gpt2` for the mapping and what is refused.
+        :func:`transformerkit.converters.gpt2.convert_tokenizer`. See
+        :mod:`transformerkit.converters.gpt2` for the mapping and what is refused.
         """
-        from transformerkit.models.pretrained import read_hf_weights
-        from transformerkit.models.pretrained_gpt2 import (
-            folder_offset,
-            gpt_kwargs,
-            load_gpt2_config,
-            load_gpt2_weights,
-        )
+        from transformerkit.converters import gpt2
+        from transformerkit.converters.hf_io import read_weights
 
         if cls is not GPT:
             raise TypeError("from_pretrained builds a GPT, not a subclass")
-        config = load_gpt2_config(folder)
-        weights = read_hf_weights(folder)  # before building: a broken file fails fast
-        offset = folder_offset(folder)
-        gpt = GPT(**{**gpt_kwargs(config, offset), **overrides})
-        return load_gpt2_weights(gpt, folder, weights, offset)
+        config = gpt2.load_config(folder)
+        weights = read_weights(folder)  # before building: a broken file fails fast
+        offset = gpt2.folder_offset(folder)
+        gpt = GPT(**{**gpt2.convert_backbone_config(config, offset), **overrides})
+        return gpt2.convert_weights(gpt, folder, weights, offset)
 
     def build(self, input_shape=None):
         if self.built:  # built at construction (GPT-2 initialisation)

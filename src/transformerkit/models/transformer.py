@@ -7,12 +7,6 @@ from transformerkit.layers.calls import call_sublayer
 from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
 from transformerkit.models.heads import LogitsBias, LogitsProjection
 from transformerkit.models.options import TransformerOptions
-from transformerkit.models.pretrained import read_hf_weights
-from transformerkit.models.pretrained_marian import (
-    load_marian_config,
-    load_marian_weights,
-    transformer_kwargs,
-)
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -118,16 +112,21 @@ class Transformer(TransformerBase):
                 architecture's own must keep the config's values, or the weights do not
                 fit).
 
-        Its ids are Marian's reordered so that 0..3 are ``<pad> <s> </s> <unk>``:
-        :class:`transformerkit.models.pretrained_marian.MarianIds`, which also has the
-        mapping, the options and what is refused (a ``CheckpointError`` naming the key).
+        Its ids are Marian's reordered so that 0..3 are ``<pad> <s> </s> <unk>``
+        (:class:`transformerkit.converters.marian_ids.MarianIds`); the folder's tokenizers
+        load in these ids with :func:`transformerkit.converters.marian.convert_tokenizer`.
+        See :mod:`transformerkit.converters.marian` for the mapping, the options and what is
+        refused (a ``CheckpointError`` naming the key).
         """
+        from transformerkit.converters import marian
+        from transformerkit.converters.hf_io import read_weights
+
         if cls is not Transformer:
             raise TypeError("from_pretrained builds a Transformer, not a subclass")
-        config = load_marian_config(folder)
-        weights = read_hf_weights(folder)  # before building: a broken file fails fast
-        model = Transformer(**{**transformer_kwargs(config), **overrides})
-        return load_marian_weights(model, folder, weights, config)
+        config = marian.load_config(folder)
+        weights = read_weights(folder)  # before building: a broken file fails fast
+        model = Transformer(**{**marian.convert_backbone_config(config), **overrides})
+        return marian.convert_weights(model, folder, weights, config)
 
     def build(self, input_shape=None):
         hidden = (None, None, self.d_model)

@@ -24,7 +24,7 @@ from transformerkit.data.pipeline import (
     encode_texts,
     split_train_val,
 )
-from transformerkit.data.tokenizers import load_hf_tokenizer, load_tokenizer
+from transformerkit.data.tokenizers import load_tokenizer
 from transformerkit.files import file_sha256
 from transformerkit.run_directory import RunDirectory
 from transformerkit.training.corpus_specs import (  # noqa: F401 (corpus_specs: public here too)
@@ -196,14 +196,14 @@ def _prepare_classification(config, run, reuse):
         run.write_labels(labels)
     max_length = _max_length(config)
     if model["pretrained"] is not None:
-        from transformerkit.models.pretrained import load_hf_config
+        from transformerkit.converters import bert
 
         tokenizer_path, _ = run.tokenizer_paths(shared=True, suffix=None if reuse else ".json")
         if not reuse:
             run.remove_other_tokenizers([tokenizer_path])
-            load_hf_tokenizer(model["pretrained"]).save(tokenizer_path)
+            bert.convert_tokenizer(model["pretrained"]).save(tokenizer_path)
         tokenizer, matrices = load_tokenizer(tokenizer_path), {}
-        positions = load_hf_config(model["pretrained"]).get("max_position_embeddings")
+        positions = bert.load_config(model["pretrained"]).get("max_position_embeddings")
         max_length = min(max_length, positions or max_length)
     else:
         tokenizer, matrices = one_tokenizer(

@@ -1,4 +1,4 @@
-"""Import a local Hugging Face BERT or DistilBERT checkpoint folder into an ``Encoder``.
+"""Hugging Face BERT and DistilBERT checkpoints to ``Encoder`` (import only).
 
 A checkpoint folder holds ``config.json`` (``model_type`` ``bert`` or ``distilbert``), the
 weights (``model.safetensors``, a sharded ``model.safetensors.index.json``, or
@@ -44,42 +44,49 @@ the Encoder's (tanh pooler, Dense), so it is never imported: such a folder loads
 encoder (``pooling`` None, "mean" or "cls" with a new pooler; the head is named in a log line),
 and ``num_classes`` on it is refused with :class:`CheckpointError` rather than silently
 replacing the trained head by a random one. To fine-tune a new head on that encoder anyway,
-build ``Encoder(**encoder_kwargs(config), pooling=..., num_classes=...)`` and pass
-:func:`load_hf_weights` the tensors of :func:`read_hf_weights` without the head's.
+build ``Encoder(**convert_backbone_config(config), pooling=..., num_classes=...)`` and pass
+:func:`convert_weights` the tensors of :func:`~transformerkit.converters.hf_io.read_weights`
+without the head's.
 
 Everything else a checkpoint could hold that this mapping cannot reproduce (another
 ``model_type``, an activation other than ``gelu``/``relu``, relative position embeddings, a
 decoder, a padding id other than 0) is refused with a :class:`CheckpointError` naming it.
 
-The entry point is :meth:`Encoder.from_pretrained`, which builds the Encoder from
-:func:`encoder_kwargs` and fills it with :func:`load_hf_weights`; this module works on the
-encoder it is given and does not import ``encoder.py`` (which imports this one).
+The steps: :func:`load_config` (``config.json``, checked), :func:`convert_backbone_config`
+(the ``Encoder`` options), :func:`convert_weights` (the table above, into a built Encoder),
+:func:`convert_tokenizer` (``tokenizer.json`` or ``vocab.txt``; BERT's ids are ours as they
+are: ``[PAD]`` is 0). There is no export back to a Hugging Face folder. The entry point is
+:meth:`Encoder.from_pretrained`, which builds the Encoder from the options and fills it;
+like every converter, this module works on the model it is given and imports no model class
+(the converters sit below ``models/``, which calls them).
 
 Example:
 >>> encoder = Encoder.from_pretrained("all-MiniLM-L6-v2", pooling="mean")
->>> tokenizer = load_hf_tokenizer("all-MiniLM-L6-v2")
+>>> tokenizer = convert_tokenizer("all-MiniLM-L6-v2")
 >>> ids = tokenizer.encode("A dog runs.", add_bos=True, add_eos=True)  # [CLS] ... [SEP]
 >>> encoder(np.array([ids])).shape
 (1, 384)
 """
 
 import dataclasses
-import json
 import logging
-import pathlib
 from collections.abc import Callable
 
 import numpy as np
 
+from transformerkit.converters.hf_io import (
+    CheckpointError,
+    log_unused,
+    missing_tensors_error,
+    read_config,
+    read_weights,
+)
+from transformerkit.data.tokenizers import load_hf_tokenizer
 from transformerkit.layers.embeddings import sinusoidal_table
 
 log = logging.getLogger("transformerkit")
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}  # HF "gelu" is the exact erf form
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be imported; the message says what is wrong."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +185,6 @@ DISTILBERT = HFArchitecture(
     foreign_heads=("pre_classifier.", "classifier."))
 
 ARCHITECTURES = {"bert": BERT, "distilbert": DISTILBERT}
-SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 
 
 def architecture(model_type, where="config.json"):
@@ -189,7 +195,7 @@ def architecture(model_type, where="config.json"):
     return ARCHITECTURES[model_type]
 
 
-def load_hf_config(folder):
+def load_config(folder):
     """``config.json`` of a checkpoint folder as a dict, checked for what we can map.
 
     Raises ``FileNotFoundError`` for a missing folder or file, :class:`CheckpointError`
@@ -199,34 +205,6 @@ def load_hf_config(folder):
     config, path = read_config(folder)
     _check_architecture(config, path)
     return config
-
-
-def read_hf_config(folder):
-    """``config.json`` of a checkpoint folder as a dict, unchecked (any ``model_type``).
-
-    Raises ``FileNotFoundError`` for a missing folder or file, :class:`CheckpointError`
-    for unparsable JSON or JSON that is not an object.
-    """
-    return read_config(folder)[0]
-
-
-def read_config(folder):
-    """``(config dict, path)`` of ``folder/config.json``, unchecked beyond being a JSON
-    object (``FileNotFoundError`` / :class:`CheckpointError` otherwise)."""
-    folder = pathlib.Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder not found: {folder}")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face checkpoint "
-                                "folder")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return config, path
 
 
 def _check_architecture(config, path):
@@ -245,69 +223,13 @@ def _check_architecture(config, path):
                               f"{config[heads]}")
 
 
-def encoder_kwargs(config):
-    """``Encoder`` constructor arguments equivalent to a checked ``config.json`` dict."""
+def convert_backbone_config(config):
+    """``Encoder`` constructor arguments equivalent to a checked ``config.json`` dict
+    (:func:`load_config`)."""
     arch = architecture(config.get("model_type"))
     kwargs = {argument: config[key] for argument, key in arch.sizes.items()}
     return dict(kwargs, norm_position="post", embedding_norm=True, scale_embeddings=False,
                 **arch.options(config))
-
-def read_hf_weights(folder):
-    """All tensors of a checkpoint folder as ``{name: float32 NumPy array}``.
-
-    Reads ``model.safetensors``, sharded ``model.safetensors.index.json``, or (with
-    PyTorch installed) ``pytorch_model.bin`` loaded with ``weights_only=True``.
-    """
-    folder = pathlib.Path(folder)
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        return _read_safetensors(single)
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                                .values()))
-        except (ValueError, KeyError, AttributeError) as err:
-            raise CheckpointError(f"{index} is not a valid safetensors index: {err}") from err
-        weights = {}
-        for shard in shards:
-            if not (folder / shard).is_file():
-                raise FileNotFoundError(f"{index} names shard {shard}, which is missing")
-            weights.update(_read_safetensors(folder / shard))
-        return weights
-    if (folder / "pytorch_model.bin").is_file():
-        return _read_torch_bin(folder / "pytorch_model.bin")
-    present = sorted(p.name for p in folder.iterdir())
-    raise FileNotFoundError(f"{folder} has no weights: expected model.safetensors, "
-                            "model.safetensors.index.json or pytorch_model.bin; found "
-                            f"{', '.join(present) or 'nothing'}")
-
-
-def _read_safetensors(path):
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is corrupt or not a safetensors file: {err}") from err
-    return {name: np.asarray(value, dtype="float32") for name, value in tensors.items()
-            if np.issubdtype(value.dtype, np.floating)}
-
-
-def _read_torch_bin(path):
-    try:
-        import torch
-    except ImportError as err:
-        raise ImportError(f"reading {path} needs PyTorch (or convert it to safetensors)") \
-            from err
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a broken pickle or zip
-        raise CheckpointError(f"{path} is corrupt or not a PyTorch state dict: {err}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict")
-    return {name: value.float().numpy() for name, value in state.items()
-            if hasattr(value, "is_floating_point") and value.is_floating_point()}
 
 
 def _strip_prefix(weights, prefix):
@@ -368,7 +290,7 @@ def _optional_heads(encoder, weights, folder, arch):
             f"{folder}: num_classes={encoder.num_classes} asks for a classifier, but this "
             f"{arch.name} checkpoint's head ({', '.join(foreign)}) differs from Encoder's "
             "(tanh pooler + Dense) and is not imported; leave num_classes out to load the "
-            "encoder (see transformerkit.models.pretrained to fine-tune a new head)")
+            "encoder (see transformerkit.converters.bert to fine-tune a new head)")
     if foreign:
         log.info("%s: %s head %s has no Encoder equivalent and is not imported; only the "
                  "encoder is loaded", folder, arch.name, ", ".join(foreign))
@@ -403,13 +325,15 @@ def _check_fixed_positions(encoder, folder):
                     deviation)
 
 
-def load_hf_weights(encoder, folder, weights=None, model_type=None):
+def convert_weights(encoder, folder, weights=None, model_type=None):
     """Copy the tensors of a checkpoint ``folder`` into a built ``encoder``.
 
     Args:
-        encoder: an ``Encoder`` built from :func:`encoder_kwargs` of the folder's config.
+        encoder: an ``Encoder`` built from :func:`convert_backbone_config` of the folder's
+            config.
         folder: the checkpoint folder (its weights are read unless ``weights`` is given).
-        weights: ``{name: array}`` as from :func:`read_hf_weights`, or None.
+        weights: ``{name: array}`` as from
+            :func:`~transformerkit.converters.hf_io.read_weights`, or None.
         model_type: "bert" or "distilbert"; None reads it from ``folder/config.json``.
 
     Raises :class:`CheckpointError` naming the missing tensors, the first tensor whose shape
@@ -418,8 +342,8 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
     line.
     """
     arch = (architecture(model_type, folder) if model_type is not None
-            else architecture(load_hf_config(folder)["model_type"]))
-    weights = read_hf_weights(folder) if weights is None else weights
+            else architecture(load_config(folder)["model_type"]))
+    weights = read_weights(folder) if weights is None else weights
     weights = _strip_prefix(weights, arch.prefix)
     encoder._ensure_built()
     try:
@@ -429,10 +353,7 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
     pairs += _optional_heads(encoder, weights, folder, arch)
     missing = [name for _, name, _ in pairs if name not in weights]
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                          else "")
-        raise CheckpointError(f"{folder}: the weights lack {len(missing)} tensor(s) a "
-                              f"{arch.name} encoder needs: {shown}")
+        raise missing_tensors_error(folder, missing, f"a {arch.name} encoder")
     for variable, name, transpose in pairs:
         value = weights[name].T if transpose else weights[name]
         if tuple(value.shape) != tuple(variable.shape):
@@ -444,12 +365,15 @@ def load_hf_weights(encoder, folder, weights=None, model_type=None):
     used = {name for _, name, _ in pairs}
     skipped = arch.ignored + arch.foreign_heads
     unused = sorted(n for n in weights if n not in used and not n.startswith(skipped))
-    if unused:
-        log.info("%s: %d tensor(s) not used by Encoder: %s", folder, len(unused),
-                 ", ".join(unused[:5]))
+    log_unused(folder, unused, "Encoder")
     return encoder
 
 
-__all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "CheckpointError", "HFArchitecture",
-           "architecture", "encoder_kwargs", "load_hf_config", "load_hf_weights",
-           "read_config", "read_hf_config", "read_hf_weights"]
+def convert_tokenizer(folder):
+    """The tokenizer of a BERT or DistilBERT folder, in the checkpoint's own ids
+    (:func:`~transformerkit.data.tokenizers.load_hf_tokenizer`)."""
+    return load_hf_tokenizer(folder)
+
+
+__all__ = ["ARCHITECTURES", "BERT", "DISTILBERT", "HFArchitecture", "architecture",
+           "convert_backbone_config", "convert_tokenizer", "convert_weights", "load_config"]

@@ -1,8 +1,8 @@
 """Hugging Face GPT-2 checkpoints (``GPT2LMHeadModel``) to ``GPT`` and back.
 
 A GPT-2 folder holds ``config.json`` (``model_type`` ``gpt2``), the weights
-(``model.safetensors``, a sharded index, or ``pytorch_model.bin``, read as in
-:mod:`transformerkit.models.pretrained`) and its byte-level BPE tokenizer
+(``model.safetensors``, a sharded index, or ``pytorch_model.bin``, read by
+:mod:`transformerkit.converters.hf_io`) and its byte-level BPE tokenizer
 (:mod:`transformerkit.data.gpt2_tokenizer`). GPT-2 is a ``GPT`` with pre-LayerNorm blocks,
 a final LayerNorm, learned positions, no embedding scale, biases everywhere but the output
 head, and the output head tied to the token embedding, so the import is a renaming of
@@ -40,7 +40,7 @@ forbids) and logits ``[..., 2:]`` are GPT-2's. The tokenizer import shifts the s
 folder whose tokenizer already starts with ``<pad>`` and ``<s>`` (an export of ours) is not
 shifted (:func:`~transformerkit.data.gpt2_tokenizer.vocabulary_offset`).
 
-Refused with :class:`~transformerkit.models.pretrained.CheckpointError` naming the key, as the
+Refused with :class:`~transformerkit.converters.hf_io.CheckpointError` naming the key, as the
 ``GPT`` cannot reproduce them: another ``activation_function`` (``gelu_fast``, ``silu``, ...),
 ``scale_attn_weights: false`` (no 1/sqrt(d) scale), ``scale_attn_by_inverse_layer_idx:
 true`` (a per-layer 1/(i+1) scale), ``add_cross_attention: true``, ``n_embd`` not divisible
@@ -48,21 +48,48 @@ by ``n_head``. ``reorder_and_upcast_attn`` only changes how float16 is computed 
 math in float32) and is accepted. Dropout rates are kept for fine-tuning; ``embd_pdrop``
 becomes the one ``dropout`` with ``resid_pdrop`` (a differing value is logged).
 
-Back (:func:`gpt2_config` and :func:`gpt2_tensors`, written by ``transformerkit export
---format huggingface``): a ``GPT`` whose options are GPT-2's (pre-norm, learned positions,
-no embedding scale, biases, equal key and value widths with ``num_heads * key_dim =
-d_model``, relu/gelu/gelu_tanh, a tied head or an untied one without bias) becomes a
-``GPT2LMHeadModel`` of the same vocabulary size (ids as ours: ``pad_token_id`` 0), giving the
-same logits; any other option is refused naming it.
+The import, step by step: :func:`load_config` (``config.json``, checked),
+:func:`convert_backbone_config` (the ``GPT`` options), :func:`convert_weights` (the table
+above, into a built GPT), :func:`convert_tokenizer` (ids shifted as the rows);
+:meth:`GPT.from_pretrained` builds and fills the model.
+
+Back (:func:`export_files`, written by ``transformerkit export --format huggingface``): a
+``GPT`` whose options are GPT-2's (pre-norm, learned positions, no embedding scale, biases,
+equal key and value widths with ``num_heads * key_dim = d_model``, relu/gelu/gelu_tanh, a
+tied head or an untied one without bias) becomes a ``GPT2LMHeadModel`` of the same
+vocabulary size (ids as ours: ``pad_token_id`` 0), giving the same logits
+(:func:`export_config`, :func:`export_weights`: a tied head is stored once, as
+``transformers`` does); any other option is refused naming it (:func:`check_exportable`).
+When the run's tokenizer is a byte-level BPE (``data.tokenizer: bpe``, or an imported
+GPT-2's), :func:`export_tokenizer` writes its ``tokenizer.json`` with a
+``tokenizer_config.json`` naming the special tokens, which ``AutoTokenizer`` loads as a
+``GPT2TokenizerFast`` encoding as the run does (except that ``transformers`` reads the
+spelling of a special token inside a text as that token, which the run's tokenizer reads as
+text); other tokenizers are not written (a line in the log says so).
 """
 
+import json
 import logging
-import pathlib
 
 import numpy as np
 
-from transformerkit.data.gpt2_tokenizer import ID_OFFSET, vocabulary_offset
-from transformerkit.models.pretrained import CheckpointError, read_config, read_hf_weights
+from transformerkit.converters.hf_io import (
+    CheckpointError,
+    float32_array,
+    json_bytes,
+    log_unused,
+    missing_tensors_error,
+    read_config,
+    read_weights,
+    safetensors_bytes,
+)
+from transformerkit.data.gpt2_tokenizer import (
+    ID_OFFSET,
+    is_gpt2_layout,
+    load_gpt2_tokenizer,
+    vocabulary_offset,
+)
+from transformerkit.data.tokenizer_base import METADATA_KEY
 
 log = logging.getLogger("transformerkit")
 
@@ -77,7 +104,7 @@ CHECKS = (("scale_attn_weights", True, (True,)),
 _IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old checkpoints
 
 
-def load_gpt2_config(folder):
+def load_config(folder):
     """``config.json`` of a GPT-2 folder as a dict, checked for what ``GPT`` reproduces
     (``FileNotFoundError`` / :class:`CheckpointError` naming the problem)."""
     config, path = read_config(folder)
@@ -114,7 +141,7 @@ def folder_offset(folder):
         return ID_OFFSET
 
 
-def gpt_kwargs(config, offset=ID_OFFSET):
+def convert_backbone_config(config, offset=ID_OFFSET):
     """``GPT`` constructor arguments equivalent to a checked GPT-2 ``config.json`` dict
     whose ids are shifted by ``offset``."""
     dropout = float(config.get("resid_pdrop", 0.1))
@@ -165,14 +192,15 @@ def _shifted_rows(matrix, offset):
     return np.concatenate([np.zeros((offset, matrix.shape[1]), matrix.dtype), matrix])
 
 
-def load_gpt2_weights(gpt, folder, weights=None, offset=None):
-    """Copy the tensors of a GPT-2 ``folder`` into ``gpt`` (built from :func:`gpt_kwargs`),
+def convert_weights(gpt, folder, weights=None, offset=None):
+    """Copy the tensors of a GPT-2 ``folder`` into ``gpt`` (built from
+    :func:`convert_backbone_config`),
     its ids shifted by ``offset`` (None: :func:`folder_offset`).
 
     Raises :class:`CheckpointError` naming missing tensors or the first tensor whose shape
     differs from the config's; tensors not used are named in one log line."""
     offset = folder_offset(folder) if offset is None else offset
-    weights = _strip(read_hf_weights(folder) if weights is None else weights)
+    weights = _strip(read_weights(folder) if weights is None else weights)
     gpt._ensure_built()
     pairs = _block_pairs(gpt)
     embedding = gpt.token_embedding.embeddings
@@ -181,10 +209,7 @@ def load_gpt2_weights(gpt, folder, weights=None, offset=None):
         needed.append("lm_head.weight")
     missing = list(dict.fromkeys(n for n in needed if n not in weights))
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more"
-                                          if len(missing) > 5 else "")
-        raise CheckpointError(f"{folder}: the weights lack {len(missing)} tensor(s) a GPT-2 "
-                              f"needs: {shown}")
+        raise missing_tensors_error(folder, missing, "a GPT-2")
     values = [(embedding, "wte.weight", _shifted_rows(weights["wte.weight"], offset)),
               (gpt.positions.table, "wpe.weight", weights["wpe.weight"])]
     values += [(variable, name, weights[name] if columns is None else
@@ -202,20 +227,18 @@ def load_gpt2_weights(gpt, folder, weights=None, offset=None):
         variable.assign(value.astype(variable.dtype))
     used = set(needed)
     unused = sorted(n for n in weights if n not in used and not n.endswith(_IGNORED))
-    if unused:
-        log.info("%s: %d tensor(s) not used by GPT: %s", folder, len(unused),
-                 ", ".join(unused[:5]))
+    log_unused(folder, unused, "GPT")
     return gpt
 
 
+def convert_tokenizer(folder):
+    """The byte-level BPE tokenizer of a GPT-2 folder, its ids shifted as the embedding rows
+    (:func:`~transformerkit.data.gpt2_tokenizer.load_gpt2_tokenizer`)."""
+    return load_gpt2_tokenizer(folder)
+
+
 # -- back to GPT-2 ----------------------------------------------------------------------------
-def _numpy(variable):
-    from keras import ops
-
-    return np.ascontiguousarray(ops.convert_to_numpy(variable), dtype=np.float32)
-
-
-def check_gpt2_exportable(gpt):
+def check_exportable(gpt):
     """Raise ``ValueError`` naming the first option of ``gpt`` a ``GPT2LMHeadModel`` cannot
     reproduce (see the module docstring)."""
     if type(gpt).__name__ != "GPT":
@@ -235,16 +258,16 @@ def check_gpt2_exportable(gpt):
                          "for queries, keys and values")
     gpt._ensure_built()
     head = gpt.output_projection
-    if head is not None and head.bias is not None and np.any(_numpy(head.bias)):
+    if head is not None and head.bias is not None and np.any(float32_array(head.bias)):
         raise ValueError("model.tie_embeddings='none' with use_bias: the output projection "
                          "has a bias, which GPT-2's lm_head lacks (train with "
                          "tie_embeddings: all to export)")
 
 
-def gpt2_config(gpt, tokenizer=None):
+def export_config(gpt, tokenizer=None):
     """The ``config.json`` dict of a ``GPT2LMHeadModel`` equivalent to ``gpt`` (checked
-    with :func:`check_gpt2_exportable`); the special ids are ``tokenizer``'s."""
-    check_gpt2_exportable(gpt)
+    with :func:`check_exportable`); the special ids are ``tokenizer``'s."""
+    check_exportable(gpt)
     if gpt.activation_dropout:
         log.info("model.activation_dropout=%s has no GPT-2 equivalent; it only affects "
                  "training and is not exported", gpt.activation_dropout)
@@ -262,34 +285,59 @@ def gpt2_config(gpt, tokenizer=None):
     return config
 
 
-def gpt2_tensors(gpt):
+def export_weights(gpt):
     """``{GPT2LMHeadModel tensor name: float32 array}`` of ``gpt`` (the inverse of
-    :func:`load_gpt2_weights`, ids as ours: no row is dropped)."""
-    check_gpt2_exportable(gpt)
+    :func:`convert_weights`, ids as ours: no row is dropped)."""
+    check_exportable(gpt)
     tensors = {}
     columns_of = {}
     for variable, name, columns in _block_pairs(gpt):
         if columns is None:
-            tensors[f"transformer.{name}"] = _numpy(variable)
+            tensors[f"transformer.{name}"] = float32_array(variable)
         else:
-            columns_of.setdefault(name, []).append(_numpy(variable))
+            columns_of.setdefault(name, []).append(float32_array(variable))
     for name, parts in columns_of.items():
         tensors[f"transformer.{name}"] = np.concatenate(parts, axis=-1)
-    tensors["transformer.wte.weight"] = _numpy(gpt.token_embedding.embeddings)
-    tensors["transformer.wpe.weight"] = _numpy(gpt.positions.table)
+    tensors["transformer.wte.weight"] = float32_array(gpt.token_embedding.embeddings)
+    tensors["transformer.wpe.weight"] = float32_array(gpt.positions.table)
     if gpt.output_projection is not None:
-        tensors["lm_head.weight"] = np.ascontiguousarray(_numpy(gpt.output_projection.kernel).T)
+        head = float32_array(gpt.output_projection.kernel)
+        tensors["lm_head.weight"] = np.ascontiguousarray(head.T)
     return tensors
 
 
-def is_gpt2_folder(folder):
-    """Whether ``folder/config.json`` names ``model_type`` gpt2 (no checks beyond)."""
-    try:
-        config, _ = read_config(pathlib.Path(folder))
-    except (FileNotFoundError, CheckpointError):
-        return False
-    return config.get("model_type") == "gpt2"
+def export_tokenizer(tokenizer, max_length):
+    """``{file name: text}`` of a byte-level BPE tokenizer for ``transformers``, or None
+    for another kind."""
+    if not is_gpt2_layout(tokenizer):
+        return None
+    payload = json.loads(tokenizer.backend_tokenizer.to_str())
+    payload.pop(METADATA_KEY, None)
+    names = {key: tokenizer.id_to_token(getattr(tokenizer, f"{key}_id"))
+             for key in ("pad", "bos", "eos", "unk")}
+    config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False,
+              "model_max_length": int(max_length), "clean_up_tokenization_spaces": False,
+              **{f"{key}_token": name for key, name in names.items()}}
+    return {"tokenizer.json": json.dumps(payload, ensure_ascii=False),
+            "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
 
 
-__all__ = ["check_gpt2_exportable", "gpt2_config", "gpt2_tensors", "gpt_kwargs",
-           "load_gpt2_config", "load_gpt2_weights"]
+def export_files(gpt, tokenizer):
+    """``{file name: str or bytes}`` of the ``GPT2LMHeadModel`` folder of ``gpt`` and its
+    ``tokenizer``; a ``ValueError`` naming what has no equivalent, before any is made."""
+    check_exportable(gpt)
+    if tokenizer.vocab_size != gpt.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
+                         f"vocabulary has {gpt.vocab_size}")
+    files = {"config.json": json_bytes(export_config(gpt, tokenizer)),
+             "model.safetensors": safetensors_bytes(export_weights(gpt))}
+    tokenizer_texts = export_tokenizer(tokenizer, gpt.max_length)
+    if tokenizer_texts is None:
+        log.info("the run's %s tokenizer has no Hugging Face GPT-2 equivalent (a "
+                 "byte-level BPE); only the model is exported", type(tokenizer).__name__)
+    return {**files, **(tokenizer_texts or {})}
+
+
+__all__ = ["check_exportable", "convert_backbone_config", "convert_tokenizer",
+           "convert_weights", "export_config", "export_files", "export_tokenizer",
+           "export_weights", "folder_offset", "load_config"]

@@ -36,7 +36,7 @@ section checks the values.
 import json
 import pathlib
 
-from transformerkit.models.pretrained import CheckpointError
+from transformerkit.converters.hf_io import CheckpointError, read_json_object
 
 # transformers' defaults of the keys mapped above (GenerationConfig's global defaults)
 DEFAULTS = {"num_beams": 1, "max_length": 20, "max_new_tokens": None, "length_penalty": 1.0,
@@ -80,13 +80,7 @@ def read_generation_config(folder, config):
         return ({key: value for key, value in config.items()
                  if key in GENERATION_KEYS and value is not None},
                 pathlib.Path(folder) / "config.json")
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(settings, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return settings, path
+    return read_json_object(path), path
 
 
 def search_section(settings, special_ids, max_positions, path="generation_config.json"):
