@@ -35,18 +35,18 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 -q
 	TRANSFORMERKIT_FAST_PATHS=0 $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)
 
-# the numerics tests again on other CPU kernel families (tests/tolerances.py: each tolerance is
+# the numerics tests again on other CPU kernel families (tests/support/tolerances.py: each tolerance is
 # a float32 rounding bound, so it must hold whatever blocking and summation order the kernels
 # take): oneDNN, MKL and ATen capped at AVX2 with MKL's reproducible code path, then at
 # AVX-512 where the CPU has it
 KERNELS_AVX2 := MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
 KERNELS_AVX512 := MKL_CBWR=AVX512 ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512
 # the tests of what is decided from the CPU's flags and vendor (auto, int8's input range, the
-# float32 kernel), run again as each CPU family of tests/cpu_families.py that this CPU can
+# float32 kernel), run again as each CPU family of tests/support/cpu_families.py that this CPU can
 # run (TRANSFORMERKIT_CPU_FLAGS/_VENDOR change the decisions, not the kernels)
 CPU_DECISIONS := tests/decoding/test_precision.py tests/training/test_precision_auto.py \
 	tests/layers/test_decode_steps.py tests/training/test_bfloat16_step.py
-FAMILIES := $(BIN)/python tests/cpu_families.py
+FAMILIES := $(BIN)/python tests/support/cpu_families.py
 
 test-kernels: $(STAMP)
 	$(KERNELS_AVX2) $(BIN)/python -m pytest -m "not slow" -n 2 -q $(NUMERICS)

@@ -1,15 +1,16 @@
 """Shared test setup: thread limits, seeding, backend autodiff helpers, the backend probe.
 
 In-process tests run on the default backend (PyTorch unless ``KERAS_BACKEND`` is set);
-cross-backend checks run ``tests/backend_probe.py`` once per backend in subprocesses,
+cross-backend checks run ``tests/support/backend_probe.py`` once per backend in subprocesses,
 through the session fixture :func:`probe_results`.
 
 Layout: ``tests/`` mirrors ``src/transformerkit/`` (one folder per package; tests of the
-top-level modules here). Pytest imports test files with ``--import-mode=importlib``
-(pyproject.toml), so two folders may hold files of the same name and test files never
-import each other; what several tests share is a helper module in this folder
-(``tolerances.py``, ``reference.py``, ``tiny_run.py``, ``near_ties.py``, ...), importable
-from every folder because this file puts the folder on ``sys.path`` first.
+top-level modules and of the project as a whole here, the benchmarks' in ``tests/bench``).
+Pytest imports test files with ``--import-mode=importlib`` (pyproject.toml), so two folders
+may hold files of the same name and test files never import each other; what several tests
+share is a helper module in ``tests/support`` (``tolerances.py``, ``reference.py``,
+``tiny_run.py``, ``near_ties.py``, the probe scripts, ...), importable from every folder
+because this file puts that folder on ``sys.path`` first.
 """
 
 import json
@@ -18,10 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # the helpers, from any folder
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+_SUPPORT = str(Path(__file__).resolve().parent / "support")
+if _SUPPORT not in sys.path:  # the helpers, from any folder
+    sys.path.insert(0, _SUPPORT)
 
-from paths import TESTS_DIR  # noqa: E402
+from paths import SUPPORT_DIR  # noqa: E402
 
 # Small models on a shared 2-core machine: one thread per process is faster and fair.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -76,7 +78,7 @@ def pytest_configure(config):
 
 def pytest_terminal_summary(terminalreporter):
     """Say how many cases the property tests ran (``fuzz_cases`` recorded by
-    ``tests/test_fuzz.py``; reports carry it from pytest-xdist workers too)."""
+    ``tests/test_input_fuzz.py``; reports carry it from pytest-xdist workers too)."""
     cases = {}
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):
@@ -270,7 +272,7 @@ def _launch_probes(workdir, spec_path):
         env = dict(os.environ, KERAS_BACKEND=backend)
         env.setdefault("XLA_FLAGS", FAST_XLA_COMPILE)
         processes.append(subprocess.Popen(
-            ["sh", "-c", wrapper, sys.executable, str(TESTS_DIR / "backend_probe.py"),
+            ["sh", "-c", wrapper, sys.executable, str(SUPPORT_DIR / "backend_probe.py"),
              str(spec_path), str(workdir / f"probe_{backend}.npz"),
              str(workdir / f"probe_{backend}.log"), str(workdir / f"probe_{backend}.rc")],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True))

@@ -1,7 +1,7 @@
 """The private-API registry (``transformerkit.internals``), the shortcuts' switch
 (``transformerkit.fastpath``) and the import that changes nothing process-wide.
 
-Tolerances (``tests/tolerances.py``): the fused Adam and Keras' Adam are two float32 paths
+Tolerances (``tests/support/tolerances.py``): the fused Adam and Keras' Adam are two float32 paths
 of formulas that differ by the placement of epsilon, computed in float64 here
 (:func:`adam_paths_atol`).
 """

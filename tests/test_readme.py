@@ -56,8 +56,8 @@ NOT_RUN_HERE = {
            "weights; `transformerkit serve` with its API keys: tests/serving/test_auth.py "
            "runs it",
     "hf": "downloading from the Hugging Face hub needs the internet: the scratch folder holds "
-          "a GPT-2 and a Marian folder `transformers` wrote (tests/gpt2_checkpoints.py, "
-          "tests/marian_runs.py), and tests/test_importing.py and "
+          "a GPT-2 and a Marian folder `transformers` wrote (tests/support/gpt2_checkpoints.py, "
+          "tests/support/marian_runs.py), and tests/test_importing.py and "
           "tests/test_importing_marian.py resolve hub names from a cache they fill",
     "torchrun": "several training processes: tests/training/test_multiprocess.py launches "
                 "them (2 gloo processes on loopback) and checks their weights",

@@ -1,7 +1,7 @@
 """Saving: ``.keras`` round trips give identical outputs and keep tied weights one variable;
 ``.weights.h5`` files move between backends (via the probe subprocesses of conftest).
 
-Tolerances (``tests/tolerances.py``): a reloaded model runs the same kernels on the same
+Tolerances (``tests/support/tolerances.py``): a reloaded model runs the same kernels on the same
 float32 values as the saved one in this process, so its outputs are equal, bit for bit;
 another backend's outputs (other kernels) are two float32 paths within the model's chain
 bound; the float64 reference within one. The power check restores the token embeddings

@@ -1,7 +1,7 @@
 """``evaluate --split``: any split a run's config names (val, test), Multi30k's test2016,
 and clear errors for a split the run has no data for.
 
-Tolerances (``tests/tolerances.py``): ``translate --scores`` prints a sum of log-softmax
+Tolerances (``tests/support/tolerances.py``): ``translate --scores`` prints a sum of log-softmax
 values to 4 decimals from its own batch (another shape than the check's): half the last
 printed digit plus, per token, two float32 paths' bounds of the logits (twice: the
 log-softmax's) and of the log-softmax.

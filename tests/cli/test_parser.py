@@ -3,7 +3,7 @@ order for every command, ``--version``, and ``transformerkit config``.
 
 The commands run in this process through ``cli.main`` on two tiny runs trained once per
 module by ``transformerkit train`` itself (a number-words Transformer and a character GPT
-on the corpus of ``tests/tiny_run.py``: seconds, no shared data). What the commands
+on the corpus of ``tests/support/tiny_run.py``: seconds, no shared data). What the commands
 compute is tested in ``tests/test_api.py``; here each one must give the same result
 whatever the order of its arguments.
 """

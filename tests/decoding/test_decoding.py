@@ -2,9 +2,9 @@
 end tokens in a batch, bad input; and the same checks on JAX, TensorFlow and PyTorch.
 
 Kinds of claims: logits and scores of two float32 computations (cached steps and full
-passes) agree within their rounding bound (``tests/tolerances.py``); ids of two searches
+passes) agree within their rounding bound (``tests/support/tolerances.py``); ids of two searches
 whose kernels or shapes differ are equal except at a near-tie (the helpers of
-``tests/near_ties.py``); ids and scores of runs through the same kernels are exact.
+``tests/support/near_ties.py``); ids and scores of runs through the same kernels are exact.
 
 Run as a script (``python tests/decoding/test_decoding.py OUT.json``) this file is the per-backend
 probe of :func:`test_all_backends`: it builds small models and writes its checks as JSON.
@@ -28,7 +28,7 @@ from near_ties import (
     next_logits_after,
     score_bound,
 )
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 
 from transformerkit import fastpath
 from transformerkit.data.tokenizers import CharTokenizer
@@ -577,8 +577,8 @@ def probe():
 
 def stopping_and_caps_checks():
     """Beam search's two stopping rules with length caps equal the plain reference search of
-    ``tests/reference_search.py`` (the compiled loops freeze finished sentences; the eager one
-    drops them), and greedy outputs keep to their caps."""
+    ``tests/support/reference_search.py`` (the compiled loops freeze finished sentences; the
+    eager one drops them), and greedy outputs keep to their caps."""
     from reference_search import SOURCES as MIXED
     from reference_search import check_against_reference, mixed_length_model
 
@@ -606,7 +606,7 @@ def stopping_and_caps_checks():
 def backend_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("decoding_probe")
     # this file, run as a script, imports the helper modules of tests/ as the tests do
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(SUPPORT_DIR), os.environ.get("PYTHONPATH")]))
     processes = {}
     for backend in BACKENDS:
         env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS=FAST_XLA_COMPILE,

@@ -5,7 +5,7 @@ A tiny random-weight GPT with a character tokenizer, on the backend the tests ru
 path of the compiled loops, and :func:`test_the_chunked_path_on_jax` does so in a
 subprocess). Claims: the prompt and the joined pieces are ``Run.generate``'s text, exact on
 PyTorch (the same search, watched step by step); on the compiled loops the ids equal except
-at a near-tie (greedy: ``tests/near_ties.py``; seeded sampling: the same draws, so exact
+at a near-tie (greedy: ``tests/support/near_ties.py``; seeded sampling: the same draws, so exact
 unless a rounding difference flips one); closing the stream stops the decoding: the model
 makes no step after ``close()`` returns. Byte-level BPE pieces are whole characters.
 """
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from backends import FAST_XLA_COMPILE
 from near_ties import assert_same_ids_or_near_tie, next_logits_after
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 from step_counter import StepCounter
 
 from transformerkit.api import Run
@@ -225,7 +225,7 @@ def test_the_chunked_path_on_jax():
     """Tests of this file in a subprocess on JAX (compiled loops): seeded sampling and
     greedy search over several windows, and closing a stream."""
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS=FAST_XLA_COMPILE,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(SUPPORT_DIR),
                                                          os.environ.get("PYTHONPATH")])))
     env.pop("TRANSFORMERKIT_TESTS_DEFAULT_BACKEND", None)
     done = subprocess.run(

@@ -2,10 +2,10 @@
 against a float64 NumPy reference of the same rounding or quantization, within a bound
 derived from the rounding unit; whole decodings within the chain of those bounds of
 float32; the packed-weight cache per precision; the choice of ``auto`` and int8's input
-range as each CPU family of ``tests/cpu_families.py`` (injected, whatever the host); clear
+range as each CPU family of ``tests/support/cpu_families.py`` (injected, whatever the host); clear
 errors.
 
-Bounds (the notation of ``tests/tolerances.py``):
+Bounds (the notation of ``tests/support/tolerances.py``):
 
 - **bfloat16** has an 8-bit significand: unit roundoff ``U16 = 2**-8``. A product rounds its
   input and weight to bfloat16 (the reference makes the same roundings, so they cost
@@ -614,7 +614,7 @@ def test_which_cpu_families_a_cpu_can_run():
 
 
 def test_cpu_families_script_prints_what_make_runs():
-    """``python tests/cpu_families.py``: ``--env`` assignments that ``env`` takes and that
+    """``python tests/support/cpu_families.py``: ``--env`` assignments that ``env`` takes and that
     make a process see the family; ``--runnable`` and ``--skipped`` part the families."""
     script = str(ROOT / "tests" / "cpu_families.py")
 

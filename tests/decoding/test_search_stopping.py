@@ -9,9 +9,9 @@ and ids are equal except at a near-tie (:func:`assert_same_ids_or_near_tie`,
 :func:`assert_same_hypotheses_or_near_tie`); where they run the same kernels (the two loop
 namespaces), everything is exact.
 
-The reference search is in ``tests/reference_search.py`` (also used by the per-backend
+The reference search is in ``tests/support/reference_search.py`` (also used by the per-backend
 probe of ``test_decoding.py``), the bounds and comparisons of search results in
-``tests/near_ties.py``.
+``tests/support/near_ties.py``.
 """
 
 import warnings

@@ -3,14 +3,14 @@
 Reference: our own model on the same weights. Log-probabilities of given outputs come from
 :func:`transformerkit.decoding.scoring.sequence_log_probs` (ours) and CTranslate2's
 ``score_batch``; greedy outputs from our decoders and CTranslate2's ``translate_batch`` /
-``generate_batch``. Models: a tiny run trained in-process (``tests/tiny_run.py``) and
+``generate_batch``. Models: a tiny run trained in-process (``tests/support/tiny_run.py``) and
 random-weight models for every option the export maps (norm position, activation, each
 positional table, each tying mode, LayerNorm epsilon, head width, GPT without biases).
 
 CTranslate2 runs its own float32 kernels, so log-probabilities agree within two paths'
-rounding bound of a sum of token log-probabilities (``tests/tolerances.py``), and outputs
+rounding bound of a sum of token log-probabilities (``tests/support/tolerances.py``), and outputs
 are the same except at a near-tie of the Keras model's logits (the helpers of
-``tests/near_ties.py``); two CTranslate2 runs through the same kernels are exact.
+``tests/support/near_ties.py``); two CTranslate2 runs through the same kernels are exact.
 """
 
 import os

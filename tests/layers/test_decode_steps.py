@@ -2,7 +2,7 @@
 cached ``call``: attention, blocks and whole models, including a source of padding only.
 
 The step runs other kernels than the Keras call (oneDNN's packed products, its own
-attention), so the two agree within two paths' rounding bound (``tests/tolerances.py``)
+attention), so the two agree within two paths' rounding bound (``tests/support/tolerances.py``)
 and decoded ids agree except at a near-tie; products are checked against float64 within
 one path's bound; what runs through the same kernels is exact.
 """
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
 
 
 def affine_atol(x, kernel, bias=None, paths=1):
-    """New bound helper (for tests/tolerances.py): ``x @ kernel + bias`` is one dot product
+    """New bound helper (for tests/support/tolerances.py): ``x @ kernel + bias`` is one dot product
     of length ``d_in + 1``, ``[x, 1] . [kernel; bias]``, so :func:`tol.product_atol` of those."""
     x = np.asarray(x, np.float64)
     if bias is None:

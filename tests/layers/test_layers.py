@@ -1,5 +1,5 @@
-"""Every layer against the float64 NumPy reference (tests/reference.py) with the same weights,
-and multi-head attention against ``keras.layers.MultiHeadAttention``."""
+"""Every layer against the float64 NumPy reference (tests/support/reference.py) with the same
+weights, and multi-head attention against ``keras.layers.MultiHeadAttention``."""
 
 import math
 

@@ -2,7 +2,7 @@
 PyTorch for the same weights (each backend in its own subprocess, see backend_probe.py).
 
 Each backend runs its own kernels (XLA, Eigen/oneDNN, ATen/MKL/oneDNN), so every comparison
-is of two float32 paths, within the sum of their rounding bounds (``tests/tolerances.py``).
+is of two float32 paths, within the sum of their rounding bounds (``tests/support/tolerances.py``).
 """
 
 import keras
@@ -34,7 +34,7 @@ def forward_roundings(model, entry, arrays):
 
 
 def loss_atol(model, entry, arrays, logits, loss, paths=2):
-    """New bound helper (for tests/tolerances.py): the probe's scalar from the logits.
+    """New bound helper (for tests/support/tolerances.py): the probe's scalar from the logits.
     Token models: a mean label-smoothed cross-entropy moves by at most twice the logits'
     largest error (a convex mix of log-softmaxes, each 2-Lipschitz in the max norm), plus
     :func:`tol.cross_entropy_roundings`. The classifier: ``sum(log_softmax(out) * w)``, so
@@ -52,8 +52,8 @@ def loss_atol(model, entry, arrays, logits, loss, paths=2):
 
 
 def gradient_roundings(model, entry, arrays, logits):
-    """New bound helper (for tests/tolerances.py): a weight's gradient: the forward chain and
-    the loss's, the backward chain through the same layers (one product of the same length
+    """New bound helper (for tests/support/tolerances.py): a weight's gradient: the forward
+    chain and the loss's, the backward chain through the same layers (one product of the same length
     for each forward product, transposed: as many roundings), and the weight's own product,
     a sum over every input position of the batch."""
     positions = sum(a.size for k, a in arrays.items() if k in ("source", "target", "ids"))

@@ -4,7 +4,7 @@ batches, gradient accumulation counting rows, then ``train`` from a TSV (columns
 ``evaluate`` (accuracy and confusion), ``classify``, ``embed`` and a start from a
 pretrained Hugging Face folder.
 
-Tolerances (``tests/tolerances.py``): the loss against float64 within the cross-entropy's
+Tolerances (``tests/support/tolerances.py``): the loss against float64 within the cross-entropy's
 rounding bound; accumulated and large-batch SGD updates within
 ``tolerances.sgd_weights_atol``; probabilities and embeddings of two float32 paths (another
 batch shape) within the model's chain bound; scores rounded to 4 decimals by

@@ -6,7 +6,7 @@ Tiny random ``DistilBertModel`` / ``DistilBertForSequenceClassification`` folder
 positions; the sequence-classification head is not imported (``num_classes`` is refused);
 unmappable configs and incomplete weights are named in the error.
 
-Tolerances (``tests/tolerances.py``): ours and ``transformers`` are two float32 paths with
+Tolerances (``tests/support/tolerances.py``): ours and ``transformers`` are two float32 paths with
 the same weights, each within the encoder's chain bound (``hf_checkpoints.hf_atol``:
 the embeddings' sum and LayerNorm, the post-norm blocks with their activation, the
 pooling). Mutations tried by hand against ``test_hidden_states_equal_transformers``: the

@@ -7,7 +7,7 @@
 - a tiny random BERT written by ``transformers`` (safetensors and ``pytorch_model.bin``).
 - clear errors for a missing folder, missing or broken files and unmappable architectures.
 
-Tolerances (``tests/tolerances.py``): ours and ``transformers`` are two float32 paths with
+Tolerances (``tests/support/tolerances.py``): ours and ``transformers`` are two float32 paths with
 the same weights, each within the encoder's chain bound (:func:`bert_roundings`: the
 embeddings' sum and LayerNorm, every block with its GELU, the pooling). The power check
 imports the checkpoint's tensors rounded to float16.

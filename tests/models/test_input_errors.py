@@ -1,9 +1,9 @@
 """Bad arguments and inputs of the layers and models get a clear error, raised where they
 enter (the constructor or the call), naming the problem and the value.
 
-Bad values elsewhere: the run config in ``tests/test_config.py``, the command line in
+Bad values elsewhere: the run config in ``tests/config/test_config.py``, the command line in
 ``tests/cli/test_parser.py``, the loss and schedule arguments in
-``tests/training/test_training_math.py``, random text in ``tests/test_fuzz.py``; failures
+``tests/training/test_training_math.py``, random text in ``tests/test_input_fuzz.py``; failures
 that are not the caller's input (kills, corrupt files, full disks, NaN losses) in
 ``tests/training/test_failure_recovery.py``.
 """

@@ -7,7 +7,7 @@ different lengths). The file runs on the backend of ``KERAS_BACKEND`` (PyTorch b
 default; ``KERAS_BACKEND=jax`` and ``tensorflow`` run it on the others).
 
 Ids: ours are Marian's reordered (:class:`MarianIds`); every comparison maps them.
-Tolerances (``tests/tolerances.py``): two float32 paths, each within the model's chain
+Tolerances (``tests/support/tolerances.py``): two float32 paths, each within the model's chain
 bound. Decoding: greedy and beam 4 equal ``generate`` token for token with
 ``length_penalty=0`` (ours ``alpha=0``: both rank by the plain log-probability; the GNMT
 penalty ``((5+n)/6)^alpha`` and ``n^length_penalty`` differ by definition), ``early_stopping

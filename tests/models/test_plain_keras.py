@@ -1,6 +1,6 @@
 """Every model trains as any Keras model does: ``compile`` with Keras' own loss and
 optimizer, ``fit``, ``evaluate``, ``predict``, ``save`` and ``keras.saving.load_model``,
-with no transformerkit call in between (``tests/plain_keras_user.py``, a user's script),
+with no transformerkit call in between (``tests/support/plain_keras_user.py``, a user's script),
 on each backend in its own process.
 
 What it asserts: ``fit`` changes the weights and lowers the loss by more than a fifth on a
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from backends import BACKENDS, FAST_XLA_COMPILE
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -24,7 +24,7 @@ def test_compile_fit_evaluate_save_as_a_keras_user_writes_it(backend, tmp_path):
     env = {**os.environ, "KERAS_BACKEND": backend, "XLA_FLAGS": FAST_XLA_COMPILE,
            "JAX_PLATFORMS": "cpu"}
     env.pop("TRANSFORMERKIT_TESTS_DEFAULT_BACKEND", None)
-    done = subprocess.run([sys.executable, str(TESTS_DIR / "plain_keras_user.py"),
+    done = subprocess.run([sys.executable, str(SUPPORT_DIR / "plain_keras_user.py"),
                            str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

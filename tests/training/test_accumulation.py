@@ -7,7 +7,7 @@ batch's. With SGD (linear in the gradient) and the paper's Adam on its warmup sc
 paths (seconds); on every backend in subprocesses (slow: JAX and TensorFlow compile each
 batch shape).
 
-Tolerances (``tests/tolerances.py``): the two paths compute the same gradients in another
+Tolerances (``tests/support/tolerances.py``): the two paths compute the same gradients in another
 order (micro-batches summed, or one batch), each within a gradient's rounding bound
 (:func:`gradient_roundings`); SGD's weights then differ by at most
 ``tolerances.sgd_weights_atol`` (2e-4), Adam's by at most :func:`adam_weights_atol` (the
@@ -30,12 +30,12 @@ import pytest
 import tolerances as tol
 from accumulation_probe import VOCAB, K, batch, compute, fresh_model, make_pairs
 from backends import BACKENDS
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 
 from transformerkit import fastpath
 from transformerkit.training.step import TrainStep
 
-PROBE = str(TESTS_DIR / "accumulation_probe.py")
+PROBE = str(SUPPORT_DIR / "accumulation_probe.py")
 # Keras' TensorFlow Adam squares the values of an embedding's IndexedSlices gradient before
 # duplicate token ids are summed (ops.square on the slices), so its own large-batch step is
 # not the dense large-batch Adam step that torch and JAX take, and that the accumulated

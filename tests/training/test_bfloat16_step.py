@@ -6,7 +6,7 @@ updated in float32, the sub-layers called directly inside the step's autocast sc
   casts a weight at every use): exact, since the copies are the same values and each use's
   gradient reaches the float32 weight converted and summed as under Keras' casts.
 - Against the plain Keras path (shortcuts off: Keras' calls, ``keras.ops``, Keras' Adam):
-  within the bfloat16 bounds of ``tests/bfloat16_bounds.py`` (two paths).
+  within the bfloat16 bounds of ``tests/support/bfloat16_bounds.py`` (two paths).
 """
 
 import bfloat16_bounds as bf

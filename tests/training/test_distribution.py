@@ -1,13 +1,13 @@
 """Scaling out: data and model parallel training through ``keras.distribution`` give the
 same losses as one device; mixed_bfloat16 trains with float32 softmax, logits and loss.
 
-The distributed runs happen in one subprocess (``tests/distribution_probe.py``) under
+The distributed runs happen in one subprocess (``tests/support/distribution_probe.py``) under
 ``KERAS_BACKEND=jax`` with two virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=2``).
 
 Tolerances: the first step's loss, of the same global batch and weights, is two float32
 paths (other summation orders, sharded products) within the model's and the loss's chain
-bound (``tests/tolerances.py``). Later steps and ``transformerkit.train``'s epoch losses
+bound (``tests/support/tolerances.py``). Later steps and ``transformerkit.train``'s epoch losses
 (batches of 4 rows, so no padding row) follow Adam updates, which have no rounding bound
 (``tolerances.sgd_weights_atol``'s note: Adam divides each gradient by its running RMS and
 turns the rounding-size differences of weights whose gradient is near zero, such as key
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tolerances as tol
 from backends import FAST_XLA_COMPILE
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 from tiny_run import tiny_config
 
 from transformerkit.config import ConfigError, resolve
@@ -59,9 +59,9 @@ def probe(tmp_path_factory):
     # two virtual CPU devices, also on a machine with a GPU (where JAX would pick the GPU)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_XLA_COMPILE}")
-    result = subprocess.run([sys.executable, str(TESTS_DIR / "distribution_probe.py"),
+    result = subprocess.run([sys.executable, str(SUPPORT_DIR / "distribution_probe.py"),
                              str(workdir)], capture_output=True, text=True, env=env,
-                            timeout=900, cwd=TESTS_DIR)
+                            timeout=900, cwd=SUPPORT_DIR)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

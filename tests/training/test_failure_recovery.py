@@ -17,7 +17,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-from paths import TESTS_DIR
+from paths import SUPPORT_DIR
 from tiny_run import tiny_config
 
 from transformerkit.files import atomic_path
@@ -90,7 +90,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_an_unreadable_latest(tmp_
     for _ in range(5):
         process = subprocess.Popen([sys.executable, "-c", WRITER, str(directory)],
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                   cwd=TESTS_DIR)
+                                   cwd=SUPPORT_DIR)
         assert process.stdout.readline().strip() == b"ready"
         deadline = time.monotonic() + 120
         while not (directory / "latest.json").exists() and time.monotonic() < deadline:

@@ -5,7 +5,7 @@ source overridden to tiny local checkpoints and the step counts cut.
 
 Checked: the fine-tuned weights differ from the checkpoint's while the tokenizer file is
 the checkpoint's, byte for byte; the result exports to Hugging Face (logits within the
-float32 bound of ``tests/tolerances.py``) and to CTranslate2 (greedy ids equal except at a
+float32 bound of ``tests/support/tolerances.py``) and to CTranslate2 (greedy ids equal except at a
 near-tie); a run directory as the source gives the weights the same checkpoint gives as a
 Hugging Face folder, exactly (the same start, data and steps); conflicting keys are errors
 naming the key, written before anything is; SIGKILL then ``--resume`` ends with the weights
@@ -330,7 +330,7 @@ def test_torchrun_fine_tune_equals_one_process(tmp_path):
 
 
 def test_opus_mt_recipe_fine_tunes_a_marian_folder(tmp_path, capsys):
-    """configs/finetune_opus_mt.yaml from a tiny Marian folder (tests/marian_runs.py) on
+    """configs/finetune_opus_mt.yaml from a tiny Marian folder (tests/support/marian_runs.py) on
     Multi30k pairs as TSV: its architecture and both vocabulary sides (as `import` writes
     them), the weights move, translate works with Keras and CTranslate2."""
     from marian_runs import marian_folder, multi30k_lines

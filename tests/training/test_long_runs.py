@@ -1,7 +1,7 @@
 """Long runs: checkpoints inside an epoch and exact resume from them, checkpoint averaging,
 early stopping (in-process, tiny model; the SIGKILL test runs the CLI, marked slow).
 
-Tolerances (``tests/tolerances.py``): a resumed run repeats the same float32 steps (the same
+Tolerances (``tests/support/tolerances.py``): a resumed run repeats the same float32 steps (the same
 kernels, batches, order and RNG state), so its weights equal the uninterrupted run's, bit
 for bit; the averaged checkpoint is the float64 mean rounded to float32 once. Mutations
 tried by hand for the slow SIGKILL test: none (its check is exact equality, which any

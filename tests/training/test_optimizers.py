@@ -2,7 +2,7 @@
 formula: global-norm clipping, decoupled weight decay on matrices only, the bias-corrected
 step, over several steps on a learning-rate schedule.
 
-Tolerances (``tests/tolerances.py``): the gradients are given, so nothing is amplified:
+Tolerances (``tests/support/tolerances.py``): the gradients are given, so nothing is amplified:
 each step's float32 roundings act on its terms' sizes, which the float64 reference tracks
 (:func:`adam_atol`); Keras' own update (no fused kernel) places epsilon differently, a
 documented difference the reference computes. The power check clips each tensor to the

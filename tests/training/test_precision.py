@@ -2,7 +2,7 @@
 scaling (``LossScaleOptimizer``), on CPU (PyTorch).
 
 References: the same model and batch in float32. Not a float32 bound
-(``tests/tolerances.py``): float16 rounds each stored result to 11 bits (u16 = 2^-11), while
+(``tests/support/tolerances.py``): float16 rounds each stored result to 11 bits (u16 = 2^-11), while
 the sums inside the products run in float32. The first loss agrees within FLOAT16_STORES
 such roundings (relative); the update of the first step (weights after - before) within
 twice that (forward and backward) of its largest value, or of 2% of the largest update of

@@ -1,7 +1,7 @@
 """``train.precision: auto`` (the default): bfloat16 only where the CPU has bfloat16 dot
 products that oneDNN may use (no ``ONEDNN_MAX_CPU_ISA`` cap below them) and the model is wide
 enough, float32 elsewhere; recorded in ``metrics.json``. The rule is checked as each CPU
-family of ``tests/cpu_families.py`` (its flags injected, whatever the host) under each cap;
+family of ``tests/support/cpu_families.py`` (its flags injected, whatever the host) under each cap;
 each cap is also run in a process of its own, as CI runs the kernel families
 (``make test-kernels``)."""
 

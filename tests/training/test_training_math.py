@@ -1,10 +1,11 @@
 """Masked loss and accuracy against hand computations, inside and outside ``model.fit``;
 the paper's learning-rate schedule and optimizer.
 
-Tolerances (``tests/tolerances.py``): a float32 loss against the float64 reference within the
-cross-entropy's rounding bound on the log-probabilities' size; the compiled loss against the
-function (two float32 forward passes) within two model bounds; accuracies are integer counts
-and one float32 division; the schedule is a few float32 roundings of eq. 3. The power check
+Tolerances (``tests/support/tolerances.py``): a float32 loss against the float64 reference
+within the cross-entropy's rounding bound on the log-probabilities' size; the compiled loss
+against the function (two float32 forward passes) within two model bounds; accuracies are
+integer counts and one float32 division; the schedule is a few float32 roundings of eq. 3.
+The power check
 plants the schedule's step off by one (``iterations`` for ``iterations + 1``): at step 1e5
 it moves the rate by 5e-6 relative, which the old ``rel=1e-5`` let pass.
 """

@@ -16,7 +16,7 @@ A ``train:`` key that means what a field of the decoding options means
 (:mod:`transformerkit.decoding.options`, whose :class:`SearchOptions` is the ``search:``
 section itself) names that field in ``decoding=`` and, where its default differs, says why
 in ``differs=``;
-``tests/test_config.py`` checks the pairs against the decoding options, so no default is
+``tests/config/test_config.py`` checks the pairs against the decoding options, so no default is
 written twice silently.
 
 They live in the ``config`` package (level 2 of ``tests/test_layout.py``), not in
@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from transformerkit.declared import check, option
-from transformerkit.declared import nullable as nullable  # tests/test_config.py reads it here
+from transformerkit.declared import nullable as nullable  # tests/config/test_config.py reads it
 
 STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
 TRAIN_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")  # Keras dtype policies

@@ -1,5 +1,5 @@
 """Rounding bounds of ``mixed_bfloat16`` computations (the bfloat16 counterpart of
-``tests/tolerances.py``, whose notation this follows).
+``tests/support/tolerances.py``, whose notation this follows).
 
 Under ``mixed_bfloat16`` the products read bfloat16 operands and sum in float32 (oneDNN, MKL
 and ATen accumulate bfloat16 products in float32), then store their result in bfloat16; the

@@ -2,7 +2,7 @@
 (started by ``tests/training/test_distribution.py``): trains the same tiny Transformer on the same
 batches on one device, data parallel and model parallel, and prints a JSON report.
 
-``python tests/distribution_probe.py WORKDIR`` -> stdout: ``{"devices": 2,
+``python tests/support/distribution_probe.py WORKDIR`` -> stdout: ``{"devices": 2,
 "steps": {"none": [loss per step], "data_parallel": [...], "model_parallel": [...]},
 "weight_diff": {kind: max |w - w_single|}, "sharding": {kind: {path: spec}},
 "train": {kind: [epoch losses of transformerkit.train]}}``.

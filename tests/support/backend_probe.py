@@ -1,6 +1,6 @@
 """Run small models under one Keras backend and save what they compute.
 
-Usage: ``KERAS_BACKEND=jax python tests/backend_probe.py SPEC.json OUT.npz``
+Usage: ``KERAS_BACKEND=jax python tests/support/backend_probe.py SPEC.json OUT.npz``
 
 SPEC.json: ``{"models": [{"name", "type", "config"}...], "inputs": npz, "weights": npz,
 "workdir": dir}``. For every model this script

@@ -2,7 +2,7 @@
 ``compile`` / ``fit`` / ``evaluate`` / ``predict`` / ``save`` / ``keras.saving.load_model``
 and nothing of transformerkit beyond the model classes, as any Keras tutorial writes it.
 
-Usage: ``KERAS_BACKEND=jax python tests/plain_keras_user.py OUT_DIR`` (any backend); prints
+Usage: ``KERAS_BACKEND=jax python tests/support/plain_keras_user.py OUT_DIR`` (any backend); prints
 one JSON line per model: its loss before and after ``fit``, whether ``fit`` changed the
 weights, and the largest difference of the reloaded model's predictions from the model's.
 ``tests/models/test_plain_keras.py`` runs it under each backend.
