@@ -12,7 +12,6 @@ folder, not a checkpoint, unknown ``model_type``, a hub name not in the offline 
 existing ``--out``) are one line each.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 from gpt2_checkpoints import tiny_gpt2
+from hf_checkpoints import fill_hub_cache
 
 import transformerkit
 
@@ -113,23 +113,6 @@ def test_summary_attention_and_serve(imported, tmp_path, capsys):
         answer = client.post("/generate", json={"prompt": "A man", "temperature": 0,
                                                 "max_new_tokens": NEW_TOKENS}).json()
     assert answer == {"model": "run", "text": hf_greedy(model, tokenizer, "A man")[1]}
-
-
-def fill_hub_cache(cache, repo, folder, revision="0123456789abcdef0123456789abcdef01234567"):
-    """``folder``'s files in ``huggingface_hub``'s cache layout: content-addressed blobs,
-    a snapshot of relative links to them, ``refs/main`` naming the snapshot."""
-    base = cache / f"models--{repo.replace('/', '--')}"
-    snapshot = base / "snapshots" / revision
-    (base / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    for path in sorted(folder.iterdir()):
-        data = path.read_bytes()
-        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
-    (base / "refs").mkdir()
-    (base / "refs" / "main").write_text(revision)
-    return snapshot
 
 
 def cli(args, env):

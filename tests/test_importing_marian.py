@@ -334,7 +334,7 @@ def test_logits_and_greedy_on_every_backend(imported, tmp_path, backend):
 # -- hub names and errors ------------------------------------------------------------------
 
 def test_a_hub_name_resolves_from_the_offline_cache(imported, tmp_path):
-    from test_importing import fill_hub_cache
+    from hf_checkpoints import fill_hub_cache
 
     _, folder, _, hf, tokenizer, _ = imported
     repo = "Helsinki-NLP/opus-mt-de-en"

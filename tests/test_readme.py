@@ -14,21 +14,14 @@ are left out, each with its reason; any other command the manual shows must be a
 """
 
 import os
-import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from manual import DOCS, DOCUMENTS, MANUAL_PAGES, README, ROOT, blocks, commands  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-DOCS = ROOT / "docs"
-# The docs pages that are user manuals, in the order their blocks run (after the README's,
-# whose runs they use).
-MANUAL_PAGES = ["cli.md", "decoding.md", "serving.md", "models.md", "training.md",
-                "encoders.md", "data.md", "pretrained.md"]
 # The docs pages whose blocks this test does not run, and why.
 NOT_MANUAL_PAGES = {
     "layout.md": "the source tree as a listing: no commands",
@@ -38,7 +31,6 @@ NOT_MANUAL_PAGES = {
     "benchmarks.md": "benchmark methods and history: its commands are the `bench/` scripts, "
                      "long measurements (minutes to hours each) against peers, run by hand",
 }
-DOCUMENTS = [README, *(DOCS / name for name in MANUAL_PAGES)]
 
 # Commands shown in the manual that this test does not run, and why.
 NOT_RUN_HERE = {
@@ -102,28 +94,6 @@ SENTENCES = {"sentences.de": "Ein Hund läuft.\nZwei Männer spielen Fußball.\n
              **{f"data/{split}.de-en.tsv": "Ein Hund läuft.\tA dog runs.\n"
                 "Zwei Männer spielen Fußball.\tTwo men play soccer.\n" * 4
                 for split in ("train", "val", "test")}}
-
-
-def blocks(language, document=None):
-    """The fenced code blocks in ``language`` of ``document`` (default: every document of the
-    manual, README.md first), in order."""
-    found = []
-    for path in [document] if document else DOCUMENTS:
-        text = path.read_text(encoding="utf-8")
-        found += re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
-    return found
-
-
-def commands(document=None):
-    """The commands of the ``bash`` blocks of ``document`` (default: every document):
-    continuation lines joined, comments dropped."""
-    found = []
-    for block in blocks("bash", document):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words:
-                found.append(line.split(" #")[0].strip())
-    return found
 
 
 def test_the_readme_shows_commands_and_code():

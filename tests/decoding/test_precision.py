@@ -616,7 +616,7 @@ def test_which_cpu_families_a_cpu_can_run():
 def test_cpu_families_script_prints_what_make_runs():
     """``python tests/support/cpu_families.py``: ``--env`` assignments that ``env`` takes and that
     make a process see the family; ``--runnable`` and ``--skipped`` part the families."""
-    script = str(ROOT / "tests" / "cpu_families.py")
+    script = str(ROOT / "tests" / "support" / "cpu_families.py")
 
     def printed(*args):
         return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,

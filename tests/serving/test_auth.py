@@ -375,8 +375,8 @@ def test_the_manuals_api_key_commands(served, runs, tmp_path, monkeypatch):
     without."""
     import shlex
 
+    from manual import commands
     from paths import ROOT
-    from test_readme import commands
 
     lines = [line for line in commands(ROOT / "docs" / "serving.md")
              if ENV_VAR in line or "Authorization: Bearer" in line]

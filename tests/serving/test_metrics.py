@@ -326,7 +326,7 @@ def test_the_manual_names_every_metric_and_its_scrape_config_is_yaml():
     import re
 
     import yaml
-    from test_readme import DOCS, blocks
+    from manual import DOCS, blocks
 
     page = DOCS / "serving.md"
     documented = set(re.findall(r"^\| `(transformerkit_\w+)`", page.read_text(), flags=re.M))

@@ -484,7 +484,7 @@ def test_the_readmes_requests_are_served(runs):
     """Each ``curl`` request of the README, sent to runs named as there (small, gpt)."""
     import shlex
 
-    from test_readme import commands
+    from manual import commands
 
     requests = [shlex.split(line) for line in commands() if line.startswith("curl")]
     assert len(requests) >= 4

@@ -3,7 +3,9 @@
 BERT-style forward pass (two float32 paths, ours and ``transformers``), padded id batches,
 and folders of a config and safetensors weights written by hand."""
 
+import hashlib
 import json
+import os
 
 import keras
 import numpy as np
@@ -51,3 +53,20 @@ def write_folder(folder, config=BERT_CONFIG, tensors=None):
 
         save_file(tensors, str(folder / "model.safetensors"))
     return folder
+
+
+def fill_hub_cache(cache, repo, folder, revision="0123456789abcdef0123456789abcdef01234567"):
+    """``folder``'s files in ``huggingface_hub``'s cache layout: content-addressed blobs,
+    a snapshot of relative links to them, ``refs/main`` naming the snapshot."""
+    base = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = base / "snapshots" / revision
+    (base / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(revision)
+    return snapshot
