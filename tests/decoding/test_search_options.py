@@ -200,3 +200,41 @@ def test_the_documented_option_tables_are_the_generated_ones():
     table = options.markdown_reference(options.SearchOptions)
     assert "| `--beam` | `beam_size` | int >= 1 | `4` | beam size; 1 = greedy search |" in table
     assert "| number in (0, 1], or none | `none` |" in table  # top_p
+
+
+@pytest.mark.parametrize("keywords, error, message", [
+    ({"engine": "onnx"}, ValueError, "engine must be one of 'keras', 'ctranslate2'; got 'onnx'"),
+    ({"precision": "fp8"}, ValueError, "precision must be one of"),
+    ({"engine": "ctranslate2", "precision": "int8"}, ValueError,
+     "precision int8 applies to the keras engine"),
+    ({"threads": -1}, ValueError, "threads must be at least 0"),
+    ({"threads": 1.5}, TypeError, "threads must be"),
+    ({"checkpoint": ""}, ValueError, "checkpoint must name the weights"),
+    ({"engine_name": "keras"}, TypeError, "load\\(\\) got unknown option\\(s\\) engine_name"),
+])
+def test_runtime_options_refuse_what_cannot_run_before_anything_loads(tmp_path, keywords,
+                                                                       error, message):
+    """``transformerkit.load(run_dir, **runtime)``: every runtime option is checked by its
+    declaration (and the engine/precision rule by ``RuntimeOptions``) before the run
+    directory is read: here it does not even exist."""
+    import transformerkit
+
+    with pytest.raises(error, match=message):
+        transformerkit.load(tmp_path / "no-run", **keywords)
+
+
+def test_runtime_options_defaults_are_declared_once():
+    """The flags of the commands that use a run show the declared defaults, and a run
+    loaded without options has them (``Run.runtime``)."""
+    from transformerkit.cli import build_parser
+    from transformerkit.decoding.options import RuntimeOptions
+
+    declared = RuntimeOptions()
+    assert (declared.engine, declared.precision, declared.threads, declared.checkpoint) == \
+        ("keras", "float32", 0, "model")
+    parser = build_parser()
+    for command in ("translate", "generate", "evaluate"):
+        args = parser.parse_args([command, "RUN", "--engine", "ctranslate2", "--threads", "2"]
+                                 + (["--prompt", "x"] if command == "generate" else []))
+        assert (args.engine, args.threads) == ("ctranslate2", 2)
+        assert not hasattr(args, "precision")  # not given: the declaration's default applies
