@@ -50,7 +50,7 @@ def load(run_dir, runtime=None, **keywords):
     model = load_model(run.model_file(runtime.checkpoint), compile=False)
     compute_in_float32(model)  # a mixed_bfloat16-trained model decodes as chosen per call
     source_path, target_path = run.tokenizer_paths(
-        shared=True if config.model["type"] == "gpt" else None)
+        shared=True if config.model.type == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)
     target_tokenizer = source_tokenizer if target_path == source_path else \
         load_tokenizer(target_path)
@@ -85,7 +85,7 @@ class Run:
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.run_dir = run_dir
-        self.kind = config.model["type"]
+        self.kind = config.model.type
         self.labels = labels
         self.runtime = runtime or RuntimeOptions()
 

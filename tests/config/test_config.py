@@ -184,6 +184,12 @@ def test_a_run_config_is_typed_frozen_and_round_trips(tmp_path):
         config.train.epochs = 4
     with pytest.raises(TypeError, match="read-only"):
         config.model["d_model"] = 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model.d_model = 32
+    assert config.model.d_model == config.model["d_model"] == 64  # typed fields, a mapping
+    assert {f.name: f.type for f in dataclasses.fields(config.model)}["d_model"] is int
+    assert dict(config.model)["type"] == "transformer" and len(config.model) == len(
+        dataclasses.fields(config.model))
     save_config(config, tmp_path / "config.yaml")
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert list(saved) == ["model", "data", "train"] and saved["train"]["epochs"] == 3

@@ -8,7 +8,7 @@ Every key has a default, a type and a one-line meaning, declared once: the ``dat
 :class:`~transformerkit.decoding.options.SearchOptions` (how the run translates unless told
 otherwise). :func:`schema` lists them; :func:`load_config` reads a
 file into a :class:`RunConfig` (``config.train.epochs``, ``config.data.tokenizer``,
-``config.model["d_model"]``); unknown keys and wrong types are errors that name the key.
+``config.model.d_model``); unknown keys and wrong types are errors that name the key.
 ``--set section.key=value`` overrides parse ``value`` as YAML (``--set train.epochs=3``,
 ``--set model.norm_position=pre``). :func:`describe` prints a resolved config with every
 key's type, default and meaning (``transformerkit config``). :func:`save_config` writes

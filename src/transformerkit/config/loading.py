@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import NamedTuple
 
@@ -127,34 +128,75 @@ def defaults():
     return {section: {k: v[0] for k, v in keys.items()} for section, keys in schema().items()}
 
 
-class ModelSection(dict):
-    """The ``model:`` section of a :class:`RunConfig`: a dict that cannot be changed in
-    place (a changed copy: ``RunConfig.replace(model={...})`` or ``dict(section)``)."""
+class ModelSection(Mapping):
+    """The ``model:`` section of a :class:`RunConfig`: one frozen field per key of the
+    section's schema (:func:`schema`: ``type``, every option a model takes, ``pretrained``,
+    ``embeddings``, ...), read as attributes (``config.model.d_model``) and, as the
+    constructor arguments of the model ``type`` names, as a read-only mapping
+    (``build_model(config.model, ...)``, ``dict(config.model)``). A changed copy:
+    ``RunConfig.replace(model={...})``. Built by :func:`model_section`, whose class is made
+    from the schema on first use (the schema reads the models' option declarations)."""
 
-    def _read_only(self, *args, **kwargs):
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        if key not in self.keys_declared:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(self.keys_declared)
+
+    def __len__(self):
+        return len(self.keys_declared)
+
+    def _read_only(self, *args):
         raise TypeError("a resolved config's model section is read-only; use "
                         "config.replace(model={...}) or a dict(...) copy")
 
-    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _read_only
-    __ior__ = _read_only
+    __setitem__ = __delitem__ = _read_only
 
     def __reduce__(self):  # copy, deepcopy and pickle rebuild it from a plain dict
-        return ModelSection, (dict(self),)
+        return model_section, (dict(self),)
+
+
+@functools.cache
+def _model_section_class():
+    """The frozen dataclass of the ``model:`` keys of :func:`schema`, each field typed by
+    its declaration (a key that is None by default may also be None)."""
+    keys = schema()["model"]
+    fields_ = []
+    for name, key in keys.items():
+        kind = key.types if isinstance(key.types, type) else object
+        fields_.append((name, kind if key.default is not None else kind | None,
+                        dataclasses.field(default=key.default)))
+    cls = dataclasses.make_dataclass("ModelSection", fields_, bases=(ModelSection,),
+                                     frozen=True, eq=False)
+    cls.keys_declared = tuple(keys)
+    cls.__doc__ = ModelSection.__doc__
+    cls.__module__ = __name__
+    return cls
+
+
+def model_section(values):
+    """A :class:`ModelSection` of ``values`` (every key of the schema's ``model:`` section;
+    checked by :func:`resolve`)."""
+    return _model_section_class()(**values)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A resolved run config: ``model`` (the ``model:`` keys, a read-only dict),
+    """A resolved run config: ``model`` (the ``model:`` keys, a :class:`ModelSection`),
     ``data`` (:class:`DataOptions`), ``train`` (:class:`TrainOptions`) and ``search`` (a
     :class:`~transformerkit.decoding.options.SearchOptions`: how the run translates unless
     a call says otherwise; the declared defaults for a trained run, an imported run's
     generation settings).
 
-    The ``model:`` section stays a mapping: its keys are the constructor arguments of the
+    The ``model:`` section (:class:`ModelSection`) holds the constructor arguments of the
     model ``model.type`` names, each model with its own defaults (None: the model's own),
-    and it carries what is not a model option (``pretrained``, ``embeddings``); the models'
-    option dataclasses, which need the vocabulary sizes of the data, check it when
-    ``build_model`` builds the model. Read ``config.model["d_model"]``.
+    and what is not a model option (``pretrained``, ``embeddings``); the models' option
+    dataclasses, which need the vocabulary sizes of the data, check it when
+    ``build_model`` builds the model. Read ``config.model.d_model``.
 
     Build one with :func:`load_config` or :func:`resolve` (``RunConfig.from_dict``);
     :meth:`to_dict` gives the plain sections ``config.yaml`` holds.
@@ -300,7 +342,7 @@ def resolve(raw, source="config"):
     for key, value in given["model"].items():
         model[key] = _check_model_key(key, value, sections["model"][key], source)
     try:
-        config = RunConfig(ModelSection(model), DataOptions(**given["data"]),
+        config = RunConfig(model_section(model), DataOptions(**given["data"]),
                            TrainOptions(**given["train"]), _search_section(given["search"]))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
@@ -334,9 +376,9 @@ def _check_model_key(key, value, declared, source):
 def _check_values(config, source):
     """What the declarations cannot say: model keys, durations, keys that depend on others."""
     model, train = config.model, config.train
-    if model["type"] not in MODEL_TYPES:
+    if model.type not in MODEL_TYPES:
         raise ConfigError(f"{source}: model.type must be one of {MODEL_TYPES}, "
-                          f"got {model['type']!r}")
+                          f"got {model.type!r}")
     for key in ("num_layers", "d_model", "num_heads", "d_ff", "max_length"):
         if model[key] < 1:
             raise ConfigError(f"{source}: model.{key} must be positive, got {model[key]}")
@@ -364,7 +406,7 @@ def _check_values(config, source):
 def _check_model_task(config, source):
     """What only a translation model or only an encoder classifier has."""
     model, train = config.model, config.train
-    if model["type"] == "encoder":
+    if model.type == "encoder":
         for key in ("bleu_every", "sample_every"):
             if getattr(train, key) is not None:
                 raise ConfigError(f"{source}: train.{key} translates or generates; an encoder "
@@ -384,10 +426,10 @@ def _check_embeddings(model, source):
     from transformerkit.data.vectors import embedding_files
 
     try:
-        files = embedding_files(model["embeddings"])
+        files = embedding_files(model.embeddings)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
-    if files and model["pretrained_embeddings"] is not None:
+    if files and model.pretrained_embeddings is not None:
         raise ConfigError(f"{source}: give model.embeddings (vectors files) or "
                           "model.pretrained_embeddings (a .npy matrix), not both")
 

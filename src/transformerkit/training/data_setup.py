@@ -58,15 +58,15 @@ class PreparedData:
 def prepare_data(config, run_dir, reuse_tokenizers=False):
     """Load the corpus, train (or reload) tokenizers into ``run_dir``, build the datasets."""
     run = RunDirectory(run_dir)
-    if config.model["type"] == "gpt":
+    if config.model.type == "gpt":
         return _prepare_language_model(config, run, reuse_tokenizers)
-    if config.model["type"] == "encoder":
+    if config.model.type == "encoder":
         return _prepare_classification(config, run, reuse_tokenizers)
     return _prepare_translation(config, run, reuse_tokenizers)
 
 
 def _max_length(config):
-    return config.data.max_length or config.model["max_length"]
+    return config.data.max_length or config.model.max_length
 
 
 def _cache_root(data):
@@ -152,9 +152,9 @@ def _prepare_language_model(config, run, reuse):
         config, run, reuse,
         lambda: train_text.splitlines() if data.tokenizer != "char" else [train_text])
     block = data.block_size
-    if block > config.model["max_length"]:
+    if block > config.model.max_length:
         raise ValueError(f"data.block_size={block} exceeds model.max_length="
-                         f"{config.model['max_length']}")
+                         f"{config.model.max_length}")
     train_ids = np.asarray(tokenizer.encode(train_text), dtype="int32")
     val_ids = np.asarray(tokenizer.encode(val_text), dtype="int32")
     batch = data.batch_size or 12
@@ -195,15 +195,15 @@ def _prepare_classification(config, run, reuse):
                              "data.target_column the label column?)")
         run.write_labels(labels)
     max_length = _max_length(config)
-    if model["pretrained"] is not None:
+    if model.pretrained is not None:
         from transformerkit.converters import bert
 
         tokenizer_path, _ = run.tokenizer_paths(shared=True, suffix=None if reuse else ".json")
         if not reuse:
             run.remove_other_tokenizers([tokenizer_path])
-            bert.convert_tokenizer(model["pretrained"]).save(tokenizer_path)
+            bert.convert_tokenizer(model.pretrained).save(tokenizer_path)
         tokenizer, matrices = load_tokenizer(tokenizer_path), {}
-        positions = bert.load_config(model["pretrained"]).get("max_position_embeddings")
+        positions = bert.load_config(model.pretrained).get("max_position_embeddings")
         max_length = min(max_length, positions or max_length)
     else:
         tokenizer, matrices = one_tokenizer(

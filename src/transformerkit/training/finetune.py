@@ -72,8 +72,8 @@ def fine_tunes(config):
     """Does ``config`` fine-tune a checkpoint (``model.pretrained`` on a Transformer or
     GPT)? An encoder's ``model.pretrained`` is a BERT folder read by the data and model
     setup (docs/encoders.md)."""
-    return (config.model["pretrained"] is not None
-            and config.model["type"] in FINETUNED_TYPES)
+    return (config.model.pretrained is not None
+            and config.model.type in FINETUNED_TYPES)
 
 
 def load_pretrained(source):
@@ -94,7 +94,7 @@ def recorded(config, run_dir):
     """The :class:`Pretrained` a resumed fine-tune merges ``config`` with: the run's own
     ``config.yaml`` (the merged config it started with; the source is not read again), so
     that the original config and the saved one resume the same run."""
-    return Pretrained(config.model["pretrained"], None,
+    return Pretrained(config.model.pretrained, None,
                       load_config(RunDirectory(run_dir).config), {})
 
 
@@ -124,9 +124,9 @@ def finetune_config(config, pretrained, source="config"):
     default = defaults()
     own, theirs = config.model, pretrained.config.model
     where = f"{source}: model.pretrained {pretrained.source}"
-    if own["type"] != theirs["type"]:
-        raise ConfigError(f"{where}: model.type: {own['type']!r} conflicts with the "
-                          f"pretrained checkpoint's {theirs['type']!r}")
+    if own.type != theirs.type:
+        raise ConfigError(f"{where}: model.type: {own.type!r} conflicts with the "
+                          f"pretrained checkpoint's {theirs.type!r}")
     for key in _REFUSED_KEYS:
         if own[key] is not None:
             raise ConfigError(f"{where}: model.{key}: the pretrained checkpoint brings its own "

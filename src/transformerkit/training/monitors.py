@@ -198,18 +198,18 @@ def build_monitors(config, data, run_dir=None):
         common = dict(every=train.sample_every, unit=train.sample_unit,
                       print_fn=log.info,
                       out=RunDirectory(run_dir).samples if run_dir is not None else None)
-        if config.model["type"] == "gpt":
+        if config.model.type == "gpt":
             prompts, options = sample_settings(config, data)
             monitors.append(SampleMonitor(data.source_tokenizer, prompt=prompts,
                                           options=options.replace(seed=train.seed), **common))
-        elif config.model["type"] == "transformer" and data.val_sources:
+        elif config.model.type == "transformer" and data.val_sources:
             count = max(1, min(train.samples, 3))
             monitors.append(SampleMonitor(
                 data.source_tokenizer, data.target_tokenizer, sources=data.val_sources[:count],
                 references=data.val_targets[:count],
                 options=SearchOptions(beam_size=1, max_new_tokens=train.decode_max_length),
                 **common))
-    if train.bleu_every and config.model["type"] == "transformer" and data.val_sources:
+    if train.bleu_every and config.model.type == "transformer" and data.val_sources:
         monitors.append(ValidationBLEU(data.val_sources, data.val_targets,
                                        data.source_tokenizer, data.target_tokenizer,
                                        every=train.bleu_every,

@@ -28,7 +28,7 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
     metrics = dict(summary)
     lines = []
     with float32_compute(model):  # decoded as transformerkit.load decodes it
-        if config.model["type"] == "transformer" and data.val_sources:
+        if config.model.type == "transformer" and data.val_sources:
             limit = train_cfg.eval_max_sentences or len(data.val_sources)
             sources, references = data.val_sources[:limit], data.val_targets[:limit]
             hypotheses = translate_texts(model, data.source_tokenizer, data.target_tokenizer,
@@ -40,11 +40,11 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
             shown = list(zip(sources, references, hypotheses, strict=True))[: train_cfg.samples]
             for src, ref, hyp in shown:
                 lines += [f"SOURCE:    {src}", f"REFERENCE: {ref}", f"MODEL:     {hyp}", ""]
-        elif config.model["type"] == "encoder" and data.val_sources:
+        elif config.model.type == "encoder" and data.val_sources:
             scores, shown = _classifier_report(model, data, train_cfg.samples)
             metrics.update(scores)
             lines += shown
-        elif config.model["type"] == "gpt":
+        elif config.model.type == "gpt":
             prompts, options = sample_settings(config, data)
             lines += gpt_samples(model, data.source_tokenizer, prompts,
                                  range(train_cfg.samples), options)

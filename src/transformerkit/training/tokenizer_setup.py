@@ -43,9 +43,9 @@ def shared_vocab(config):
     """One vocabulary for source and target? An earlier run's or one tokenizer file's
     layout when ``data.tokenizer`` names one, ``model.embeddings.shared`` when vectors are
     named, else ``data.shared_vocab`` (always with ``tie_embeddings: all``)."""
-    tie_all = config.model["tie_embeddings"] == "all"
+    tie_all = config.model.tie_embeddings == "all"
     reused = reused_tokenizer_files(config.data.tokenizer)
-    files = vectors.embedding_files(config.model["embeddings"])
+    files = vectors.embedding_files(config.model.embeddings)
     shared = (len(reused) == 1 if reused else "shared" in files if files
               else config.data.shared_vocab or tie_all)
     if tie_all and not shared:
@@ -123,7 +123,7 @@ def run_tokenizers(config, run, reuse, corpus, cache_root):
         return loaded[0], loaded[-1], paths, {}
     shared = shared_vocab(config)
     data = config.data
-    files = vectors.embedding_files(config.model["embeddings"])
+    files = vectors.embedding_files(config.model.embeddings)
     reused = reused_tokenizer_files(data.tokenizer)
     if files and reused:
         raise ValueError("model.embeddings builds the vocabulary from its vectors files; "
@@ -171,7 +171,7 @@ def _suffix(value, reused, files):
 
 def check_widths(config, matrices):
     """Refuse vectors whose width is not model.d_model before any corpus is encoded."""
-    d_model = config.model["d_model"]
+    d_model = config.model.d_model
     for side, matrix in matrices.items():
         check_embedding_matrix(side, matrix, len(matrix), d_model or matrix.shape[1])
 
@@ -225,8 +225,8 @@ def one_tokenizer(config, run, reuse, texts):
     ``model.embeddings.shared``'s vectors, copied from ``data.tokenizer`` (a file, a run, a
     Hugging Face folder) or trained on ``texts()``. A GPT refuses SentencePiece, which
     drops line breaks. -> ``(tokenizer, {"source": matrix} or {})``."""
-    data, kind = config.data, config.model["type"]
-    files = vectors.embedding_files(config.model["embeddings"])
+    data, kind = config.data, config.model.type
+    files = vectors.embedding_files(config.model.embeddings)
     if set(files) - {"shared"}:
         raise ValueError(f"model.type {kind} has one vocabulary: name its vectors file as "
                          "model.embeddings.shared")

@@ -115,7 +115,7 @@ def train(config, run_dir, resume=False):
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
     pretrained = None
     if fine_tunes(config) and not resume:  # every rank: the merged config, the weights
-        pretrained = load_pretrained(config.model["pretrained"])
+        pretrained = load_pretrained(config.model.pretrained)
         config = finetune_config(config, pretrained)
     elif fine_tunes(config) and os.path.isfile(run.config):  # resumed: as it started
         config = finetune_config(config, recorded(config, run))
@@ -126,7 +126,7 @@ def train(config, run_dir, resume=False):
             if pretrained is not None:  # read back by every rank's data preparation
                 pretrained.write_tokenizers(run)
     keras.utils.set_random_seed(train_cfg.seed)
-    precision = resolve_precision(train_cfg.precision_policy, config.model.get("d_model"))
+    precision = resolve_precision(train_cfg.precision_policy, config.model.d_model)
     log.info("precision: %s (%s)", precision.used, precision.reason)
     try:
         with precision_policy(precision.used), \
@@ -414,7 +414,7 @@ def compile_model(model, config, total_steps=None):
     optimizer = with_accumulation(build_optimizer(model, config.train, total_steps),
                                   config.train.accumulate_steps)
     smoothing = config.train.label_smoothing
-    if config.model["type"] == "encoder":  # one class per text, every row counts
+    if config.model.type == "encoder":  # one class per text, every row counts
         loss = ClassificationCrossEntropy(smoothing)
         metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     else:
@@ -448,7 +448,7 @@ def learning_rates(config, steps):
     (where ``adamw_cosine`` ends its decay). ``transformerkit plot CONFIG --lr``."""
     if steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
-    width = types.SimpleNamespace(d_model=config.model["d_model"])  # all it reads
+    width = types.SimpleNamespace(d_model=config.model.d_model)  # all it reads
     rate = build_optimizer(width, config.train, steps).get_config()["learning_rate"]
     if not isinstance(rate, dict):  # a constant train.learning_rate
         return np.full(steps, float(rate))
