@@ -232,6 +232,7 @@ class Run:
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
         with using(precision):
             new = generate_ids(self.model, ids, options.max_new_tokens,
+                               min_new_tokens=options.min_new_tokens,
                                temperature=options.temperature, top_k=options.top_k,
                                top_p=options.top_p, seed=options.seed,
                                eos_id=eos_id if options.stop_at_eos else None)
@@ -265,6 +266,7 @@ class Run:
             return engine.generate_stream(prompt, options)
         ids = self._prompt_ids(prompt)
         new_ids = stream_ids(self.model, ids, options.max_new_tokens,
+                             min_new_tokens=options.min_new_tokens,
                              temperature=options.temperature, top_k=options.top_k,
                              top_p=options.top_p, seed=options.seed,
                              eos_id=self.source_tokenizer.eos_id if options.stop_at_eos

@@ -242,8 +242,9 @@ def _add_use_commands(command):
                                              "cache)")
     evaluate.add_argument("--output", help="also write the translations to this file")
     options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "penalty", "max_new_tokens",
-                                           "batch_size", "stopping", "forced_eos",
-                                           "renormalize", "max_len_a", "max_len_b"))
+                                           "min_new_tokens", "batch_size", "stopping",
+                                           "forced_eos", "renormalize", "max_len_a",
+                                           "max_len_b"))
     engine_options(evaluate)
 
     attention = run_parser("attention", "attention heatmaps, one per head of a layer")

@@ -279,19 +279,20 @@ def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
 
 
 def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                   min_new_tokens=0, use_cache=True, drop_finished=True, **search):
+                   use_cache=True, drop_finished=True, **search):
     """Beam-search translations of a batch with a ``Transformer``.
 
     Args:
-        model, source_ids, bos_id, eos_id, min_new_tokens, use_cache, drop_finished: as in
+        model, source_ids, bos_id, eos_id, use_cache, drop_finished: as in
             :func:`~transformerkit.decoding.greedy_translate`.
         options: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
             defaults), ``search`` any of its fields in its place. Used here: ``beam_size``
             (the beam widens to ``n_best`` when that is larger), ``alpha`` and ``penalty``
             (the length penalty's exponent and form, see the module docstring; alpha 0 =
             plain log-probability), ``n_best`` (hypotheses returned per sentence),
-            ``max_new_tokens``, ``max_len_a`` / ``max_len_b`` (each output has at most
-            ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS included, as fairseq;
+            ``max_new_tokens``, ``min_new_tokens``, ``max_len_a`` / ``max_len_b`` (each
+            output has at most ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS
+            included, as fairseq;
             both None: only ``max_new_tokens``), ``forced_eos``, ``renormalize`` and
             ``stopping``: ``"exact"`` (a sentence's search ends when no live beam can beat
             its finished hypotheses: the best result within the length cap), ``"early"``
@@ -323,7 +324,7 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
 
     key = ("beam", beam_size, options.alpha, options.penalty, options.stopping,
            options.forced_eos, options.renormalize, max_new, eos_id, use_cache)
-    out = run_decoder(model, key, decode, source, active, caps, np.int32(min_new_tokens))
+    out = run_decoder(model, key, decode, source, active, caps, np.int32(options.min_new_tokens))
     return [_n_best(out, row, options, eos_id) for row in range(batch)]
 
 

@@ -218,8 +218,7 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
 
 
 def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                     min_new_tokens=0, use_cache=True, return_logits=False, drop_finished=True,
-                     **search):
+                     use_cache=True, return_logits=False, drop_finished=True, **search):
     """Translate a batch greedily with a ``Transformer``.
 
     Args:
@@ -232,14 +231,13 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
             and upper limit: the model's ``max_length``, more is cut with a warning) and
             ``max_len_a``, ``max_len_b`` (cap each output at ``floor(max_len_a * source_len +
             max_len_b)`` tokens, EOS included, ``source_len`` counting the source's real
-            tokens and its EOS, as fairseq; both None: only ``max_new_tokens``) and
+            tokens and its EOS, as fairseq; both None: only ``max_new_tokens``),
+            ``min_new_tokens`` (EOS is not chosen before this many tokens) and
             ``forced_eos`` (the last token a cap allows is EOS).
         bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
-        min_new_tokens: EOS is forbidden before this many tokens (``bench/decode.py``
-            forces fixed-length outputs with ``min_new_tokens = max_new_tokens``).
         use_cache: True (the key/value cache, fastest path for the backend), ``"keras"``
             (the model's own Keras cache API) or False (recompute the whole prefix every
-            step: the baseline of ``bench/decode.py``; same output).
+            step, the reference the cached paths are tested against; same output).
         return_logits: also return the raw logits ``(batch, max_new_tokens, vocab)`` of
             every step (steps after a sentence ended, or after the loop stopped, are 0 where
             finished rows leave the batch; with fixed shapes a finished row's later logits
@@ -258,7 +256,7 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
     """
     options = resolve(SearchOptions, options, search, "greedy_translate")
     return translate_ids(model, source_ids, options.max_new_tokens, argmax_choice, "greedy",
-                         bos_id=bos_id, eos_id=eos_id, min_new_tokens=min_new_tokens,
+                         bos_id=bos_id, eos_id=eos_id, min_new_tokens=options.min_new_tokens,
                          use_cache=use_cache, return_logits=return_logits,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
                          drop_finished=drop_finished, forced_eos=options.forced_eos)

@@ -90,6 +90,10 @@ class SearchOptions(_Checked):
                                             "(beam search; the beam widens to n)")
     max_new_tokens: int | None = option(None, minimum=1, help="longest translation in tokens "
                                                               "(none: the model's max_length)")
+    min_new_tokens: int = option(0, minimum=0,
+                                 help="the end token is not chosen before this many tokens "
+                                      "(transformers' min_new_tokens, CTranslate2's "
+                                      "min_decoding_length)")
     batch_size: int = option(64, minimum=1, help="sentences decoded together")
     stopping: str = option("early", choices=STOPPING_RULES,
                            help="when a sentence's beam search ends: early = once beam_size "
@@ -153,6 +157,9 @@ class GenerationOptions(_Checked):
     max_new_tokens: int | None = option(200, minimum=1,
                                         help="tokens to generate (none: until the context "
                                              "is full)")
+    min_new_tokens: int = option(0, minimum=0,
+                                 help="the end-of-text token is not chosen before this many "
+                                      "new tokens")
     temperature: float = option(1.0, minimum=0.0, help="sampling temperature; 0 = greedy")
     top_k: int | None = option(None, minimum=1, help="draw from the k likeliest tokens")
     top_p: float | None = option(None, above=0.0, maximum=1.0,

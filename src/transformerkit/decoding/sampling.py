@@ -97,7 +97,7 @@ _GENERATION = GenerationOptions()  # the declared defaults, for the signatures b
 
 
 def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                     min_new_tokens=0, use_cache=True, **search):
+                     use_cache=True, **search):
     """Sampled translations of a batch (arguments as
     :func:`~transformerkit.decoding.greedy.greedy_translate`; of the
     :class:`~transformerkit.decoding.options.SearchOptions` also ``temperature`` (0 = greedy;
@@ -111,28 +111,28 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                                           options.seed)
     return translate_ids(model, source_ids, options.max_new_tokens, argmax_choice, key, args,
                          make_choose, bos_id=bos_id, eos_id=eos_id,
-                         min_new_tokens=min_new_tokens, use_cache=use_cache,
+                         min_new_tokens=options.min_new_tokens, use_cache=use_cache,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
                          forced_eos=options.forced_eos)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                  temperature=_GENERATION.temperature, top_k=_GENERATION.top_k,
-                 top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None, min_new_tokens=0,
-                 use_cache=True, on_token=None):
+                 top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None,
+                 min_new_tokens=_GENERATION.min_new_tokens, use_cache=True, on_token=None):
     """Continue prompts with a ``GPT``; returns the new ids of each prompt.
 
     Args:
         model: a ``transformerkit.models.GPT``.
         prompt_ids: one prompt (a list of ids) or a list of prompts of any lengths.
-        max_new_tokens, temperature, top_k, top_p, seed: the fields of
+        max_new_tokens, min_new_tokens, temperature, top_k, top_p, seed: the fields of
             :class:`~transformerkit.decoding.options.GenerationOptions` (defaults and checks
-            from there): at most ``max_new_tokens`` new tokens per prompt; ``temperature`` 0
+            from there): at most ``max_new_tokens`` new tokens per prompt, and ``eos_id``
+            not before ``min_new_tokens`` of them; ``temperature`` 0
             is greedy (arg-max), otherwise the softmax temperature; keep the ``top_k`` most
             likely ids / the smallest set of probability ``top_p``; the same ``seed`` gives
             the same output (on the same backend).
         eos_id: stop a prompt's continuation at this id (included in the result), or None.
-        min_new_tokens: ``eos_id`` is forbidden before this many new tokens.
         on_token: None, or (PyTorch's eager loop only) a function called with the ids
             ``(rows,)`` of each decoding step, as :func:`~.greedy.token_search`'s; what it
             raises stops the generation (:mod:`.streaming`).
@@ -146,8 +146,9 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
     ``max_length // 2`` tokens (with the seed advanced by one per window, so the same seed
     still gives the same text).
     """
-    GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed)  # checks each value
+    GenerationOptions(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                      temperature=temperature, top_k=top_k, top_p=top_p,
+                      seed=seed)  # checks each value
     single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
     prompts = []
     for i, prompt in enumerate([prompt_ids] if single else prompt_ids):

@@ -49,7 +49,8 @@ _GENERATION = GenerationOptions()  # the declared defaults, for the signature be
 
 def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                temperature=_GENERATION.temperature, top_k=None, top_p=None, seed=None,
-               eos_id=None, use_cache=True, chunk_tokens=CHUNK_TOKENS):
+               eos_id=None, min_new_tokens=_GENERATION.min_new_tokens, use_cache=True,
+               chunk_tokens=CHUNK_TOKENS):
     """The new ids of one prompt's continuation, as a generator of lists of ids that,
     joined, equal ``generate_ids(model, prompt_ids, ...)`` with the same arguments (see the
     module docstring for what a list holds on each backend).
@@ -58,11 +59,12 @@ def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
     the generator starts; a prompt longer than ``max_length - 1`` keeps its end, with a
     warning), and ``chunk_tokens``: the most new tokens per compiled call.
     """
-    GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed)  # checks each value
+    GenerationOptions(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                      temperature=temperature, top_k=top_k, top_p=top_p,
+                      seed=seed)  # checks each value
     prompt = crop_prompt(model, prompt_ids, stacklevel=2)
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   eos_id=eos_id, use_cache=use_cache)
+                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache)
     if is_eager_loop():
         return _stepped_ids(model, prompt, max_new_tokens, options)
     if int(chunk_tokens) < 1:
@@ -116,7 +118,7 @@ def _chunked_ids(model, prompt, max_new_tokens, options, chunk_tokens):
     """The compiled loops' ids, in calls of at most ``chunk_tokens`` new tokens that follow
     :func:`~.sampling.generate_ids`' windows and seeds."""
     total = model.max_length - len(prompt) if max_new_tokens is None else int(max_new_tokens)
-    eos = options["eos_id"]
+    eos, least = options.pop("eos_id"), options.pop("min_new_tokens")
     new, window = [], 0
     while len(new) < total:
         context = window_context(model, prompt, new, window)
@@ -125,7 +127,8 @@ def _chunked_ids(model, prompt, max_new_tokens, options, chunk_tokens):
         while len(made) < budget:
             chunk = generate_once(model, [context + made], min(chunk_tokens, budget - len(made)),
                                    **dict(options, seed=window_seed(options["seed"], window)),
-                                   min_new_tokens=0)[0]
+                                   eos_id=eos,
+                                   min_new_tokens=max(0, least - len(new) - len(made)))[0]
             made.extend(chunk)
             if chunk:
                 yield chunk

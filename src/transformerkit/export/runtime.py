@@ -25,8 +25,8 @@ How our decoding options map onto CTranslate2's:
     never PAD or BOS      ``suppress_sequences``, which rules them out before the softmax:
                           ``renormalize=True``; with ``false`` (ours rules them out after
                           it) a beam's scores differ by the mass they had
-    an empty translation  ``min_decoding_length=0``: ``</s>`` may come first, as in ours
-                          (CTranslate2's default 1 forbids it)
+    min_new_tokens        ``min_decoding_length`` / ``min_length`` (0 by default: ``</s>``
+                          may come first, as in ours; CTranslate2's default 1 forbids it)
     stop_at_eos=False     ``end_token=[]``
 
     max_len_a, max_len_b  the cap ``max_len_a * source_len + max_len_b`` per sentence:
@@ -159,7 +159,7 @@ class CTranslate2Engine:
         options = dict(beam_size=search.width, num_hypotheses=n_best,
                        length_penalty=search.alpha, return_scores=n_best > 1,
                        max_decoding_length=self._max_new(search.max_new_tokens),
-                       min_decoding_length=0, max_input_length=0,
+                       min_decoding_length=search.min_new_tokens, max_input_length=0,
                        suppress_sequences=self._suppress)
         session = self.session
         if search.samples:
@@ -172,8 +172,10 @@ class CTranslate2Engine:
             source = [[self._source_tokens[i] for i in encoded[k][:-1]] for k in chunk]
             caps = length_caps(pad_batch([encoded[k] for k in chunk]),
                                options["max_decoding_length"], max_len_a, max_len_b)
-            found = session.translate_batch(source, **{**options,
-                                                       "max_decoding_length": int(caps.max())})
+            longest = int(caps.max())  # a cap ends an output even before min_new_tokens
+            found = session.translate_batch(source, **{
+                **options, "max_decoding_length": longest,
+                "min_decoding_length": min(options["min_decoding_length"], longest)})
             # a cap counts the end token: an output of cap tokens or more is cut to cap,
             # or one token before it where the end token is forced there
             caps = caps - int(search.forced_eos)
@@ -246,7 +248,8 @@ class CTranslate2Engine:
                 f"model's max_length={self.max_length}: CTranslate2 has no positions beyond "
                 "it (engine='keras' slides a window over the context); ask for at most "
                 f"{self.max_length - len(ids)} new tokens")
-        arguments = dict(max_length=max_new_tokens, suppress_sequences=self._suppress,
+        arguments = dict(max_length=max_new_tokens, min_length=options.min_new_tokens,
+                         suppress_sequences=self._suppress,
                          **_sampling(options.temperature, options.top_k, options.top_p, seed))
         if not options.stop_at_eos:
             arguments["end_token"] = []
