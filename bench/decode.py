@@ -94,14 +94,14 @@ def load_inputs(run_dir, sentences, batch):
     return batches, references, target_tok, source_tok.vocab_size
 
 
-def transformerkit_decoder(run_dir, search, tokens, cache, forced):
+def transformerkit_decoder(run_dir, search, tokens, cache, forced, precision="float32"):
     import transformerkit
     from transformerkit.decoding import beam_translate, greedy_translate
 
     model = transformerkit.load(run_dir).model  # as users load it (computes in float32)
     # no length cap relative to the source: forced runs decode exactly `tokens` tokens
     extra = dict(max_new_tokens=tokens, min_new_tokens=tokens if forced else 0, use_cache=cache,
-                 max_len_a=None, max_len_b=None)
+                 max_len_a=None, max_len_b=None, precision=precision)
     if search == "greedy":
         return lambda ids: greedy_translate(model, ids, **extra)
     return lambda ids: [h[0].ids for h in beam_translate(model, ids, beam_size=4, **extra)]

@@ -58,16 +58,8 @@ def decoder(run_dir, system, search, tokens, forced, threads):
     """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION`` or ``ct2-TYPE``)."""
     if system.startswith("ct2"):
         return decode.ctranslate2_decoder(run_dir, system, search, tokens, forced, threads)
-    from transformerkit.kernels import lowprec
-
-    precision = system.split("-")[1]
-    inner = decode.transformerkit_decoder(run_dir, search, tokens, True, forced)
-
-    def run(ids):
-        with lowprec.using(precision):
-            return inner(ids)
-
-    return run
+    return decode.transformerkit_decoder(run_dir, search, tokens, True, forced,
+                                         system.split("-")[1])
 
 
 def worker(spec):

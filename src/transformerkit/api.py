@@ -147,11 +147,8 @@ class Run:
         if engine != "keras":
             results = engine.translate(texts, options)
         else:
-            from transformerkit.kernels.lowprec import using
-
-            with using(precision):
-                results = translate_texts(self.model, self.source_tokenizer,
-                                          self.target_tokenizer, texts, options)
+            results = translate_texts(self.model, self.source_tokenizer,
+                                      self.target_tokenizer, texts, options, precision)
         return results[0] if single else results
 
     def translate_batches(self, texts, options=None, engine=None, precision=None,
@@ -160,15 +157,14 @@ class Run:
         results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
         arguments are checked before it is returned."""
         from transformerkit.decoding.translate import translate_batches
-        from transformerkit.kernels.lowprec import iterate
 
         self._require("transformer", "translate_batches")
         options = self.search_options(options, keywords, "translate_batches()")
         engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
             return engine.translate_batches(texts, options)
-        return iterate(precision, translate_batches(
-            self.model, self.source_tokenizer, self.target_tokenizer, texts, options))
+        return translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
+                                 texts, options, precision)
 
     @property
     def search(self):
@@ -223,19 +219,17 @@ class Run:
         ``precision``: as in :meth:`translate`.
         """
         from transformerkit.decoding.sampling import generate_ids
-        from transformerkit.kernels.lowprec import using
 
         options = self._generation_options(options, keywords, "generate")
         engine, precision = self._call_runtime(engine, precision)
         if engine != "keras":
             return engine.generate(prompt, options)
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
-        with using(precision):
-            new = generate_ids(self.model, ids, options.max_new_tokens,
-                               min_new_tokens=options.min_new_tokens,
-                               temperature=options.temperature, top_k=options.top_k,
-                               top_p=options.top_p, seed=options.seed,
-                               eos_id=eos_id if options.stop_at_eos else None)
+        new = generate_ids(self.model, ids, options.max_new_tokens,
+                           min_new_tokens=options.min_new_tokens,
+                           temperature=options.temperature, top_k=options.top_k,
+                           top_p=options.top_p, seed=options.seed,
+                           eos_id=eos_id if options.stop_at_eos else None, precision=precision)
         return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
 
     def generate_stream(self, prompt, options=None, engine=None, precision=None,
@@ -258,7 +252,6 @@ class Run:
         ...     print(piece, end="", flush=True)
         """
         from transformerkit.decoding.streaming import stream_ids, text_pieces
-        from transformerkit.kernels.lowprec import iterate
 
         options = self._generation_options(options, keywords, "generate_stream")
         engine, precision = self._call_runtime(engine, precision)
@@ -270,8 +263,8 @@ class Run:
                              temperature=options.temperature, top_k=options.top_k,
                              top_p=options.top_p, seed=options.seed,
                              eos_id=self.source_tokenizer.eos_id if options.stop_at_eos
-                             else None)
-        return text_pieces(self.source_tokenizer, iterate(precision, new_ids))
+                             else None, precision=precision)
+        return text_pieces(self.source_tokenizer, new_ids)
 
     def _generation_options(self, options, keywords, method):
         from transformerkit.decoding.options import GenerationOptions, resolve

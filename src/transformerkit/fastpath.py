@@ -18,9 +18,11 @@ bfloat16 / int8 inference      ``kernels/lowprec.py`` (``--precision``; without 
 products                       shortcuts only float32 runs, the others are refused)
 dropout                        ``layers/dropout.py``
 fused attention kernel         ``layers/attention.py: _fused_attention``
-one-position decoder step      ``layers/attention.py``, ``layers/blocks.py``,
-                               ``layers/feedforward.py``, ``models/base.py``
-                               (``step`` methods next to ``call``)
+one-position decoder step and  ``layers/attention.py``, ``layers/blocks.py``,
+the encoder pass at inference  ``layers/feedforward.py``, ``models/base.py``,
+                               ``models/transformer.py`` (``step``,
+                               ``inference_call``, ``inference_encode`` next to
+                               ``call``; weights from ``step_weights(precision)``)
 search-loop bookkeeping        ``decoding/loop_ops.py`` (``keras.ops`` or torch)
 masked cross-entropy           ``training/losses.py``
 train step                     ``training/step.py: TrainStep`` (beside Keras' step)

@@ -227,10 +227,11 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
     second = (rng.normal(size=(kernel.shape[1], 24)) / 7).astype(np.float32)
     if emulated:
         force_emulation(monkeypatch, precision)
-    with warnings.catch_warnings(), lowprec.using(precision):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        weights = products.inference_linear([torch_tensor(kernel)], [torch_tensor(bias)])
-        weights2 = products.inference_linear([torch_tensor(second)])
+        weights = products.inference_linear([torch_tensor(kernel)], [torch_tensor(bias)],
+                                            precision=precision)
+        weights2 = products.inference_linear([torch_tensor(second)], precision=precision)
     rows = torch_tensor(x)
     plain = products.linear(rows, weights)
     assert plain.dtype == torch.float32 and (plain < 0).any() and (plain > 0).any()
@@ -323,10 +324,9 @@ def step_logits(model, sources, targets, precision):
     import torch
 
     from transformerkit.decoding.steps import EagerSteps
-    from transformerkit.kernels.lowprec import using
 
-    steps = EagerSteps(model)
-    with torch.no_grad(), using(precision):
+    steps = EagerSteps(model, precision)
+    with torch.no_grad():
         state, static = steps.start(sources, targets.shape[1])
         return np.stack([steps.step(targets, i, state, static)[0].numpy()
                          for i in range(targets.shape[1])], 1)
@@ -347,8 +347,7 @@ def test_decoding_stays_within_the_chain_bound_of_float32(sharp_model, precision
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # bfloat16 emulated on this CPU
         reference = greedy_translate(model, sources, options)
-        with lowprec.using(precision):
-            low = greedy_translate(model, sources, options)
+        low = greedy_translate(model, sources, options, precision=precision)
         width = min(max(len(ids) for ids in reference) + 1, model.max_length)
         targets = np.zeros((len(sources), width), np.int64)
     targets[:, 0] = BOS_ID
@@ -379,9 +378,9 @@ def test_int8_translations_do_not_depend_on_the_batch(sharp_model):
     from transformerkit.kernels import lowprec
 
     model, sources = sharp_model
-    with warnings.catch_warnings(), lowprec.using("int8"):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # int8 emulated on this PyTorch
-        caps = dict(max_len_a=1.0, max_len_b=0)  # at most each source's length
+        caps = dict(max_len_a=1.0, max_len_b=0, precision="int8")  # at most the source's length
         for search in (lambda ids: greedy_translate(model, ids, **caps),
                        lambda ids: [h[0].ids for h in beam_translate(
                            model, ids, beam_size=4, **caps)]):
@@ -424,16 +423,17 @@ def test_run_translate_takes_a_precision_and_a_run_default(trained_run):
         int8_run.translate("ein", engine="ctranslate2")
 
 
-def test_translate_batches_keeps_the_precision_to_its_batches(trained_run):
-    """The precision is set around each batch's decoding, not across the ``yield``: the
-    caller's code between batches runs at its own."""
-    from transformerkit.kernels import lowprec
-
-    seen = []
-    for _ in trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2,
-                                           precision="int8"):
-        seen.append(lowprec.current())
-    assert seen == ["float32"] * 3
+def test_two_decodings_at_two_precisions_interleave(trained_run):
+    """The precision is a value each call carries, not a setting: batches of an int8 and a
+    float32 ``translate_batches`` taken in turn are each what that call gives alone."""
+    int8_alone = list(trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2,
+                                                    precision="int8"))
+    float32_alone = list(trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2))
+    low = trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2, precision="int8")
+    plain = trained_run.translate_batches(SOURCES, beam_size=1, batch_size=2)
+    taken = [(next(low), next(plain)) for _ in range(len(int8_alone))]
+    assert [pair[0] for pair in taken] == int8_alone
+    assert [pair[1] for pair in taken] == float32_alone
 
 
 def test_packed_weights_are_cached_per_precision_until_the_weights_change(trained_run,
@@ -454,19 +454,19 @@ def test_packed_weights_are_cached_per_precision_until_the_weights_change(traine
     with torch.no_grad():
         packs = {}
         for precision in precisions:
-            with warnings.catch_warnings(), lowprec.using(precision):
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                first = inference_linear(*kernels_and_biases(dense))
-                assert inference_linear(*kernels_and_biases(dense)) is first
+                first = inference_linear(*kernels_and_biases(dense), precision=precision)
+                assert inference_linear(*kernels_and_biases(dense),
+                                        precision=precision) is first
                 packs[precision] = first
         assert len({id(p) for p in packs.values()}) == len(precisions)
         old = dense.kernel.numpy()
         try:
             dense.kernel.assign(old * 2)
-            with lowprec.using("int8"):
-                repacked = inference_linear(*kernels_and_biases(dense))
-                assert repacked is not packs["int8"]
-                doubled = linear(x, repacked).numpy()
+            repacked = inference_linear(*kernels_and_biases(dense), precision="int8")
+            assert repacked is not packs["int8"]
+            doubled = linear(x, repacked).numpy()
             bias = dense.bias.numpy()
             np.testing.assert_allclose(doubled - bias, 2 * (linear(x, packs["int8"]).numpy()
                                                             - bias), rtol=0.05, atol=1e-3)
@@ -475,24 +475,28 @@ def test_packed_weights_are_cached_per_precision_until_the_weights_change(traine
 
 
 def test_generation_takes_a_precision():
-    """A GPT's sampling loop runs at the precision around each step (``lowprec.iterate``
-    over ``stream_ids``, as ``Run.generate_stream``); greedy tokens equal float32's or
-    differ at a near-tie of the bound."""
+    """A GPT's sampling loop at the precision it is given (``stream_ids(precision=)``, as
+    ``Run.generate_stream``): an int8 and a float32 stream taken in turn each give what
+    they give alone, and float32's is the default's."""
     from transformerkit.decoding.streaming import stream_ids
-    from transformerkit.kernels import lowprec
     from transformerkit.models import GPT
 
     keras.utils.set_random_seed(3)
     model = GPT(vocab_size=20, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=16)
     prompt = [1, 5, 7]
-    reference = [i for ids in stream_ids(model, prompt, 8, temperature=0.0) for i in ids]
-    seen = []
-    low = []
-    for ids in lowprec.iterate("int8", stream_ids(model, prompt, 8, temperature=0.0)):
-        seen.append(lowprec.current())
-        low.extend(ids)
-    assert len(low) == len(reference) == 8
-    assert set(seen) == {"float32"}
+
+    def joined(stream):
+        return [i for ids in stream for i in ids]
+
+    reference = joined(stream_ids(model, prompt, 8, temperature=0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # int8 emulated on this PyTorch
+        int8_alone = joined(stream_ids(model, prompt, 8, temperature=0.0, precision="int8"))
+        low = stream_ids(model, prompt, 8, temperature=0.0, precision="int8")
+        plain = stream_ids(model, prompt, 8, temperature=0.0, precision="float32")
+        pairs = [(next(low), next(plain)) for _ in range(8)]
+    assert [i for a, _ in pairs for i in a] == int8_alone and len(int8_alone) == 8
+    assert [i for _, b in pairs for i in b] == reference
 
 
 # -- auto, the CPU families, and what cannot run ----------------------------------------------

@@ -65,7 +65,8 @@ def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_att
     cache = block.init_cache(rows, length, context if cross_attention else None)
     weights = block.step_weights()
     step_cache = position_major(cache["self"])
-    memory = (block.cross_attention_layer.step_memory(context, context_mask)
+    memory = (block.cross_attention_layer.step_memory(context, context_mask,
+                                                      weights["cross_attention"])
               if cross_attention else None)
     # the Keras call attends over the whole cache (later positions masked): `length` keys
     roundings = tol.block_roundings(16, 32, 4, length, 4,
@@ -81,6 +82,49 @@ def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_att
         keys = to_numpy(cache["self"][0][:, : index + 1])
         tol.assert_within(to_numpy(step_cache[0][: index + 1].transpose(0, 1)), keys,
                           tol.chain_atol(key_roundings, keys, paths=2), f"keys {index}")
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_encoder_block_inference_call_equals_its_call(rng, norm_position):
+    """The encoder's inference twin (packed products, the weights as a value) equals the
+    block's Keras call with a padding mask at every real position, within two paths' bound;
+    a sentence of padding only is finite."""
+    import torch
+
+    from transformerkit.layers import EncoderBlock
+
+    block = EncoderBlock(d_model=16, num_heads=4, d_ff=32, dropout=0.0,
+                         norm_position=norm_position)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(3, 5, 16)), "float32")
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    expected = to_numpy(block(x, mask=mask))
+    got = to_numpy(block.inference_call(x, block.step_weights(), mask))
+    assert np.isfinite(got).all()
+    roundings = tol.block_roundings(16, 32, 4, 5, 4)
+    real = to_numpy(mask)
+    tol.assert_within(got[real], expected[real],
+                      tol.chain_atol(roundings, expected[real], paths=2), norm_position)
+
+
+def test_inference_encode_equals_encode_and_carries_its_precision(rng):
+    """``Transformer.inference_encode`` equals ``encode`` at the real positions (float32);
+    at int8 the products change: the precision travels in the weights, nothing else sets
+    it."""
+    import torch
+
+    model = Transformer(source_vocab_size=30, target_vocab_size=30, num_layers=2, d_model=16,
+                        num_heads=2, d_ff=32, max_length=12, dropout=0.0)
+    ids = np.array([[5, 9, 12, 2, 0, 0], [7, 3, 8, 11, 4, 2]], np.int32)
+    expected = to_numpy(model.encode(ids))
+    with torch.no_grad():
+        got = to_numpy(model.inference_encode(ids, model.step_weights("float32")))
+        low = to_numpy(model.inference_encode(ids, model.step_weights("int8")))
+    real = ids != 0
+    roundings = 2 * tol.block_roundings(16, 32, 8, 6, 2)
+    tol.assert_within(got[real], expected[real],
+                      tol.chain_atol(roundings, expected[real], paths=2), "float32")
+    # int8's bound on whole decodings: tests/decoding/test_precision.py
+    assert np.isfinite(low).all() and np.abs(low[real] - got[real]).max() > 0
 
 
 def test_tolerances_still_catch_a_transposed_weight_in_the_packed_product(monkeypatch):
@@ -113,8 +157,9 @@ def test_cross_step_over_a_source_of_padding_only_is_finite_and_equals_call(rng)
     context = keras.ops.convert_to_tensor(rng.normal(size=(rows, source_len, 8)), "float32")
     mask = torch.tensor([[True, True, False], [False, False, False]])
     expected = to_numpy(attention(query, context, value_mask=mask)[:, 0])  # (rows, 8)
-    memory = attention.step_memory(context, mask)
-    got = attention.cross_step(query[:, 0], attention.step_weights(), memory)
+    weights = attention.step_weights()
+    memory = attention.step_memory(context, mask, weights)
+    got = attention.cross_step(query[:, 0], weights, memory)
     assert torch.isfinite(got).all()
     roundings = tol.attention_roundings(8, 4, source_len, num_heads=2)
     tol.assert_within(to_numpy(got), expected, tol.chain_atol(roundings, expected, paths=2))

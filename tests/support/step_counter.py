@@ -27,8 +27,8 @@ class StepCounter:
         if is_eager_loop():
             make_steps = sampling.make_steps
 
-            def counting_make_steps(model, use_cache):
-                adapter = make_steps(model, use_cache)
+            def counting_make_steps(model, use_cache, precision="float32"):
+                adapter = make_steps(model, use_cache, precision)
                 adapter.step = self._counted(adapter.step)
                 return adapter
 

@@ -279,11 +279,11 @@ def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
 
 
 def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                   use_cache=True, drop_finished=True, **search):
+                   use_cache=True, drop_finished=True, precision="float32", **search):
     """Beam-search translations of a batch with a ``Transformer``.
 
     Args:
-        model, source_ids, bos_id, eos_id, use_cache, drop_finished: as in
+        model, source_ids, bos_id, eos_id, use_cache, drop_finished, precision: as in
             :func:`~transformerkit.decoding.greedy_translate`.
         options: a :class:`~transformerkit.decoding.options.SearchOptions` (None: its
             defaults), ``search`` any of its fields in its place. Used here: ``beam_size``
@@ -315,7 +315,7 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
     caps = length_caps(source, max_new, options.max_len_a, options.max_len_b)
     if is_eager_loop():  # no buffer or cache longer than needed
         max_new = int(caps.max())
-    steps = make_steps(model, use_cache)
+    steps = make_steps(model, use_cache, precision)
 
     def decode(source, active, caps, min_new):
         state, static = steps.start(source, max_new, copies=beam_size)
@@ -323,7 +323,8 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
                                 eos_id, active, caps, max_new + 1, drop_finished)
 
     key = ("beam", beam_size, options.alpha, options.penalty, options.stopping,
-           options.forced_eos, options.renormalize, max_new, eos_id, use_cache)
+           options.forced_eos, options.renormalize, max_new, eos_id, use_cache,
+           getattr(steps, "precision", "float32"))
     out = run_decoder(model, key, decode, source, active, caps, np.int32(options.min_new_tokens))
     return [_n_best(out, row, options, eos_id) for row in range(batch)]
 

@@ -187,7 +187,7 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
 def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                   make_choose=None, bos_id=BOS_ID, eos_id=EOS_ID, min_new_tokens=0,
                   use_cache=True, return_logits=False, max_len_a=None, max_len_b=None,
-                  drop_finished=True, forced_eos=False):
+                  drop_finished=True, forced_eos=False, precision="float32"):
     """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling.
     ``drop_finished`` applies to the greedy choice only (``make_choose`` None)."""
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
@@ -196,7 +196,7 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
     caps = length_caps(source, max_new, max_len_a, max_len_b)
     if is_eager_loop() and not return_logits:  # no buffer or cache longer than needed
         max_new = int(caps.max())
-    steps = make_steps(model, use_cache)
+    steps = make_steps(model, use_cache, precision)
     drop = bool(drop_finished) and make_choose is None
 
     def decode(source, active, caps, min_new, *extra):
@@ -208,7 +208,8 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
         return token_search(steps, static, state, buffer, 0, 1, caps, min_new, chooser,
                             eos_id, active, return_logits, drop, forced_eos=forced_eos)
 
-    full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits, forced_eos)
+    full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits, forced_eos,
+                getattr(steps, "precision", "float32"))
     buffer, logits = run_decoder(model, full_key, decode, source, active, caps,
                                  np.int32(min_new_tokens), *extra_args)
     ids = [cut_at_eos(row[1:], eos_id) for row in buffer[:batch]]
@@ -218,7 +219,8 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
 
 
 def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                     use_cache=True, return_logits=False, drop_finished=True, **search):
+                     use_cache=True, return_logits=False, drop_finished=True,
+                     precision="float32", **search):
     """Translate a batch greedily with a ``Transformer``.
 
     Args:
@@ -245,6 +247,9 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
         drop_finished: in the eager (PyTorch) loop, finished sentences leave the batch (their
             cache rows and encoder memory are dropped; the same tokens, fewer rows per step);
             False keeps every row to the end, as the compiled JAX/TensorFlow loops do.
+        precision: the products' precision, ``float32`` (default), ``bfloat16``, ``int8`` or
+            ``auto`` (:mod:`transformerkit.kernels.lowprec`; other than float32 on the
+            PyTorch backend's cached step only), passed to the step's weights.
 
     Returns:
         ``batch`` lists of ids, without BOS, cut before EOS; with ``return_logits``, the
@@ -259,4 +264,5 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                          bos_id=bos_id, eos_id=eos_id, min_new_tokens=options.min_new_tokens,
                          use_cache=use_cache, return_logits=return_logits,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                         drop_finished=drop_finished, forced_eos=options.forced_eos)
+                         drop_finished=drop_finished, forced_eos=options.forced_eos,
+                         precision=precision)

@@ -97,7 +97,7 @@ _GENERATION = GenerationOptions()  # the declared defaults, for the signatures b
 
 
 def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS_ID,
-                     use_cache=True, **search):
+                     use_cache=True, precision="float32", **search):
     """Sampled translations of a batch (arguments as
     :func:`~transformerkit.decoding.greedy.greedy_translate`; of the
     :class:`~transformerkit.decoding.options.SearchOptions` also ``temperature`` (0 = greedy;
@@ -113,13 +113,14 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                          make_choose, bos_id=bos_id, eos_id=eos_id,
                          min_new_tokens=options.min_new_tokens, use_cache=use_cache,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                         forced_eos=options.forced_eos)
+                         forced_eos=options.forced_eos, precision=precision)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                  temperature=_GENERATION.temperature, top_k=_GENERATION.top_k,
                  top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None,
-                 min_new_tokens=_GENERATION.min_new_tokens, use_cache=True, on_token=None):
+                 min_new_tokens=_GENERATION.min_new_tokens, use_cache=True, on_token=None,
+                 precision="float32"):
     """Continue prompts with a ``GPT``; returns the new ids of each prompt.
 
     Args:
@@ -136,6 +137,9 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
         on_token: None, or (PyTorch's eager loop only) a function called with the ids
             ``(rows,)`` of each decoding step, as :func:`~.greedy.token_search`'s; what it
             raises stops the generation (:mod:`.streaming`).
+        precision: the products' precision, as in
+            :func:`~transformerkit.decoding.greedy_translate` (a prompt's shared prefix is
+            computed by the model's Keras call, in float32).
 
     Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
     longer than ``max_length - 1`` tokens keep their last tokens, with a warning.
@@ -157,7 +161,7 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
         raise ValueError("the prompt is empty: give at least one token")
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache,
-                   on_token=on_token)
+                   on_token=on_token, precision=precision)
     if max_new_tokens is not None and \
             max(map(len, prompts)) + int(max_new_tokens) > model.max_length:
         results = _generate_windowed(model, prompts, int(max_new_tokens), options)
@@ -224,7 +228,7 @@ def _generate_windowed(model, prompts, max_new_tokens, options):
 
 
 def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_id,
-                   min_new_tokens, use_cache, on_token=None):
+                   min_new_tokens, use_cache, on_token=None, precision="float32"):
     """One compiled decoding pass over prompts of at most ``max_length - 1`` tokens."""
     lengths = np.array([len(p) for p in prompts], dtype="int32")
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
@@ -235,7 +239,7 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
     if width != total:  # compiling backends: a prefill bucket too, not one per prompt length
         prefill = prefill // PROMPT_BUCKET * PROMPT_BUCKET
     key, args, make_choose = _choice_args(temperature, top_k, top_p, seed)
-    steps = make_steps(model, use_cache)
+    steps = make_steps(model, use_cache, precision)
     eos = -1 if eos_id is None else int(eos_id)
 
     def decode(buffer, lengths, max_new, min_new, *extra):
@@ -245,7 +249,8 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
         return token_search(steps, static, state, buffer, prefill, lengths, max_new, min_new,
                             chooser, eos, active, on_token=on_token)[0]
 
-    out = run_decoder(model, ("generate", key, prefill, eos, use_cache), decode, buffer,
+    out = run_decoder(model, ("generate", key, prefill, eos, use_cache,
+                              getattr(steps, "precision", "float32")), decode, buffer,
                       lengths, np.int32(max_new), np.int32(min_new_tokens), *args)
     results = []
     for row, n in enumerate(lengths):

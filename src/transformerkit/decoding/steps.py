@@ -40,16 +40,26 @@ def token_at(buffer, index):
 CACHE_MODES = (True, "keras", False)
 
 
-def make_steps(model, use_cache=True):
+def make_steps(model, use_cache=True, precision="float32"):
     """The step adapter for ``model`` (a ``Transformer`` or a ``GPT``).
 
     ``use_cache``: True = the fastest cached step for this backend; ``"keras"`` = the
-    model's own Keras cache path on every backend; False = recompute the whole prefix.
+    model's own Keras cache path on every backend; False = recompute the whole prefix (the
+    last two are the references the cached step is tested against).
+    ``precision``: the products' precision (``float32``, ``bfloat16``, ``int8`` or ``auto``:
+    :func:`transformerkit.kernels.lowprec.resolve`), carried by the step's weights; other
+    than float32 only for :class:`EagerSteps`, else a clear ``ValueError``.
     """
+    from transformerkit.kernels.lowprec import resolve
+
     if use_cache not in CACHE_MODES:
         raise ValueError(f"use_cache must be True, 'keras' or False; got {use_cache!r}")
+    precision = resolve(precision)[0]
     if use_cache is True and is_eager_loop() and EagerSteps.supports(model):
-        return EagerSteps(model)
+        return EagerSteps(model, precision)
+    if precision != "float32":
+        raise ValueError(f"precision {precision} runs on the cached PyTorch step only "
+                         f"(use_cache=True, a float32 model); got use_cache={use_cache!r}")
     adapter = Seq2SeqSteps if hasattr(model, "decoder_blocks") else LanguageModelSteps
     return adapter(model, bool(use_cache))
 
@@ -157,8 +167,9 @@ class EagerSteps:
     (:meth:`start`), so decoding during training follows the weights.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, precision="float32"):
         self.model = model
+        self.precision = precision  # resolved: float32, bfloat16 or int8
         self.seq2seq = hasattr(model, "decoder_blocks")
         self.vocab_size = model.target_vocab_size if self.seq2seq else model.vocab_size
 
@@ -186,18 +197,20 @@ class EagerSteps:
         return self._start_language_model(*args, **kwargs)
 
     def _start_seq2seq(self, source_ids, max_len, copies=1):
-        memory = self.model.encode(source_ids)  # (batch, source_len, d_model)
-        memories = self.model.decode_step_memory(memory, padding_mask(source_ids))
+        weights = self.model.step_weights(self.precision)
+        memory = self.model.inference_encode(source_ids, weights)  # (batch, source_len, d)
+        memories = self.model.decode_step_memory(memory, padding_mask(source_ids), weights)
         state = self._empty_caches(memory.shape[0] * copies, max_len, memory)
-        return state, (self.model.decode_step_weights(), memories, copies)
+        return state, (weights, memories, copies)
 
     def _start_language_model(self, buffer, prefill, max_len):
         import torch
 
-        weights = self.model.decode_step_weights()
+        weights = self.model.step_weights(self.precision)
         buffer = torch.as_tensor(buffer, device=weights["embedding"].device)
         state = self._empty_caches(buffer.shape[0], max_len, weights["embedding"])
-        if prefill > 0:  # the shared prompt prefix in one Keras call, copied into the caches
+        # the shared prompt prefix in one Keras call (float32 products), copied into the caches
+        if prefill > 0:
             caches = self.model.init_caches(buffer.shape[0], prefill)
             _, caches = self.model(buffer[:, :prefill], caches=caches, cache_index=0)
             for (k, v), cache in zip(state, caches, strict=True):  # Keras: (rows, len, h, d)

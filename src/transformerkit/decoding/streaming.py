@@ -26,7 +26,6 @@ How the ids come, per backend:
   near-tie of two ids' scores may fall the other way.
 """
 
-import contextvars
 import queue
 import threading
 
@@ -50,7 +49,7 @@ _GENERATION = GenerationOptions()  # the declared defaults, for the signature be
 def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                temperature=_GENERATION.temperature, top_k=None, top_p=None, seed=None,
                eos_id=None, min_new_tokens=_GENERATION.min_new_tokens, use_cache=True,
-               chunk_tokens=CHUNK_TOKENS):
+               chunk_tokens=CHUNK_TOKENS, precision="float32"):
     """The new ids of one prompt's continuation, as a generator of lists of ids that,
     joined, equal ``generate_ids(model, prompt_ids, ...)`` with the same arguments (see the
     module docstring for what a list holds on each backend).
@@ -64,7 +63,8 @@ def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                       seed=seed)  # checks each value
     prompt = crop_prompt(model, prompt_ids, stacklevel=2)
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache)
+                   eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache,
+                   precision=precision)
     if is_eager_loop():
         return _stepped_ids(model, prompt, max_new_tokens, options)
     if int(chunk_tokens) < 1:
@@ -97,9 +97,7 @@ def _stepped_ids(model, prompt, max_new_tokens, options):
         except BaseException as error:  # handed to the consumer, raised there
             made.put(("error", error))
 
-    # in a copy of this context: the caller's settings (the products' precision) hold there
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(search,),
-                              name="transformerkit-stream", daemon=True)
+    thread = threading.Thread(target=search, name="transformerkit-stream", daemon=True)
     thread.start()
     try:
         while True:

@@ -1,10 +1,12 @@
 """Inference products in bfloat16 or int8: the weights packed once, everything else float32.
 
-A model decodes at the precision set by :func:`using` (``Run.translate(precision=...)``,
-``translate --precision``, ``serve --precision``). The precision changes the products of
-the ``Dense`` layers under ``torch.no_grad`` only: :func:`transformerkit.kernels.products.
-inference_linear` packs each weight once per precision (the precision is part of its cache
-key) and :func:`transformerkit.kernels.products.linear` multiplies by it here. The embeddings,
+A model decodes at the precision it is given (``Run.translate(precision=...)``, ``translate
+--precision``, ``serve --precision``), a value passed down the call chain: the decoding loop's
+steps ask the model for its ``step_weights(precision)`` (the encoder's and the decoder's
+products packed for it by :func:`transformerkit.kernels.products.inference_linear`, once per
+precision: it is part of the cache key) and :func:`transformerkit.kernels.products.linear`
+multiplies by them here. Nothing is set process- or context-wide: two calls at two
+precisions may run side by side. The embeddings,
 activations, attention scores and softmax, LayerNorm, the residual sums, the logits'
 log-softmax and the search stay float32; each product takes a float32 input and gives a
 float32 output.
@@ -36,23 +38,14 @@ float32 output.
 The private PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
 
-import contextlib
-import contextvars
 import warnings
 from typing import NamedTuple
 
 from transformerkit import fastpath, internals, precisions
 
-_PRECISION = contextvars.ContextVar("transformerkit_inference_precision", default="float32")
 _TINY = 1.1754944e-38  # float32's smallest normal number
 PACK_ROWS = 64  # the rows oneDNN's layout is chosen for (any number of rows works with it)
 _warned = set()
-
-
-def current():
-    """The precision the inference products use here: ``float32``, ``bfloat16`` or ``int8``
-    (set by :func:`using`; float32 outside it)."""
-    return _PRECISION.get()
 
 
 def resolve(precision):
@@ -74,42 +67,6 @@ def _why_not_fast():
     if keras.backend.backend() != "torch":
         return f"the Keras backend is {keras.backend.backend()}"
     return "TRANSFORMERKIT_FAST_PATHS turns them off"
-
-
-@contextlib.contextmanager
-def using(precision):
-    """Run the block's inference products at ``precision`` (one of
-    :data:`transformerkit.precisions.DECODE_PRECISIONS`; ``auto`` resolved by :func:`resolve`).
-    Context-local: other threads and tasks keep theirs."""
-    token = _PRECISION.set(resolve(precision)[0])
-    try:
-        yield
-    finally:
-        _PRECISION.reset(token)
-
-
-def iterate(precision, iterator):
-    """The items of ``iterator`` (a generator that decodes), each computed at ``precision``
-    (:func:`using` around every ``next``, not across the ``yield``: the caller's code between
-    items keeps its own precision). Closing this generator closes ``iterator``. A bad
-    ``precision`` fails here, before the first item."""
-    resolve(precision)
-    return _iterate(precision, iterator)
-
-
-def _iterate(precision, iterator):
-    try:
-        while True:
-            with using(precision):
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
 
 
 class LowPrecisionLinear(NamedTuple):

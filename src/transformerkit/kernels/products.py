@@ -136,15 +136,17 @@ class PackedLinear(NamedTuple):
     bias: object
 
 
-def inference_linear(kernels, biases=None, transposed=False):
+def inference_linear(kernels, biases=None, transposed=False, precision="float32"):
     """Weights for :func:`linear` without autograd (inference: the decoder step, which
     multiplies by the same matrices once per step with few rows, and ``Dense`` layers under
     ``torch.no_grad``): ``kernels`` ``(d_in, d_out_i)`` side by side (one product for
     several projections) and their ``biases`` (each None, or all given); ``transposed``: one
     ``(d_out, d_in)`` matrix instead (a tied embedding table).
 
-    At the precision of :func:`transformerkit.layers.lowprec.current` (float32 unless a
-    ``lowprec.using`` block says otherwise). For float32 weights on a CPU where that pays
+    ``precision``: ``float32``, ``bfloat16`` or ``int8`` (resolved: :func:`~transformerkit.
+    kernels.lowprec.resolve`), a value the caller passes (the decoder's and encoder's
+    ``step_weights(precision)``); ``Dense`` layers called under ``torch.no_grad`` take
+    float32. For float32 weights on a CPU where that pays
     (:func:`_packs_float32`: PyTorch has oneDNN, as its x86 builds do, and the CPU is not
     Intel's, whose MKL products ``addmm`` runs are the faster there), the matrix is packed
     once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
@@ -157,7 +159,11 @@ def inference_linear(kernels, biases=None, transposed=False):
     package's fused Adam does). Elsewhere (float32) ``(kernel, bias)`` for ``addmm``.
     """
     biases = [None] * len(kernels) if biases is None else list(biases)
-    precision = lowprec.current() if kernels[0].dtype == torch.float32 else "float32"
+    if precision not in ("float32", "bfloat16", "int8"):
+        raise ValueError(f"inference_linear takes a resolved precision (float32, bfloat16 or "
+                         f"int8); got {precision!r}")
+    if kernels[0].dtype != torch.float32:
+        precision = "float32"
     packing = precision != "float32" or (kernels[0].device.type == "cpu"
                                          and kernels[0].dtype == torch.float32
                                          and _packs_float32())

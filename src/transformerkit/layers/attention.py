@@ -251,15 +251,44 @@ class MultiHeadAttention(keras.layers.Layer):
     # :func:`transformerkit.fastpath.applies`: a position-major cache written in place, plain
     # torch kernels on weights read once per batch, no Keras call machinery per step.
 
-    def step_weights(self):
-        """The projections for :meth:`step` and :meth:`cross_step` as :func:`inference_linear`
-        weights, read once per decoded batch (so a decoder follows a model that trains):
-        ``qkv``, the query, key and value kernels side by side ``(d_model, 2 h d_k + h d_v)``
-        (one product for the three), ``query`` and ``output``."""
+    def step_weights(self, precision="float32"):
+        """The projections for :meth:`step`, :meth:`step_memory`, :meth:`cross_step` and
+        :meth:`self_attend` as :func:`inference_linear` weights at ``precision`` (float32,
+        bfloat16 or int8), read once per decoded batch (so a decoder follows a model that
+        trains): ``qkv``, the query, key and value kernels side by side ``(d_model, 2 h d_k +
+        h d_v)`` (one product for the three), ``key_value`` (the two of them: a source's
+        cross-attention memory), ``query`` and ``output``."""
         dense = (self.query_dense, self.key_dense, self.value_dense)
-        return {"qkv": inference_linear(*kernels_and_biases(*dense)),
-                "query": inference_linear(*kernels_and_biases(self.query_dense)),
-                "output": inference_linear(*kernels_and_biases(self.output_dense))}
+        return {"qkv": inference_linear(*kernels_and_biases(*dense), precision=precision),
+                "key_value": inference_linear(*kernels_and_biases(*dense[1:]),
+                                              precision=precision),
+                "query": inference_linear(*kernels_and_biases(self.query_dense),
+                                          precision=precision),
+                "output": inference_linear(*kernels_and_biases(self.output_dense),
+                                           precision=precision)}
+
+    def self_attend(self, x, weights, mask=None):
+        """Self-attention of whole sequences at inference: ``call(x, x, value_mask=mask)``
+        (the encoder's, paper section 3.2.3) computed by :func:`scaled_dot_product_attention`
+        on projections with weights from :meth:`step_weights`.
+
+        Args:
+            x: ``(batch, length, d_model)`` torch tensor.
+            weights: from :meth:`step_weights`.
+            mask: ``(batch, length)`` bool, True at real tokens, or None (no padding).
+
+        Returns ``(batch, length, output_dim)`` float32.
+        """
+        batch, length = x.shape[:2]
+        width = self.num_heads * self.key_dim
+        qkv = linear(x, weights["qkv"])  # (b, t, 2 h d_k + h d_v)
+        q = qkv[..., :width].reshape(batch, length, self.num_heads, self.key_dim)
+        k = qkv[..., width:2 * width].reshape(batch, length, self.num_heads, self.key_dim)
+        v = qkv[..., 2 * width:].reshape(batch, length, self.num_heads, self.value_dim)
+        out = scaled_dot_product_attention(q, k, v, mask=_build_mask(mask, False, None, q, k,
+                                                                      None))
+        return linear(out.reshape(batch, length, self.num_heads * self.value_dim),
+                      weights["output"])
 
     def step(self, x, weights, cache, index):
         """Self-attention of one new position per row: ``call(x, cache=..., cache_index=index,
@@ -295,12 +324,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return linear(out.view(rows, heads * self.value_dim), weights["output"],
                       low_output=True)
 
-    def step_memory(self, context, context_mask):
+    def step_memory(self, context, context_mask, weights):
         """Cross-attention keys and values of a source for :meth:`cross_step`, once per batch.
 
         Args:
             context: ``(batch, source_len, d_model)`` encoder output (torch).
             context_mask: ``(batch, source_len)`` bool, True at real tokens.
+            weights: from :meth:`step_weights` (its ``key_value`` product).
 
         Returns ``(keys, values, bias, keep)``: keys and values ``(batch, heads, source_len,
         dim)``, ``bias`` ``(batch, 1, 1, source_len)`` that is 0 at real tokens and a large
@@ -310,7 +340,11 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         import torch
 
-        keys, values = self.compute_key_value(context)  # (b, s, h, d) each
+        batch, length = context.shape[:2]
+        both = linear(context, weights["key_value"])  # (b, s, h d_k + h d_v)
+        width = self.num_heads * self.key_dim
+        keys = both[..., :width].reshape(batch, length, self.num_heads, self.key_dim)
+        values = both[..., width:].reshape(batch, length, self.num_heads, self.value_dim)
         mask = context_mask[:, None, None, :]  # (b, 1, 1, s)
         bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device)
         bias = bias.masked_fill(~mask, _MASKED_SCORE)

@@ -79,6 +79,16 @@ class _Block(keras.layers.Layer):
         """:meth:`_connect` at inference with LayerNorm weights from :func:`norm_weights`."""
         return self._connect(x, lambda h: normalize(h, norm), fn)[0]
 
+    def step_weights(self, precision="float32"):
+        """The weights of the block's inference twin (``EncoderBlock.inference_call``,
+        ``DecoderBlock.step``) as torch tensors, read once per batch; the projections
+        packed for ``precision`` (float32, bfloat16 or int8:
+        :func:`~transformerkit.kernels.products.inference_linear`)."""
+        return {"self_attention": self.self_attention.step_weights(precision),
+                "self_attention_norm": norm_weights(self.self_attention_norm),
+                "feedforward": self.feedforward.step_weights(precision),
+                "feedforward_norm": norm_weights(self.feedforward_norm)}
+
     def _feedforward(self, training):
         return lambda h: call_sublayer(self.feedforward, h, training=training)
 
@@ -134,6 +144,18 @@ class EncoderBlock(_Block):
             training)
         x, _ = self._sublayer(x, self.feedforward_norm, self._feedforward(training), training)
         return (x, extras[0]) if return_attention_scores else x
+
+    # -- The fast twin of ``call`` at inference (eager PyTorch, see ``DecoderBlock.step``). --
+
+    def inference_call(self, x, weights, mask=None):
+        """``call(x, mask=mask)`` at inference: ``(batch, length, d_model)`` torch tensor ->
+        the same shape, with weights from :meth:`step_weights` (their precision) and ``mask``
+        ``(batch, length)`` bool or None. No dropout, no scores."""
+        x = self._step_sublayer(x, weights["self_attention_norm"],
+                                lambda h: self.self_attention.self_attend(
+                                    h, weights["self_attention"], mask))
+        return self._step_sublayer(x, weights["feedforward_norm"],
+                                   lambda h: self.feedforward.step(h, weights["feedforward"]))
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -230,14 +252,12 @@ class DecoderBlock(_Block):
 
     # -- The fast twin of ``call`` with a cache (see ``MultiHeadAttention.step``). --
 
-    def step_weights(self):
-        """The block's weights as torch tensors for :meth:`step`, read once per batch."""
-        weights = {"self_attention": self.self_attention.step_weights(),
-                   "self_attention_norm": norm_weights(self.self_attention_norm),
-                   "feedforward": self.feedforward.step_weights(),
-                   "feedforward_norm": norm_weights(self.feedforward_norm)}
+    def step_weights(self, precision="float32"):
+        """The block's weights as torch tensors for :meth:`step`, read once per batch; the
+        projections packed for ``precision`` (float32, bfloat16 or int8)."""
+        weights = super().step_weights(precision)
         if self.cross_attention:
-            weights["cross_attention"] = self.cross_attention_layer.step_weights()
+            weights["cross_attention"] = self.cross_attention_layer.step_weights(precision)
             weights["cross_attention_norm"] = norm_weights(self.cross_attention_norm)
         return weights
 

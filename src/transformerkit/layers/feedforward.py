@@ -67,13 +67,14 @@ class FeedForward(keras.layers.Layer):
         inner = apply_dropout(self.inner_dropout, call_sublayer(self.inner, inputs), training)
         return call_sublayer(self.outer, inner)
 
-    def step_weights(self):
-        """``{"inner": ..., "outer": ...}`` as :func:`inference_linear` weights."""
-        return {"inner": inference_linear(*kernels_and_biases(self.inner)),
-                "outer": inference_linear(*kernels_and_biases(self.outer))}
+    def step_weights(self, precision="float32"):
+        """``{"inner": ..., "outer": ...}`` as :func:`inference_linear` weights at
+        ``precision``."""
+        return {"inner": inference_linear(*kernels_and_biases(self.inner), precision=precision),
+                "outer": inference_linear(*kernels_and_biases(self.outer), precision=precision)}
 
     def step(self, x, weights):
-        """:meth:`call` at inference on ``(rows, d_model)`` torch tensors with weights from
+        """:meth:`call` at inference on ``(..., d_model)`` torch tensors with weights from
         :meth:`step_weights` (the one-position decoder step, see ``MultiHeadAttention.step``);
         float32, or bfloat16 from a bfloat16 product (the residual sum widens it)."""
         import torch.nn.functional as F

@@ -266,21 +266,27 @@ class TransformerBase(keras.Model):
         of the decoder stack; a None projection means the embedding is tied to it."""
         raise NotImplementedError(f"{type(self).__name__} has no decoder")
 
-    def decode_step_weights(self):
-        """The decoder's weights as torch tensors for :meth:`decode_step`, read once per
-        decoded batch; the projections as :func:`~transformerkit.kernels.products.inference_linear`
-        weights (a tied embedding table is the output projection's ``(vocab, d_model)``
-        matrix)."""
+    def step_weights(self, precision="float32"):
+        """The weights of the inference twins (:meth:`decode_step`, and the encoder's
+        ``inference_encode``) as torch tensors, read once per decoded batch, with every
+        product packed for ``precision`` (float32, bfloat16 or int8:
+        :func:`~transformerkit.kernels.products.inference_linear`): the precision travels as
+        this value, from the decoding loop's steps to each product. A tied embedding table
+        is the output projection's ``(vocab, d_model)`` matrix."""
+        self._ensure_built()
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value
         bias = self._logits_bias_weight()
-        return {"embedding": table,
+        return {"precision": precision,
+                "embedding": table,
                 "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
                 "positions": positions.table.value,
-                "blocks": [block.step_weights() for block in blocks],
+                "blocks": [block.step_weights(precision) for block in blocks],
                 "final_norm": None if final_norm is None else norm_weights(final_norm),
-                "projection": (inference_linear([table], transposed=True) if projection is None
-                               else inference_linear(*kernels_and_biases(projection))),
+                "projection": (inference_linear([table], transposed=True, precision=precision)
+                               if projection is None
+                               else inference_linear(*kernels_and_biases(projection),
+                                                     precision=precision)),
                 "logits_bias": None if bias is None else bias.value}
 
     def _logits_bias_weight(self):
@@ -288,12 +294,15 @@ class TransformerBase(keras.Model):
         (``Transformer(final_logits_bias=True)``)."""
         return None
 
-    def decode_step_memory(self, memory, memory_mask):
+    def decode_step_memory(self, memory, memory_mask, weights):
         """Every decoder block's cross-attention keys/values of ``memory`` ``(batch,
         source_len, d_model)`` with ``memory_mask`` ``(batch, source_len)``, for
-        :meth:`decode_step` (see ``MultiHeadAttention.step_memory``)."""
-        return [block.cross_attention_layer.step_memory(memory, memory_mask)
-                for block in self._decoder_parts()[2]]
+        :meth:`decode_step`, by the products of ``weights`` (:meth:`step_weights`; see
+        ``MultiHeadAttention.step_memory``)."""
+        return [block.cross_attention_layer.step_memory(memory, memory_mask,
+                                                        block_weights["cross_attention"])
+                for block, block_weights in zip(self._decoder_parts()[2], weights["blocks"],
+                                                strict=True)]
 
     def decode_step(self, tokens, index, caches, weights, memories=None, copies=1):
         """Logits ``(rows, vocab)`` predicting position ``index + 1`` from the ids ``tokens``
@@ -302,7 +311,7 @@ class TransformerBase(keras.Model):
         each block's :meth:`~transformerkit.layers.DecoderBlock.step`.
 
         ``caches``: one position-major ``(keys, values)`` pair per block, ``(max_len, rows,
-        heads, dim)``, updated in place; ``weights`` from :meth:`decode_step_weights`;
+        heads, dim)``, updated in place; ``weights`` from :meth:`step_weights`;
         ``memories`` from :meth:`decode_step_memory` (encoder-decoder models), with
         ``copies`` adjacent rows per source (beams).
         """

@@ -1,12 +1,15 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (paper figure 1)."""
 
+import math
+
 import keras
 from keras import ops
 
-from transformerkit.layers.calls import call_sublayer
+from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
 from transformerkit.models.heads import LogitsBias, LogitsProjection
 from transformerkit.models.options import TransformerOptions
+from transformerkit.special_tokens import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="transformerkit")
@@ -156,6 +159,42 @@ class Transformer(TransformerBase):
                         training=training)
         return self._run_encoder(x, mask, self.encoder_blocks, self.encoder_norm, training,
                                  return_attention_scores)
+
+    # -- The fast twin of ``encode`` at inference (eager PyTorch), beside ``decode_step``. --
+
+    def step_weights(self, precision="float32"):
+        """:meth:`TransformerBase.step_weights` with the encoder's under ``"encoder"`` (for
+        :meth:`inference_encode`), every product packed for ``precision``."""
+        weights = super().step_weights(precision)
+        weights["encoder"] = {
+            "embedding": self.source_embedding.embeddings.value,
+            "embedding_scale": (math.sqrt(self.source_embedding.d_model)
+                                if self.source_embedding.scale else 1.0),
+            "positions": self.source_positions.table.value,
+            "blocks": [block.step_weights(precision) for block in self.encoder_blocks],
+            "final_norm": None if self.encoder_norm is None else norm_weights(self.encoder_norm),
+        }
+        return weights
+
+    def inference_encode(self, source_ids, weights):
+        """:meth:`encode` at inference with the products of ``weights``
+        (:meth:`step_weights`, at their precision): ``(batch, source_len)`` torch ids ->
+        memory ``(batch, source_len, d_model)``. Equal to :meth:`encode` at the real
+        positions (float32: to round-off; padded positions are never read by the decoder)."""
+        import torch
+
+        encoder = weights["encoder"]
+        source_ids = torch.as_tensor(check_token_ids(source_ids, self.source_vocab_size,
+                                                     self.max_length, "source_ids"),
+                                     device=encoder["embedding"].device)
+        length = source_ids.shape[1]
+        x = encoder["embedding"][source_ids.long()] * encoder["embedding_scale"] + \
+            encoder["positions"][:length]  # embedding dropout is off
+        mask = source_ids != PAD_ID  # (batch, source_len), as padding_mask
+        mask = None if bool(mask.all()) else mask
+        for block, block_weights in zip(self.encoder_blocks, encoder["blocks"], strict=True):
+            x = block.inference_call(x, block_weights, mask)
+        return x if encoder["final_norm"] is None else normalize(x, encoder["final_norm"])
 
     def decode(self, target_ids, memory, source_mask, caches=None, cache_index=None,
                training=None, return_attention_scores=False, logit_positions=None):
