@@ -95,6 +95,9 @@ def load_inputs(run_dir, sentences, batch):
 
 
 def transformerkit_decoder(run_dir, search, tokens, cache, forced, precision="float32"):
+    """``decode(ids) -> [ids, ...]`` by the run's model: ``cache`` is the step
+    (``use_cache``: True, ``"compiled"``, ``"keras"`` or False), ``precision`` its
+    products'."""
     import transformerkit
     from transformerkit.decoding import beam_translate, greedy_translate
 

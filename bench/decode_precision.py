@@ -48,16 +48,19 @@ import common  # noqa: E402
 import decode  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "ct2-float32", "ct2-int8")
+SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "ct2-float32", "ct2-int8")
 # (search, output tokens, forced)
 WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
              ("beam4", 32, True)]
 
 
 def decoder(run_dir, system, search, tokens, forced, threads):
-    """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION`` or ``ct2-TYPE``)."""
+    """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION``, ``tk-compiled``: the
+    float32 step compiled ahead of time, or ``ct2-TYPE``)."""
     if system.startswith("ct2"):
         return decode.ctranslate2_decoder(run_dir, system, search, tokens, forced, threads)
+    if system == "tk-compiled":
+        return decode.transformerkit_decoder(run_dir, search, tokens, "compiled", forced)
     return decode.transformerkit_decoder(run_dir, search, tokens, True, forced,
                                          system.split("-")[1])
 
@@ -101,7 +104,7 @@ def worker_rounds(args, flag, spec, failed):
     own, ``args.repeats`` rounds in alternating order; a failed worker goes to ``failed``."""
     env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
     for round_index in range(args.repeats):
-        systems = list(SYSTEMS) if round_index % 2 == 0 else list(reversed(SYSTEMS))
+        systems = list(args.systems) if round_index % 2 == 0 else list(reversed(args.systems))
         for system in systems:
             job = dict(spec, system=system, run=os.path.abspath(args.run), batch=args.batch)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
@@ -351,10 +354,18 @@ def main():
                         help="the step's cost by live rows (-> results/NAME_rows)")
     parser.add_argument("--row-tokens", type=int, default=32,
                         help="forced output tokens of the --rows timings (32)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="comma-separated systems to run (default: all of "
+                             + ", ".join(SYSTEMS) + ")")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--rows-worker", help=argparse.SUPPRESS)
     parser.add_argument("--kernel-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; the systems are "
+                     f"{', '.join(SYSTEMS)}")
     if args.kernel_worker:
         print(json.dumps(kernel_timings(int(args.kernel_worker), capped=True)))
         return

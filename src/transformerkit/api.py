@@ -120,7 +120,9 @@ class Run:
                 and ``seed``). Each field's default and meaning:
                 ``transformerkit.decoding.options`` (the same for every engine, the command
                 line and the HTTP server).
-            engine: "keras" (this model) or "ctranslate2" (the run's CTranslate2 export,
+            engine: "keras" (this model), "compiled" (this model's decoder step compiled
+                ahead of time, :mod:`transformerkit.decoding.aot_step`) or "ctranslate2"
+                (the run's CTranslate2 export,
                 written into the run directory on first use; see
                 :mod:`transformerkit.export.runtime` for how the options map), or a
                 ``transformerkit.export.runtime.CTranslate2Engine``; None: the run's
@@ -144,11 +146,12 @@ class Run:
         texts, single = as_text_list(texts)
         options = self.search_options(options, keywords, "translate()")
         engine, precision = self._call_runtime(engine, precision)
-        if engine != "keras":
+        if engine not in _MODEL_ENGINES:
             results = engine.translate(texts, options)
         else:
             results = translate_texts(self.model, self.source_tokenizer,
-                                      self.target_tokenizer, texts, options, precision)
+                                      self.target_tokenizer, texts, options, precision,
+                                      _MODEL_ENGINES[engine])
         return results[0] if single else results
 
     def translate_batches(self, texts, options=None, engine=None, precision=None,
@@ -161,10 +164,10 @@ class Run:
         self._require("transformer", "translate_batches")
         options = self.search_options(options, keywords, "translate_batches()")
         engine, precision = self._call_runtime(engine, precision)
-        if engine != "keras":
+        if engine not in _MODEL_ENGINES:
             return engine.translate_batches(texts, options)
         return translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
-                                 texts, options, precision)
+                                 texts, options, precision, _MODEL_ENGINES[engine])
 
     @property
     def search(self):
@@ -194,14 +197,14 @@ class Run:
         changes = {"engine": "ctranslate2" if given else engine, "precision": precision}
         runtime = self.runtime.replace(**{k: v for k, v in changes.items() if v is not None})
         self.check_runtime(runtime)
-        if runtime.engine == "keras":
-            return "keras", runtime.precision
+        if runtime.engine in _MODEL_ENGINES:
+            return runtime.engine, runtime.precision
         return (engine if given else self._engine(runtime)), runtime.precision
 
     def check_runtime(self, runtime):
         """A clear ``ValueError`` now where ``runtime``'s precision cannot run here
         (bfloat16/int8 without the PyTorch backend's fast paths)."""
-        if runtime.engine == "keras":
+        if runtime.engine in _MODEL_ENGINES:
             from transformerkit.kernels.lowprec import resolve
 
             resolve(runtime.precision)
@@ -222,14 +225,15 @@ class Run:
 
         options = self._generation_options(options, keywords, "generate")
         engine, precision = self._call_runtime(engine, precision)
-        if engine != "keras":
+        if engine not in _MODEL_ENGINES:
             return engine.generate(prompt, options)
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
         new = generate_ids(self.model, ids, options.max_new_tokens,
                            min_new_tokens=options.min_new_tokens,
                            temperature=options.temperature, top_k=options.top_k,
                            top_p=options.top_p, seed=options.seed,
-                           eos_id=eos_id if options.stop_at_eos else None, precision=precision)
+                           eos_id=eos_id if options.stop_at_eos else None, precision=precision,
+                           use_cache=_MODEL_ENGINES[engine])
         return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
 
     def generate_stream(self, prompt, options=None, engine=None, precision=None,
@@ -255,7 +259,7 @@ class Run:
 
         options = self._generation_options(options, keywords, "generate_stream")
         engine, precision = self._call_runtime(engine, precision)
-        if engine != "keras":
+        if engine not in _MODEL_ENGINES:
             return engine.generate_stream(prompt, options)
         ids = self._prompt_ids(prompt)
         new_ids = stream_ids(self.model, ids, options.max_new_tokens,
@@ -263,7 +267,8 @@ class Run:
                              temperature=options.temperature, top_k=options.top_k,
                              top_p=options.top_p, seed=options.seed,
                              eos_id=self.source_tokenizer.eos_id if options.stop_at_eos
-                             else None, precision=precision)
+                             else None, precision=precision,
+                             use_cache=_MODEL_ENGINES[engine])
         return text_pieces(self.source_tokenizer, new_ids)
 
     def _generation_options(self, options, keywords, method):
@@ -414,6 +419,8 @@ def _stack(per_layer):
     return np.stack([ops.convert_to_numpy(s)[0] for s in per_layer]).astype("float32")
 
 
+# the engines that decode with the run's own model -> the step they take (make_steps' use_cache)
+_MODEL_ENGINES = {"keras": True, "compiled": "compiled"}
 SPECIAL_LABELS = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", "</s>", "<unk>"
 
 

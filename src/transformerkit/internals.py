@@ -58,6 +58,11 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            count) and ``_get_variable_index``, to exchange gradients once
                            per update (without them each micro-batch's gradient is
                            all-reduced, with the same result)
+AOTInductor                ``decoding/aot_step.py``: ``torch._inductor.
+                           aoti_compile_and_package`` compiles the exported decoder step
+                           into a package and ``aoti_load_package`` loads it (PyTorch's
+                           documented AOTInductor entry points, in a private module;
+                           without them the eager step runs, with a warning)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training
@@ -86,6 +91,8 @@ _FUNCTIONS = {
     "int8_quantize": ("torch", "quantize_per_channel"),
     "int8_prepack": ("torch", "ops.quantized.linear_prepack"),
     "int8_linear": ("torch", "ops.quantized.linear_dynamic"),
+    "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),
+    "aoti_load_package": ("torch._inductor", "aoti_load_package"),
 }
 # name -> (module, class, private members that our code overrides or reads)
 _MEMBERS = {

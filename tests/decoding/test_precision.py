@@ -221,7 +221,7 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
     float32 widening gives."""
     import torch
 
-    from transformerkit.kernels import lowprec, products
+    from transformerkit.kernels import products
 
     x, kernel, bias = product
     second = (rng.normal(size=(kernel.shape[1], 24)) / 7).astype(np.float32)
@@ -375,7 +375,6 @@ def test_int8_translations_do_not_depend_on_the_batch(sharp_model):
     finish at other steps (greedy and beam 4): its products never share a scale with other
     rows."""
     from transformerkit.decoding import beam_translate, greedy_translate
-    from transformerkit.kernels import lowprec
 
     model, sources = sharp_model
     with warnings.catch_warnings():
@@ -442,7 +441,7 @@ def test_packed_weights_are_cached_per_precision_until_the_weights_change(traine
     the product follows it."""
     import torch
 
-    from transformerkit.kernels import lowprec, products
+    from transformerkit.kernels import products
     from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
 
     # float32 packs on any vendor's CPU here (on Intel's it is left to ``addmm``)

@@ -203,10 +203,13 @@ def test_the_documented_option_tables_are_the_generated_ones():
 
 
 @pytest.mark.parametrize("keywords, error, message", [
-    ({"engine": "onnx"}, ValueError, "engine must be one of 'keras', 'ctranslate2'; got 'onnx'"),
+    ({"engine": "onnx"}, ValueError,
+     "engine must be one of 'keras', 'compiled', 'ctranslate2'; got 'onnx'"),
     ({"precision": "fp8"}, ValueError, "precision must be one of"),
     ({"engine": "ctranslate2", "precision": "int8"}, ValueError,
      "precision int8 applies to the keras engine"),
+    ({"engine": "compiled", "precision": "bfloat16"}, ValueError,
+     "the compiled engine runs float32"),
     ({"threads": -1}, ValueError, "threads must be at least 0"),
     ({"threads": 1.5}, TypeError, "threads must be"),
     ({"checkpoint": ""}, ValueError, "checkpoint must name the weights"),

@@ -237,9 +237,11 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
             ``min_new_tokens`` (EOS is not chosen before this many tokens) and
             ``forced_eos`` (the last token a cap allows is EOS).
         bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
-        use_cache: True (the key/value cache, fastest path for the backend), ``"keras"``
-            (the model's own Keras cache API) or False (recompute the whole prefix every
-            step, the reference the cached paths are tested against; same output).
+        use_cache: True (the key/value cache, fastest path for the backend),
+            ``"compiled"`` (that step compiled ahead of time, PyTorch:
+            :mod:`transformerkit.decoding.aot_step`), ``"keras"`` (the model's own Keras
+            cache API) or False (recompute the whole prefix every step, the reference the
+            cached paths are tested against; same output).
         return_logits: also return the raw logits ``(batch, max_new_tokens, vocab)`` of
             every step (steps after a sentence ended, or after the loop stopped, are 0 where
             finished rows leave the batch; with fixed shapes a finished row's later logits

@@ -169,9 +169,11 @@ class GenerationOptions(_Checked):
     stop_at_eos: bool = option(True, help="stop at the end-of-text token")
 
 
-ENGINES = ("keras", "ctranslate2")
+ENGINES = ("keras", "compiled", "ctranslate2")
 # the precisions the CTranslate2 engine takes at run time: its own is chosen at export
 CTRANSLATE2_PRECISIONS = ("float32", "auto")
+# the compiled step's (decoding/aot_step.py): float32 (auto chooses it)
+COMPILED_PRECISIONS = ("float32", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,8 +185,10 @@ class RuntimeOptions(_Checked):
     these declarations."""
 
     engine: str = option("keras", choices=ENGINES,
-                         help="keras: the run's model; ctranslate2: the run's CTranslate2 "
-                              "export (RUN/ctranslate2, written on first use)")
+                         help="keras: the run's model; compiled: its decoder step compiled "
+                              "ahead of time by AOTInductor (PyTorch; built on first use, "
+                              "cached on disk); ctranslate2: the run's CTranslate2 export "
+                              "(RUN/ctranslate2, written on first use)")
     precision: str = option("float32", choices=DECODE_PRECISIONS,
                             help="the keras engine's Dense products: float32, bfloat16 (faster "
                                  "products on CPUs with AVX512-BF16 or AMX), int8 (dynamic "
@@ -200,10 +204,13 @@ class RuntimeOptions(_Checked):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.engine != "keras" and self.precision not in CTRANSLATE2_PRECISIONS:
+        if self.engine == "ctranslate2" and self.precision not in CTRANSLATE2_PRECISIONS:
             raise ValueError(f"precision {self.precision} applies to the keras engine; "
                              "CTranslate2's precision is chosen at export (transformerkit "
                              "export --quantization)")
+        if self.engine == "compiled" and self.precision not in COMPILED_PRECISIONS:
+            raise ValueError(f"precision {self.precision} applies to the keras engine; the "
+                             "compiled engine runs float32")
         if not self.checkpoint:
             raise ValueError("checkpoint must name the weights: model, best, averaged, a file "
                              "in RUN/checkpoints or a .keras path")

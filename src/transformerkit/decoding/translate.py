@@ -73,7 +73,7 @@ def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"
 
 
 def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=None,
-                      precision="float32", **keywords):
+                      precision="float32", use_cache=True, **keywords):
     """Yield ``(indices, results)`` per batch: the positions in ``texts`` and, for each,
     a string (``n_best == 1``) or a list of ``(text, score)`` pairs, best first.
 
@@ -82,8 +82,8 @@ def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=
     by length so that a batch pads little; batches come out as soon as they are decoded.
     ``beam_size`` 1 is greedy search; ``temperature`` (not None) samples with ``top_k`` /
     ``top_p`` / ``seed`` instead; see :func:`~transformerkit.decoding.beam_translate` for
-    the stopping rule and the length cap. ``precision``: the products' (as in
-    :func:`~transformerkit.decoding.greedy_translate`).
+    the stopping rule and the length cap. ``precision``, ``use_cache``: as in
+    :func:`~transformerkit.decoding.greedy_translate` (``"compiled"``: the compiled step).
     """
     options = resolve(SearchOptions, options, keywords, "translate")
     encoded = encode_sources(texts, source_tokenizer, model.max_length)
@@ -93,7 +93,8 @@ def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=
     for start in range(0, len(order), rows):
         chunk = [int(i) for i in order[start:start + rows]]
         source = pad_batch([encoded[i] for i in chunk])
-        ends = dict(bos_id=tgt.bos_id, eos_id=tgt.eos_id, precision=precision)
+        ends = dict(bos_id=tgt.bos_id, eos_id=tgt.eos_id, precision=precision,
+                    use_cache=use_cache)
         if options.samples:
             results = [tgt.decode(i) for i in sample_translate(model, source, options, **ends)]
         elif options.searches_beams:
@@ -106,11 +107,11 @@ def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=
 
 
 def translate_texts(model, source_tokenizer, target_tokenizer, texts, options=None,
-                    precision="float32", **keywords):
+                    precision="float32", use_cache=True, **keywords):
     """Translations of ``texts`` in their order (arguments of :func:`translate_batches`)."""
     results = [None] * len(texts)
     for indices, outputs in translate_batches(model, source_tokenizer, target_tokenizer, texts,
-                                              options, precision, **keywords):
+                                              options, precision, use_cache, **keywords):
         for i, out in zip(indices, outputs, strict=True):
             results[i] = out
     return results

@@ -136,7 +136,7 @@ class PackedLinear(NamedTuple):
     bias: object
 
 
-def inference_linear(kernels, biases=None, transposed=False, precision="float32"):
+def inference_linear(kernels, biases=None, transposed=False, precision="float32", packed=True):
     """Weights for :func:`linear` without autograd (inference: the decoder step, which
     multiplies by the same matrices once per step with few rows, and ``Dense`` layers under
     ``torch.no_grad``): ``kernels`` ``(d_in, d_out_i)`` side by side (one product for
@@ -146,7 +146,8 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
     ``precision``: ``float32``, ``bfloat16`` or ``int8`` (resolved: :func:`~transformerkit.
     kernels.lowprec.resolve`), a value the caller passes (the decoder's and encoder's
     ``step_weights(precision)``); ``Dense`` layers called under ``torch.no_grad`` take
-    float32. For float32 weights on a CPU where that pays
+    float32. ``packed=False`` (float32 only): plain ``(kernel, bias)``, for a compiler
+    that packs them itself. For float32 weights on a CPU where that pays
     (:func:`_packs_float32`: PyTorch has oneDNN, as its x86 builds do, and the CPU is not
     Intel's, whose MKL products ``addmm`` runs are the faster there), the matrix is packed
     once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
@@ -164,7 +165,9 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
                          f"int8); got {precision!r}")
     if kernels[0].dtype != torch.float32:
         precision = "float32"
-    packing = precision != "float32" or (kernels[0].device.type == "cpu"
+    if not packed and precision != "float32":
+        raise ValueError(f"precision {precision} has packed weights only")
+    packing = precision != "float32" or (packed and kernels[0].device.type == "cpu"
                                          and kernels[0].dtype == torch.float32
                                          and _packs_float32())
     if packing:

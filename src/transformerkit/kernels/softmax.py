@@ -6,6 +6,7 @@ from keras import ops
 from transformerkit import fastpath
 
 if keras.backend.backend() == "torch":
+    import torch
     import torch.nn.functional as F
 
 
@@ -25,6 +26,8 @@ def softmax(x):
     if not fastpath.applies(x):
         return ops.softmax(x, axis=-1)
     length = x.shape[-1]
+    if torch.compiler.is_compiling():  # a captured graph (torch.export): the compiler's own
+        return x.softmax(-1)
     if length in _SHORT_SOFTMAX and x.device.type == "cpu":
         padded = F.pad(x, (0, 16 - length), value=float("-inf"))
         return padded.softmax(-1)[..., :length]

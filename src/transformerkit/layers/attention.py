@@ -251,7 +251,7 @@ class MultiHeadAttention(keras.layers.Layer):
     # :func:`transformerkit.fastpath.applies`: a position-major cache written in place, plain
     # torch kernels on weights read once per batch, no Keras call machinery per step.
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """The projections for :meth:`step`, :meth:`step_memory`, :meth:`cross_step` and
         :meth:`self_attend` as :func:`inference_linear` weights at ``precision`` (float32,
         bfloat16 or int8), read once per decoded batch (so a decoder follows a model that
@@ -259,13 +259,11 @@ class MultiHeadAttention(keras.layers.Layer):
         h d_v)`` (one product for the three), ``key_value`` (the two of them: a source's
         cross-attention memory), ``query`` and ``output``."""
         dense = (self.query_dense, self.key_dense, self.value_dense)
-        return {"qkv": inference_linear(*kernels_and_biases(*dense), precision=precision),
-                "key_value": inference_linear(*kernels_and_biases(*dense[1:]),
-                                              precision=precision),
-                "query": inference_linear(*kernels_and_biases(self.query_dense),
-                                          precision=precision),
-                "output": inference_linear(*kernels_and_biases(self.output_dense),
-                                           precision=precision)}
+        kind = dict(precision=precision, packed=packed)
+        return {"qkv": inference_linear(*kernels_and_biases(*dense), **kind),
+                "key_value": inference_linear(*kernels_and_biases(*dense[1:]), **kind),
+                "query": inference_linear(*kernels_and_biases(self.query_dense), **kind),
+                "output": inference_linear(*kernels_and_biases(self.output_dense), **kind)}
 
     def self_attend(self, x, weights, mask=None):
         """Self-attention of whole sequences at inference: ``call(x, x, value_mask=mask)``
@@ -299,7 +297,8 @@ class MultiHeadAttention(keras.layers.Layer):
             weights: from :meth:`step_weights`.
             cache: ``(keys, values)``, position-major ``(max_len, rows, heads, dim)`` tensors;
                 the new key and value are written in place at ``index``.
-            index: int, the position of ``x``.
+            index: int, the position of ``x`` (a symbolic one in a step captured by
+                ``torch.export``: ``TransformerBase.decode_step``).
 
         Returns ``(rows, output_dim)``, float32 (bfloat16 from a bfloat16 product: the
         residual sum widens it). The query attends over positions ``0..index`` only,
@@ -312,13 +311,15 @@ class MultiHeadAttention(keras.layers.Layer):
         # written into the float32 cache and for the query only
         qkv = linear(x, weights["qkv"], low_output=True)
         keys, values = cache
-        keys[index] = qkv[:, width:2 * width].view(rows, heads, self.key_dim)
-        values[index] = qkv[:, 2 * width:].view(rows, heads, self.value_dim)
+        new_keys = qkv[:, width:2 * width].view(rows, heads, self.key_dim)
+        new_values = qkv[:, 2 * width:].view(rows, heads, self.value_dim)
         # batched over rows * heads, on strided views of the filled cache prefix (no copies)
         q = qkv[:, :width].float().reshape(rows * heads, 1, self.key_dim)  # (rows h, 1, d_k)
+        scale = 1.0 / math.sqrt(self.key_dim)
+        keys[index] = new_keys
+        values[index] = new_values
         k = keys[: index + 1].view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
         v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)  # (t, rows h, dv)
-        scale = 1.0 / math.sqrt(self.key_dim)
         scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # (rows h, 1, t)
         out = torch.bmm(kernel_softmax.softmax(scores), v.transpose(0, 1))  # (rows h, 1, d_v)
         return linear(out.view(rows, heads * self.value_dim), weights["output"],

@@ -79,14 +79,14 @@ class _Block(keras.layers.Layer):
         """:meth:`_connect` at inference with LayerNorm weights from :func:`norm_weights`."""
         return self._connect(x, lambda h: normalize(h, norm), fn)[0]
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """The weights of the block's inference twin (``EncoderBlock.inference_call``,
         ``DecoderBlock.step``) as torch tensors, read once per batch; the projections
         packed for ``precision`` (float32, bfloat16 or int8:
         :func:`~transformerkit.kernels.products.inference_linear`)."""
-        return {"self_attention": self.self_attention.step_weights(precision),
+        return {"self_attention": self.self_attention.step_weights(precision, packed),
                 "self_attention_norm": norm_weights(self.self_attention_norm),
-                "feedforward": self.feedforward.step_weights(precision),
+                "feedforward": self.feedforward.step_weights(precision, packed),
                 "feedforward_norm": norm_weights(self.feedforward_norm)}
 
     def _feedforward(self, training):
@@ -252,12 +252,12 @@ class DecoderBlock(_Block):
 
     # -- The fast twin of ``call`` with a cache (see ``MultiHeadAttention.step``). --
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """The block's weights as torch tensors for :meth:`step`, read once per batch; the
         projections packed for ``precision`` (float32, bfloat16 or int8)."""
-        weights = super().step_weights(precision)
+        weights = super().step_weights(precision, packed)
         if self.cross_attention:
-            weights["cross_attention"] = self.cross_attention_layer.step_weights(precision)
+            weights["cross_attention"] = self.cross_attention_layer.step_weights(precision, packed)
             weights["cross_attention_norm"] = norm_weights(self.cross_attention_norm)
         return weights
 

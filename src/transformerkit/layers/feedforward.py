@@ -67,11 +67,12 @@ class FeedForward(keras.layers.Layer):
         inner = apply_dropout(self.inner_dropout, call_sublayer(self.inner, inputs), training)
         return call_sublayer(self.outer, inner)
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """``{"inner": ..., "outer": ...}`` as :func:`inference_linear` weights at
         ``precision``."""
-        return {"inner": inference_linear(*kernels_and_biases(self.inner), precision=precision),
-                "outer": inference_linear(*kernels_and_biases(self.outer), precision=precision)}
+        kind = dict(precision=precision, packed=packed)
+        return {"inner": inference_linear(*kernels_and_biases(self.inner), **kind),
+                "outer": inference_linear(*kernels_and_biases(self.outer), **kind)}
 
     def step(self, x, weights):
         """:meth:`call` at inference on ``(..., d_model)`` torch tensors with weights from

@@ -55,6 +55,17 @@ def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
     return ids
 
 
+def _position(index, length):
+    """The int of a 0-d tensor ``index`` known to be a position of caches of ``length``
+    positions (``torch._check``: what lets a captured graph slice ``[:index + 1]``)."""
+    import torch
+
+    position = index.item()
+    torch._check(position >= 0)
+    torch._check(position < length)
+    return position
+
+
 def select_positions(hidden, positions=None):
     """``(batch, len, d)`` hidden states -> ``(n, d)``: those at the flat positions
     ``positions`` ``(n,)`` of the ``batch * len`` positions; ``hidden`` itself for None."""
@@ -99,7 +110,7 @@ def compute_in_float32(model):
     with the weights cast at every use. For decoding, where the precision is chosen per call
     (:mod:`transformerkit.kernels.lowprec`: float32 everywhere, bfloat16 or int8 products),
     such a model computes in float32, which also lets it take the decoder's one-position step
-    (``decoding/steps.py: EagerSteps``, float32 models only). ``transformerkit.load`` does
+    (``decoding/eager_steps.py: EagerSteps``, float32 models only). ``transformerkit.load`` does
     this to every model it loads. The layers are found with Keras' private
     ``_flatten_layers`` (:mod:`transformerkit.internals`); where it is missing the model is
     left as it is and decodes through Keras' casts.
@@ -266,14 +277,17 @@ class TransformerBase(keras.Model):
         of the decoder stack; a None projection means the embedding is tied to it."""
         raise NotImplementedError(f"{type(self).__name__} has no decoder")
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """The weights of the inference twins (:meth:`decode_step`, and the encoder's
         ``inference_encode``) as torch tensors, read once per decoded batch, with every
         product packed for ``precision`` (float32, bfloat16 or int8:
         :func:`~transformerkit.kernels.products.inference_linear`): the precision travels as
-        this value, from the decoding loop's steps to each product. A tied embedding table
-        is the output projection's ``(vocab, d_model)`` matrix."""
+        this value, from the decoding loop's steps to each product. ``packed=False`` leaves
+        float32 products as plain ``(kernel, bias)`` tensors (for a compiler that packs
+        them itself: :mod:`transformerkit.decoding.aot_step`). A tied embedding table is the
+        output projection's ``(vocab, d_model)`` matrix."""
         self._ensure_built()
+        kind = dict(precision=precision, packed=packed)
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value
         bias = self._logits_bias_weight()
@@ -281,12 +295,11 @@ class TransformerBase(keras.Model):
                 "embedding": table,
                 "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
                 "positions": positions.table.value,
-                "blocks": [block.step_weights(precision) for block in blocks],
+                "blocks": [block.step_weights(precision, packed) for block in blocks],
                 "final_norm": None if final_norm is None else norm_weights(final_norm),
-                "projection": (inference_linear([table], transposed=True, precision=precision)
+                "projection": (inference_linear([table], transposed=True, **kind)
                                if projection is None
-                               else inference_linear(*kernels_and_biases(projection),
-                                                     precision=precision)),
+                               else inference_linear(*kernels_and_biases(projection), **kind)),
                 "logits_bias": None if bias is None else bias.value}
 
     def _logits_bias_weight(self):
@@ -310,12 +323,17 @@ class TransformerBase(keras.Model):
         ``GPT.call`` with ``caches`` and ``cache_index=index``) for one position, computed by
         each block's :meth:`~transformerkit.layers.DecoderBlock.step`.
 
+        ``index``: an int, or a 0-d int64 tensor (the step captured by ``torch.export``,
+        :mod:`transformerkit.decoding.aot_step`: its value becomes the graph's symbolic
+        position, so the same code slices the caches' filled prefix).
         ``caches``: one position-major ``(keys, values)`` pair per block, ``(max_len, rows,
         heads, dim)``, updated in place; ``weights`` from :meth:`step_weights`;
         ``memories`` from :meth:`decode_step_memory` (encoder-decoder models), with
         ``copies`` adjacent rows per source (beams).
         """
         blocks = self._decoder_parts()[2]
+        if not isinstance(index, int):  # a 0-d tensor: the step captured by torch.export
+            index = _position(index, caches[0][0].shape[0])
         x = weights["embedding"][tokens] * weights["embedding_scale"] + \
             weights["positions"][index]  # (rows, d_model); embedding dropout is off
         memories = memories or [None] * len(blocks)

@@ -162,16 +162,16 @@ class Transformer(TransformerBase):
 
     # -- The fast twin of ``encode`` at inference (eager PyTorch), beside ``decode_step``. --
 
-    def step_weights(self, precision="float32"):
+    def step_weights(self, precision="float32", packed=True):
         """:meth:`TransformerBase.step_weights` with the encoder's under ``"encoder"`` (for
         :meth:`inference_encode`), every product packed for ``precision``."""
-        weights = super().step_weights(precision)
+        weights = super().step_weights(precision, packed)
         weights["encoder"] = {
             "embedding": self.source_embedding.embeddings.value,
             "embedding_scale": (math.sqrt(self.source_embedding.d_model)
                                 if self.source_embedding.scale else 1.0),
             "positions": self.source_positions.table.value,
-            "blocks": [block.step_weights(precision) for block in self.encoder_blocks],
+            "blocks": [block.step_weights(precision, packed) for block in self.encoder_blocks],
             "final_norm": None if self.encoder_norm is None else norm_weights(self.encoder_norm),
         }
         return weights

@@ -1,0 +1,270 @@
+"""The decoder step compiled ahead of time: PyTorch's AOTInductor, one native call per step.
+
+An eager step (:class:`~.eager_steps.EagerSteps`) is the model's own ``decode_step``: about 200
+PyTorch calls, each dispatched from Python, which at the few rows of a greedy search cost
+more than their arithmetic. Here the same method is captured once with ``torch.export``
+and compiled by AOTInductor (``torch._inductor.aoti_compile_and_package``) into a shared
+library that the loop calls once per step:
+
+- **the same math**: ``decode_step`` with its position given as a 0-d tensor, whose
+  value the graph reads as a symbolic int: the same code writes the new key and value into
+  the caches in place and attends over their filled prefix;
+- **weights as constants**: plain float32 ``(kernel, bias)`` tensors
+  (``step_weights(packed=False)``), frozen (``freezing``), so the compiler packs the
+  products' weights for its own kernels;
+- **dynamic shapes**: the rows, the cache length and the source length vary. A beam
+  search's rows each get their own copy of their sentence's cross-attention memory (the
+  eager step shares one per sentence), so one graph serves every search. Packages are
+  built per row bucket (:data:`BUCKETS`): a step of at most :data:`SMALL_ROWS` rows
+  runs a package whose products were chosen by measuring them at 2 rows (``max_autotune``:
+  Inductor's own small-matrix kernels, several times faster there than the library's),
+  a larger step one made for many rows (the packed library products; the small-row
+  kernels are slower there): ``bench/results/decode_compiled_rows.md``;
+- **cached on disk** by what the package depends on (:func:`package_key`: the weights'
+  digest, the model's config, the bucket, the PyTorch version and the CPU's flags), written
+  atomically; a package that fails to load is rebuilt.
+
+Where AOTInductor or its C++ compiler is missing, or the model cannot be captured,
+:class:`CompiledSteps` says so once, in one line, and runs the eager step instead.
+
+The encoder pass, the search (log-softmax, arg-max, the beam's bookkeeping) and the beam's
+cache reordering stay eager. float32 only.
+
+The PyTorch functions used (``torch.export.export``, ``torch._inductor.
+aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
+:mod:`transformerkit.internals`.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+import weakref
+
+from transformerkit import internals, precisions
+from transformerkit.decoding.eager_steps import EagerSteps
+
+_TENSOR = object()  # marks a weight leaf held as a buffer
+# model -> {directory: (the weights' versions, the compiled step or None)}
+_RUNNERS = weakref.WeakKeyDictionary()
+SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
+# bucket -> (rows of the example the products are chosen for, Inductor's options)
+BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}),
+           "large": (64, {"freezing": True})}
+FORMAT = 3  # the layout of a package's inputs; a change makes every cached package stale
+
+
+def cache_directory():
+    """Where packages are kept: ``$TRANSFORMERKIT_CACHE/compiled``, else
+    ``~/.cache/transformerkit/compiled``."""
+    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "transformerkit")
+    return os.path.join(root, "compiled")
+
+
+def package_key(model, bucket="small"):
+    """The hex digest naming ``model``'s step package for the row ``bucket``: its weights'
+    bytes, its config, the package format and options, PyTorch's
+    version and the CPU's flags (a package runs the kernels chosen for the CPU it was built
+    on)."""
+    import torch
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"format": FORMAT, "bucket": BUCKETS[bucket],
+                              "torch": torch.__version__,
+                              "class": type(model).__name__,
+                              "config": model.get_config(),
+                              "cpu": sorted(precisions.cpu_flags()),
+                              "vendor": precisions.cpu_vendor()},
+                             sort_keys=True, default=str).encode())
+    for variable in model.weights:
+        digest.update(variable.path.encode())
+        digest.update(variable.value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _step_module(model):
+    """``model.decode_step`` as a ``torch.nn.Module`` for ``torch.export``: its weights
+    (float32, unpacked) as buffers, one memory per row."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    weights = model.step_weights("float32", packed=False)
+    weights.pop("encoder", None)  # the encoder pass runs eagerly
+    leaves, spec = tree_flatten(weights)
+
+    class DecodeStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self._constants = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf
+                               for leaf in leaves]
+            for i, leaf in enumerate(leaves):
+                if isinstance(leaf, torch.Tensor):
+                    self.register_buffer(f"weight_{i}", leaf.detach(), persistent=False)
+
+        def forward(self, tokens, index, caches, memories):
+            values = [getattr(self, f"weight_{i}") if constant is _TENSOR else constant
+                      for i, constant in enumerate(self._constants)]
+            return model.decode_step(tokens, index, caches, tree_unflatten(values, spec),
+                                     memories, 1)
+
+    return DecodeStep().eval()
+
+
+def _example_inputs(model, seq2seq, rows=2):
+    """Inputs of the step's signature (``rows`` rows, 5 cache positions, 3 source positions)
+    and their dynamic dimensions."""
+    import torch
+
+    length, source_len, batch = 5, 3, rows
+    heads = model.num_heads
+    layers = model.num_decoder_layers if seq2seq else model.num_layers
+    sentences = row_dim = torch.export.Dim("rows", min=1, max=4096)
+    cache_len = torch.export.Dim("cache_len", min=2, max=model.max_length + 1)
+    tokens = torch.full((rows,), 3, dtype=torch.long)
+    index = torch.tensor(1, dtype=torch.long)
+    caches = [(torch.zeros(length, rows, heads, model.key_dim),
+               torch.zeros(length, rows, heads, model.value_dim)) for _ in range(layers)]
+    cache_dims = [({0: cache_len, 1: row_dim}, {0: cache_len, 1: row_dim})
+                  for _ in range(layers)]
+    if not seq2seq:
+        return (tokens, index, caches, None), ({0: row_dim}, None, cache_dims, None)
+    source = torch.export.Dim("source_len", min=1, max=model.max_length)
+    memories = [(torch.zeros(batch, heads, source_len, model.key_dim),
+                 torch.zeros(batch, heads, source_len, model.value_dim),
+                 torch.zeros(batch, 1, 1, source_len), torch.ones(batch, 1, 1, 1))
+                for _ in range(layers)]
+    memory_dims = [({0: sentences, 2: source}, {0: sentences, 2: source},
+                    {0: sentences, 3: source}, {0: sentences}) for _ in range(layers)]
+    return (tokens, index, caches, memories), ({0: row_dim}, None, cache_dims, memory_dims)
+
+
+def build_package(model, bucket, path):
+    """Capture ``model``'s step and compile it for the row ``bucket`` into the package
+    ``path`` (written atomically). Returns the seconds it took."""
+    import torch
+
+    started = time.perf_counter()
+    seq2seq = hasattr(model, "decoder_blocks")
+    rows, configs = BUCKETS[bucket]
+    inputs, dims = _example_inputs(model, seq2seq, rows)
+    with torch.no_grad():
+        program = torch.export.export(_step_module(model), inputs,
+                                      dynamic_shapes=dims, strict=False)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(path))
+        os.close(handle)
+        try:
+            internals.get("aoti_compile_and_package")(
+                program, package_path=partial, inductor_configs=configs)
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+    return time.perf_counter() - started
+
+
+class CompiledSteps(EagerSteps):
+    """:class:`~.eager_steps.EagerSteps` whose ``step`` calls the AOTInductor package of the
+    model's ``decode_step`` (the module docstring). The first batch loads the packages from
+    :func:`cache_directory`, building them there first if needed (with a line on stderr
+    giving the time); where that fails the eager step runs, with a one-line warning saying
+    why."""
+
+    def __init__(self, model, precision="float32", directory=None):
+        if precision != "float32":
+            raise ValueError(f"the compiled step runs float32 only; got precision {precision}")
+        super().__init__(model, precision)
+        self.directory = directory or cache_directory()
+        self._run = None  # the package of the batch being decoded (start)
+
+    def runner(self):
+        """The compiled step: a function of the package's inputs that runs the package of
+        their row bucket (None: the eager step), kept for the model while its weights are
+        unchanged (their in-place version counters)."""
+        versions = tuple(internals.tensor_version(v.value) for v in self.model.weights)
+        loaded = _RUNNERS.setdefault(self.model, {})
+        if self.directory not in loaded or loaded[self.directory][0] != versions \
+                or None in versions:
+            small = _load_or_build(self.model, "small", self.directory)
+            large = small and _load_or_build(self.model, "large", self.directory)
+            loaded[self.directory] = (versions, large and _by_rows(small, large))
+        return loaded[self.directory][1]
+
+    def start(self, *args, **kwargs):
+        """:meth:`EagerSteps.start`, with every memory's ``keep`` a tensor (the package's
+        inputs have one fixed form) and the package looked up once per batch."""
+        state, (weights, memories, copies) = super().start(*args, **kwargs)
+        if memories is not None:
+            memories = [memory if memory[3] is not None
+                        else (*memory[:3], memory[0].new_ones((memory[0].shape[0], 1, 1, 1)))
+                        for memory in memories]
+        self._run = self.runner()
+        self._memories, self._row_memories = None, None
+        return state, (weights, memories, copies)
+
+    def step(self, buffer, index, state, static):
+        import torch
+
+        if self._run is None:
+            return super().step(buffer, index, state, static)
+        _, memories, copies = static
+        tokens = torch.as_tensor(buffer)[:, index].long()
+        return self._run(tokens, torch.tensor(index), state,
+                         self._per_row(memories, copies)), state
+
+    def _per_row(self, memories, copies):
+        """``memories`` (one per sentence) with each repeated for its ``copies`` rows, made
+        again only when a search's ``select_sources`` has changed them."""
+        if memories is None or copies == 1:
+            return memories
+        if self._memories is not memories:
+            self._memories = memories
+            self._row_memories = [tuple(t.repeat_interleave(copies, 0) for t in memory)
+                                  for memory in memories]
+        return self._row_memories
+
+
+def _by_rows(small, large):
+    """A step that runs ``small`` for at most :data:`SMALL_ROWS` rows, else ``large``."""
+    def run(tokens, index, caches, memories):
+        package = small if tokens.shape[0] <= SMALL_ROWS else large
+        return package(tokens, index, caches, memories)
+
+    return run
+
+
+def _load_or_build(model, bucket, directory):
+    """The callable package of ``model``'s step for the row ``bucket``, loaded from
+    ``directory`` or built there; None (with a warning) where it cannot be."""
+    import sys
+
+    load = internals.get("aoti_load_package")
+    if load is None or internals.get("aoti_compile_and_package") is None:
+        return _fallback("this PyTorch has no AOTInductor")
+    path = os.path.join(directory, f"step-{package_key(model, bucket)}.pt2")
+    if os.path.exists(path):
+        try:
+            return load(path)
+        except Exception as error:  # a corrupt or foreign package: built again below
+            print(f"transformerkit: rebuilding the compiled step {path} "
+                  f"({type(error).__name__})", file=sys.stderr)
+    print(f"transformerkit: compiling the decoder step ({bucket} steps) ...",
+          file=sys.stderr, flush=True)
+    try:
+        seconds = build_package(model, bucket, path)
+        run = load(path)
+    except Exception as error:  # no compiler, or a model torch.export cannot capture
+        reason = str(error).strip().splitlines()
+        return _fallback(f"{type(error).__name__}: {reason[0] if reason else ''}"[:300])
+    print(f"transformerkit: compiled the decoder step in {seconds:.0f} s ({path})",
+          file=sys.stderr, flush=True)
+    return run
+
+
+def _fallback(reason):
+    warnings.warn(f"transformerkit: the compiled step is unavailable ({reason}); decoding "
+                  "with the eager step", RuntimeWarning, stacklevel=4)
+    return None

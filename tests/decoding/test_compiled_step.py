@@ -1,0 +1,189 @@
+"""The decoder step compiled ahead of time (``use_cache="compiled"``, ``--engine compiled``)
+equals the eager step it is captured from: logits within two float32 paths' bound, ids the
+same or apart at a near-tie; packages are cached on disk, a corrupt one is rebuilt, and
+where AOTInductor is missing the eager step runs with a warning.
+
+Each package compiles in 10-30 s on 2 cores, so these are slow tests on small models.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tolerances as tol
+from near_ties import assert_same_ids_or_near_tie, next_logits_after
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(keras.backend.backend() != "torch",
+                                 reason="the compiled step is PyTorch's (AOTInductor)")]
+
+SMALL = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
+SOURCE = np.array([[5, 6, 7, 2], [8, 9, 2, 0], [11, 2, 0, 0]], "int32")
+
+
+@pytest.fixture(scope="module")
+def package_directory(tmp_path_factory):
+    """The packages of this module's tests, in a folder of their own
+    (``$TRANSFORMERKIT_CACHE``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("cache")
+        patch.setenv("TRANSFORMERKIT_CACHE", str(root))
+        yield root / "compiled"
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(package_directory, monkeypatch):
+    """As in a new process: no package loaded yet (they come from the module's folder)."""
+    from transformerkit import fastpath
+    from transformerkit.decoding import aot_step
+
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+    aot_step._RUNNERS.clear()
+    yield
+    aot_step._RUNNERS.clear()
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    """A Marian-shaped Transformer (tied tables, swish, split sinusoids, a logits bias)."""
+    from transformerkit.models import Transformer
+
+    keras.utils.set_random_seed(5)
+    model = Transformer(30, 30, tie_embeddings="all", activation="swish",
+                        positional="sinusoidal_split", scale_embeddings=False,
+                        final_logits_bias=True, **SMALL)
+    model.build(None)
+    model.logits_bias.bias.assign(np.random.default_rng(1).normal(size=30) * 3)
+    return model
+
+
+def test_compiled_steps_equal_the_eager_steps(transformer):
+    """Teacher-forced on the same ids, every step's logits within two paths' bound of the
+    eager step's (the compiled kernels sum in other orders)."""
+    import torch
+
+    from transformerkit.decoding.aot_step import CompiledSteps
+    from transformerkit.decoding.steps import EagerSteps, make_steps
+
+    compiled, eager = make_steps(transformer, "compiled"), make_steps(transformer, True)
+    assert isinstance(compiled, CompiledSteps) and type(eager) is EagerSteps
+    roundings = tol.model_roundings(transformer, SOURCE.shape[1], 9)
+    for source in (SOURCE, np.tile(SOURCE, (3, 1))):  # the small-rows package, the other
+        buffer = np.random.default_rng(0).integers(3, 30, (len(source), 9)).astype("int32")
+        with torch.no_grad():
+            state_c, static_c = compiled.start(source, 9)
+            state_e, static_e = eager.start(source, 9)
+            for index in range(8):
+                a, state_c = compiled.step(buffer, index, state_c, static_c)
+                b, state_e = eager.step(buffer, index, state_e, static_e)
+                b = b.numpy()
+                tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
+                                  f"{len(source)} rows, step {index}")
+    assert compiled.runner() is not None  # compiled, not the eager fallback
+
+
+def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transformer,
+                                                                      package_directory,
+                                                                      capfd):
+    """Greedy (3 rows: the small-rows package) and beam 3 (9 rows: the other) with the
+    compiled step give the eager step's ids (or differ at a near-tie); the packages (one per
+    row bucket) are loaded from disk in a new process, not built again; a corrupt package is
+    rebuilt."""
+    from transformerkit.decoding import aot_step, beam_translate, greedy_translate
+
+    def searches(use_cache):
+        return (greedy_translate(transformer, SOURCE, max_new_tokens=10, use_cache=use_cache),
+                [h[0].ids for h in beam_translate(transformer, SOURCE, beam_size=3,
+                                                  max_new_tokens=10, use_cache=use_cache)])
+
+    eager = searches(True)
+    compiled = searches("compiled")
+    next_logits = next_logits_after(transformer, SOURCE)
+    for a, b, what in zip(eager, compiled, ("greedy", "beam 3"), strict=True):
+        assert_same_ids_or_near_tie(a, b, next_logits, what)
+    keys = [aot_step.package_key(transformer, bucket) for bucket in aot_step.BUCKETS]
+    packages = [package_directory / f"step-{key}.pt2" for key in keys]
+    assert all(p.is_file() for p in packages), packages
+    capfd.readouterr()
+    written = {p: p.stat().st_mtime_ns for p in packages}
+
+    aot_step._RUNNERS.clear()  # a new process: the packages come from disk
+    assert searches("compiled") == compiled
+    assert "compiling" not in capfd.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in packages} == written
+
+    aot_step._RUNNERS.clear()
+    packages[0].write_bytes(b"not a package")
+    assert searches("compiled") == compiled
+    assert "rebuilding the compiled step" in capfd.readouterr().err
+    assert packages[0].stat().st_size > 1000
+
+
+def test_changed_weights_get_a_package_of_their_own(transformer, package_directory):
+    """A package is named by what it depends on: the same model with other weights (an
+    ``assign``) builds another and decodes by the new weights."""
+    from transformerkit.decoding import aot_step, greedy_translate
+
+    first = aot_step.package_key(transformer)
+    old = transformer.logits_bias.bias.numpy()
+    try:
+        transformer.logits_bias.bias.assign(old[::-1].copy())
+        assert aot_step.package_key(transformer) != first
+        eager = greedy_translate(transformer, SOURCE, max_new_tokens=6)
+        compiled = greedy_translate(transformer, SOURCE, max_new_tokens=6, use_cache="compiled")
+        assert_same_ids_or_near_tie(eager, compiled, next_logits_after(transformer, SOURCE))
+    finally:
+        transformer.logits_bias.bias.assign(old)
+    assert aot_step.package_key(transformer) == first
+
+
+def test_a_compiled_gpt_generates_as_the_eager_one():
+    """``generate_ids`` with the compiled step (a prompt prefix through the Keras call,
+    then the package): the eager step's tokens, or apart at a near-tie."""
+    from transformerkit.decoding import aot_step, generate_ids
+    from transformerkit.models import GPT
+
+    keras.utils.set_random_seed(3)
+    model = GPT(30, **SMALL)
+    prompts = [[5, 6], [7, 8, 9]]
+    eager = generate_ids(model, prompts, max_new_tokens=8, temperature=0)
+    compiled = generate_ids(model, prompts, max_new_tokens=8, temperature=0,
+                            use_cache="compiled")
+    assert all(run is not None for _, run in aot_step._RUNNERS[model].values())
+    assert_same_ids_or_near_tie(eager, compiled, next_logits_after(model, prompts=prompts))
+
+
+def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, monkeypatch):
+    from transformerkit import internals
+    from transformerkit.decoding import greedy_translate
+
+    monkeypatch.setitem(internals._found, "aoti_compile_and_package", None)
+    expected = greedy_translate(transformer, SOURCE, max_new_tokens=6)
+    with pytest.warns(RuntimeWarning, match="the compiled step is unavailable .*AOTInductor"):
+        got = greedy_translate(transformer, SOURCE, max_new_tokens=6, use_cache="compiled")
+    assert got == expected
+
+
+def test_a_run_translates_with_the_compiled_engine(tmp_path, capsys):
+    """``transformerkit translate RUN TEXT --engine compiled`` and ``Run.translate(engine=
+    "compiled")`` as users call them: the keras engine's translations (a trained run's
+    margins are far above float32's differences); a precision the engine cannot run is a
+    clear error."""
+    from tiny_run import tiny_config
+
+    import transformerkit
+    from transformerkit import cli
+    from transformerkit.training.trainer import train
+
+    train(tiny_config(tmp_path, epochs=1), tmp_path / "run")
+    run = transformerkit.load(tmp_path / "run")
+    texts = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun"]
+    expected = run.translate(texts, beam_size=2)
+    assert run.translate(texts, beam_size=2, engine="compiled") == expected
+    assert transformerkit.load(tmp_path / "run", engine="compiled").translate(
+        texts[0], beam_size=2) == expected[0]
+    capsys.readouterr()
+    assert cli.main(["translate", str(tmp_path / "run"), texts[0], "--beam", "2",
+                     "--engine", "compiled"]) == 0
+    assert capsys.readouterr().out.splitlines() == [expected[0]]
+    with pytest.raises(ValueError, match="the compiled engine runs float32"):
+        run.translate(texts[0], engine="compiled", precision="int8")
