@@ -119,11 +119,17 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
 
 
 def test_changed_weights_get_a_package_of_their_own(transformer, package_directory):
-    """A package is named by what it depends on: the same model with other weights (an
-    ``assign``) builds another and decodes by the new weights."""
+    """A package is named by what it depends on: the same weights in a second model object
+    (another Keras name) share it; other weights (an ``assign``) build another, which
+    decodes by them."""
     from transformerkit.decoding import aot_step, greedy_translate
 
     first = aot_step.package_key(transformer)
+    config = {k: v for k, v in transformer.get_config().items() if k != "name"}
+    twin = type(transformer).from_config(config)  # named by Keras: "transformer_1"
+    twin.build(None)
+    twin.set_weights(transformer.get_weights())
+    assert twin.name != transformer.name and aot_step.package_key(twin) == first
     old = transformer.logits_bias.bias.numpy()
     try:
         transformer.logits_bias.bias.assign(old[::-1].copy())
@@ -138,8 +144,10 @@ def test_changed_weights_get_a_package_of_their_own(transformer, package_directo
 
 def test_a_compiled_gpt_generates_as_the_eager_one():
     """``generate_ids`` with the compiled step (a prompt prefix through the Keras call,
-    then the package): the eager step's tokens, or apart at a near-tie."""
+    then the package): the eager step's tokens, or apart at a near-tie; streamed piece by
+    piece (``stream_ids``) the same tokens."""
     from transformerkit.decoding import aot_step, generate_ids
+    from transformerkit.decoding.streaming import stream_ids
     from transformerkit.models import GPT
 
     keras.utils.set_random_seed(3)
@@ -149,6 +157,9 @@ def test_a_compiled_gpt_generates_as_the_eager_one():
     compiled = generate_ids(model, prompts, max_new_tokens=8, temperature=0,
                             use_cache="compiled")
     assert all(run is not None for _, run in aot_step._RUNNERS[model].values())
+    streamed = [i for ids in stream_ids(model, prompts[1], 8, temperature=0,
+                                        use_cache="compiled") for i in ids]
+    assert streamed == compiled[1]
     assert_same_ids_or_near_tie(eager, compiled, next_logits_after(model, prompts=prompts))
 
 
@@ -164,10 +175,10 @@ def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, m
 
 
 def test_a_run_translates_with_the_compiled_engine(tmp_path, capsys):
-    """``transformerkit translate RUN TEXT --engine compiled`` and ``Run.translate(engine=
-    "compiled")`` as users call them: the keras engine's translations (a trained run's
-    margins are far above float32's differences); a precision the engine cannot run is a
-    clear error."""
+    """``transformerkit translate RUN TEXT --engine compiled``, ``Run.translate(engine=
+    "compiled")`` and the HTTP server with that engine, as users call them: the keras
+    engine's translations (a trained run's margins are far above float32's differences); a
+    precision the engine cannot run is a clear error."""
     from tiny_run import tiny_config
 
     import transformerkit
@@ -177,13 +188,22 @@ def test_a_run_translates_with_the_compiled_engine(tmp_path, capsys):
     train(tiny_config(tmp_path, epochs=1), tmp_path / "run")
     run = transformerkit.load(tmp_path / "run")
     texts = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun"]
-    expected = run.translate(texts, beam_size=2)
-    assert run.translate(texts, beam_size=2, engine="compiled") == expected
+    expected = run.translate(texts, beam_size=1)  # greedy: the small-rows package only
+    assert run.translate(texts, beam_size=1, engine="compiled") == expected
     assert transformerkit.load(tmp_path / "run", engine="compiled").translate(
-        texts[0], beam_size=2) == expected[0]
+        texts[0], beam_size=1) == expected[0]
     capsys.readouterr()
-    assert cli.main(["translate", str(tmp_path / "run"), texts[0], "--beam", "2",
+    assert cli.main(["translate", str(tmp_path / "run"), texts[0], "--beam", "1",
                      "--engine", "compiled"]) == 0
     assert capsys.readouterr().out.splitlines() == [expected[0]]
     with pytest.raises(ValueError, match="the compiled engine runs float32"):
         run.translate(texts[0], engine="compiled", precision="int8")
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformerkit.serving.app import create_app
+
+    with TestClient(create_app({"numbers": run}, engine="compiled")) as client:
+        answer = client.post("/translate", json={"texts": texts, "beam_size": 1}).json()
+        assert answer["translations"] == expected
+        assert client.get("/models").json()["models"][0]["engine"] == "compiled"

@@ -21,7 +21,7 @@ library that the loop calls once per step:
   a larger step one made for many rows (the packed library products; the small-row
   kernels are slower there): ``bench/results/decode_compiled_rows.md``;
 - **cached on disk** by what the package depends on (:func:`package_key`: the weights'
-  digest, the model's config, the bucket, the PyTorch version and the CPU's flags), written
+  digest, the model's options, the bucket, the PyTorch version and the CPU's flags), written
   atomically; a package that fails to load is rebuilt.
 
 Where AOTInductor or its C++ compiler is missing, or the model cannot be captured,
@@ -35,6 +35,7 @@ aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
 :mod:`transformerkit.internals`.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -66,7 +67,7 @@ def cache_directory():
 
 def package_key(model, bucket="small"):
     """The hex digest naming ``model``'s step package for the row ``bucket``: its weights'
-    bytes, its config, the package format and options, PyTorch's
+    bytes, its options, the package format and options, PyTorch's
     version and the CPU's flags (a package runs the kernels chosen for the CPU it was built
     on)."""
     import torch
@@ -75,13 +76,18 @@ def package_key(model, bucket="small"):
     digest.update(json.dumps({"format": FORMAT, "bucket": BUCKETS[bucket],
                               "torch": torch.__version__,
                               "class": type(model).__name__,
-                              "config": model.get_config(),
+                              # the model's options, not Keras' get_config: that holds the
+                              # object's name (a second model is "transformer_1": the same
+                              # weights must share a package) and its dtype policy's
+                              # serialization imports modules for seconds
+                              "options": dataclasses.asdict(model.options),
                               "cpu": sorted(precisions.cpu_flags()),
                               "vendor": precisions.cpu_vendor()},
                              sort_keys=True, default=str).encode())
-    for variable in model.weights:
-        digest.update(variable.path.encode())
-        digest.update(variable.value.detach().cpu().contiguous().numpy().tobytes())
+    for variable in model.weights:  # in the model's structural order
+        value = variable.value.detach().cpu().contiguous()
+        digest.update(f"{tuple(value.shape)} {value.dtype}".encode())
+        digest.update(value.numpy().tobytes())
     return digest.hexdigest()[:32]
 
 
@@ -159,6 +165,7 @@ def build_package(model, bucket, path):
         try:
             internals.get("aoti_compile_and_package")(
                 program, package_path=partial, inductor_configs=configs)
+            os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
             os.replace(partial, path)
         finally:
             if os.path.exists(partial):
@@ -181,16 +188,15 @@ class CompiledSteps(EagerSteps):
         self._run = None  # the package of the batch being decoded (start)
 
     def runner(self):
-        """The compiled step: a function of the package's inputs that runs the package of
-        their row bucket (None: the eager step), kept for the model while its weights are
-        unchanged (their in-place version counters)."""
+        """The model's :class:`Packages` (None where the small-rows one cannot be had: the
+        eager step), kept for the model while its weights are unchanged (their in-place
+        version counters)."""
         versions = tuple(internals.tensor_version(v.value) for v in self.model.weights)
         loaded = _RUNNERS.setdefault(self.model, {})
         if self.directory not in loaded or loaded[self.directory][0] != versions \
                 or None in versions:
-            small = _load_or_build(self.model, "small", self.directory)
-            large = small and _load_or_build(self.model, "large", self.directory)
-            loaded[self.directory] = (versions, large and _by_rows(small, large))
+            packages = Packages(self.model, self.directory)
+            loaded[self.directory] = (versions, packages if packages.get("small") else None)
         return loaded[self.directory][1]
 
     def start(self, *args, **kwargs):
@@ -212,8 +218,11 @@ class CompiledSteps(EagerSteps):
             return super().step(buffer, index, state, static)
         _, memories, copies = static
         tokens = torch.as_tensor(buffer)[:, index].long()
-        return self._run(tokens, torch.tensor(index), state,
-                         self._per_row(memories, copies)), state
+        package = self._run.for_rows(tokens.shape[0])
+        if package is None:
+            return super().step(buffer, index, state, static)
+        return package(tokens, torch.tensor(index), state,
+                       self._per_row(memories, copies)), state
 
     def _per_row(self, memories, copies):
         """``memories`` (one per sentence) with each repeated for its ``copies`` rows, made
@@ -227,13 +236,22 @@ class CompiledSteps(EagerSteps):
         return self._row_memories
 
 
-def _by_rows(small, large):
-    """A step that runs ``small`` for at most :data:`SMALL_ROWS` rows, else ``large``."""
-    def run(tokens, index, caches, memories):
-        package = small if tokens.shape[0] <= SMALL_ROWS else large
-        return package(tokens, index, caches, memories)
+class Packages:
+    """A model's step packages by row bucket, each loaded (or built) when a step first
+    needs it: a one-sentence translation never loads the many-rows one."""
 
-    return run
+    def __init__(self, model, directory):
+        self.model, self.directory, self._loaded = model, directory, {}
+
+    def get(self, bucket):
+        """The loaded package of ``bucket`` (None, warned once, where it cannot be had)."""
+        if bucket not in self._loaded:
+            self._loaded[bucket] = _load_or_build(self.model, bucket, self.directory)
+        return self._loaded[bucket]
+
+    def for_rows(self, rows):
+        """The package for a step of ``rows`` rows (None: the eager step)."""
+        return self.get("small" if rows <= SMALL_ROWS else "large")
 
 
 def _load_or_build(model, bucket, directory):

@@ -1,0 +1,107 @@
+"""What the compiled engine (``--engine compiled``) costs to get: the time to build its
+packages, and a one-sentence ``transformerkit translate`` from a shell with each engine.
+
+- **build**: each row bucket's package built into an empty cache folder, in a process of
+  its own (``torch.export`` and AOTInductor with the C++ compiler), seconds;
+- **one sentence**: ``transformerkit translate RUN TEXT --beam 1`` as a user runs it from a
+  shell, wall time of the whole process, for ``--engine keras`` and
+  ``--engine compiled`` with the packages already on disk (the cached load), alternating
+  engines for ``--repeats`` rounds (the best kept; the first call of each is discarded).
+
+    python bench/compiled_step.py RUN   # -> bench/results/compiled_step.{json,md}
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+SENTENCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
+ENGINES = ("keras", "compiled")
+
+
+def build_worker(spec):
+    """Build one bucket's package of the run's model; its seconds."""
+    import transformerkit
+    from transformerkit.decoding import aot_step
+
+    model = transformerkit.load(spec["run"]).model
+    path = os.path.join(spec["directory"], f"step-{spec['bucket']}.pt2")
+    return {"bucket": spec["bucket"],
+            "seconds": round(aot_step.build_package(model, spec["bucket"], path), 1)}
+
+
+def one_sentence(run, engine, cache):
+    """Wall seconds and output of ``transformerkit translate`` in a new process."""
+    env = dict(os.environ, TRANSFORMERKIT_CACHE=cache, KERAS_BACKEND="torch")
+    started = time.perf_counter()
+    child = subprocess.run([os.path.join(os.path.dirname(sys.executable), "transformerkit"),
+                            "translate", run, SENTENCE, "--beam", "1", "--engine", engine],
+                           capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - started
+    if child.returncode != 0:
+        raise SystemExit(f"transformerkit translate failed: {child.stderr.strip()[-500:]}")
+    return seconds, child.stdout.strip()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", nargs="?", help="run directory of a translation model")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--name", default="compiled_step")
+    parser.add_argument("--build-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.build_worker:
+        print(json.dumps(build_worker(json.loads(args.build_worker))))
+        return
+    if args.run is None:
+        parser.error("the run directory (RUN) is required")
+    import torch
+
+    from transformerkit.decoding import aot_step
+
+    run = os.path.abspath(args.run)
+    builds = []
+    with tempfile.TemporaryDirectory() as folder:
+        for bucket in aot_step.BUCKETS:
+            out = common.run_worker(HERE, ["--build-worker", json.dumps(
+                {"run": run, "bucket": bucket, "directory": folder})],
+                {"KERAS_BACKEND": "torch"}, timeout=3600)
+            builds.append(out)
+    with tempfile.TemporaryDirectory() as cache:
+        first = {engine: one_sentence(run, engine, cache) for engine in ENGINES}  # builds
+        best = {engine: None for engine in ENGINES}
+        for round_index in range(args.repeats):
+            order = ENGINES if round_index % 2 == 0 else ENGINES[::-1]
+            for engine in order:
+                seconds, text = one_sentence(run, engine, cache)
+                best[engine] = seconds if best[engine] is None else min(best[engine], seconds)
+                if text != first["keras"][1]:
+                    raise SystemExit(f"{engine} translated {text!r}, keras "
+                                     f"{first['keras'][1]!r}")
+    results = [dict(engine=engine, first_call_seconds=round(first[engine][0], 2),
+                    seconds=round(best[engine], 2)) for engine in ENGINES]
+    payload = {"machine": dict(common.machine(), torch_version=torch.__version__),
+               "run": run, "sentence": SENTENCE, "repeats": args.repeats,
+               "builds": builds, "results": results}
+    lines = ["| what | seconds |", "|---|---:|"]
+    for build in builds:
+        lines.append(f"| build the {build.get('bucket')}-rows package | "
+                     f"{build.get('seconds', build.get('error'))} |")
+    for r in results:
+        lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, first call | "
+                     f"{r['first_call_seconds']} |")
+        lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, packages cached "
+                     f"(best of {args.repeats}) | {r['seconds']} |")
+    common.write_results(args.name, payload, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
