@@ -62,7 +62,9 @@ AOTInductor                ``decoding/aot_step.py``: ``torch._inductor.
                            aoti_compile_and_package`` compiles the exported decoder step
                            into a package and ``aoti_load_package`` loads it (PyTorch's
                            documented AOTInductor entry points, in a private module;
-                           without them the eager step runs, with a warning)
+                           without them the eager step runs, with a warning); a loaded
+                           package's ``loader.boxed_run`` runs a step on its flat inputs
+                           (without it, the package's own call, slower by its pytree work)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training

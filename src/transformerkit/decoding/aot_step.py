@@ -244,14 +244,37 @@ class Packages:
         self.model, self.directory, self._loaded = model, directory, {}
 
     def get(self, bucket):
-        """The loaded package of ``bucket`` (None, warned once, where it cannot be had)."""
+        """The loaded package of ``bucket`` as a step function (None, warned once, where it
+        cannot be had)."""
         if bucket not in self._loaded:
-            self._loaded[bucket] = _load_or_build(self.model, bucket, self.directory)
+            package = _load_or_build(self.model, bucket, self.directory)
+            self._loaded[bucket] = None if package is None else _flat_call(package)
         return self._loaded[bucket]
 
     def for_rows(self, rows):
         """The package for a step of ``rows`` rows (None: the eager step)."""
         return self.get("small" if rows <= SMALL_ROWS else "large")
+
+
+def _flat_call(package):
+    """``package(tokens, index, caches, memories)``, its logits, without the package's own
+    call's per-step work (parsing its input and output specs, flattening and unflattening
+    them: about a third of a one-row step): the tensors handed to its loader's
+    ``boxed_run`` in ``torch.export``'s flattening order. The package's own call where the
+    loader lacks it (:mod:`transformerkit.internals`)."""
+    run = getattr(getattr(package, "loader", None), "boxed_run", None)
+    if run is None:
+        return package
+
+    def step(tokens, index, caches, memories):
+        flat = [tokens, index]
+        for pair in caches:
+            flat.extend(pair)
+        for memory in memories or ():
+            flat.extend(memory)
+        return run(flat)[0]
+
+    return step
 
 
 def _load_or_build(model, bucket, directory):
