@@ -55,6 +55,17 @@ def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
     return ids
 
 
+def stack_step_weights(embedding, positions, blocks, final_norm, precision, packed):
+    """The weights of a stack's inference twin (``decode_step``, ``inference_encode``):
+    the token ``embedding`` table and its scale, the ``positions`` table, each block's
+    ``step_weights(precision, packed)`` and the ``final_norm`` (or None)."""
+    return {"embedding": embedding.embeddings.value,
+            "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
+            "positions": positions.table.value,
+            "blocks": [block.step_weights(precision, packed) for block in blocks],
+            "final_norm": None if final_norm is None else norm_weights(final_norm)}
+
+
 def _position(index, length):
     """The int of a 0-d tensor ``index`` known to be a position of caches of ``length``
     positions (``torch._check``: what lets a captured graph slice ``[:index + 1]``)."""
@@ -292,11 +303,7 @@ class TransformerBase(keras.Model):
         table = embedding.embeddings.value
         bias = self._logits_bias_weight()
         return {"precision": precision,
-                "embedding": table,
-                "embedding_scale": math.sqrt(embedding.d_model) if embedding.scale else 1.0,
-                "positions": positions.table.value,
-                "blocks": [block.step_weights(precision, packed) for block in blocks],
-                "final_norm": None if final_norm is None else norm_weights(final_norm),
+                **stack_step_weights(embedding, positions, blocks, final_norm, precision, packed),
                 "projection": (inference_linear([table], transposed=True, **kind)
                                if projection is None
                                else inference_linear(*kernels_and_biases(projection), **kind)),

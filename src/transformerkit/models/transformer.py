@@ -1,12 +1,16 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (paper figure 1)."""
 
-import math
 
 import keras
 from keras import ops
 
-from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
-from transformerkit.models.base import TransformerBase, check_token_ids, select_positions
+from transformerkit.layers.calls import call_sublayer, normalize
+from transformerkit.models.base import (
+    TransformerBase,
+    check_token_ids,
+    select_positions,
+    stack_step_weights,
+)
 from transformerkit.models.heads import LogitsBias, LogitsProjection
 from transformerkit.models.options import TransformerOptions
 from transformerkit.special_tokens import PAD_ID
@@ -166,14 +170,9 @@ class Transformer(TransformerBase):
         """:meth:`TransformerBase.step_weights` with the encoder's under ``"encoder"`` (for
         :meth:`inference_encode`), every product packed for ``precision``."""
         weights = super().step_weights(precision, packed)
-        weights["encoder"] = {
-            "embedding": self.source_embedding.embeddings.value,
-            "embedding_scale": (math.sqrt(self.source_embedding.d_model)
-                                if self.source_embedding.scale else 1.0),
-            "positions": self.source_positions.table.value,
-            "blocks": [block.step_weights(precision, packed) for block in self.encoder_blocks],
-            "final_norm": None if self.encoder_norm is None else norm_weights(self.encoder_norm),
-        }
+        weights["encoder"] = stack_step_weights(self.source_embedding, self.source_positions,
+                                                self.encoder_blocks, self.encoder_norm,
+                                                precision, packed)
         return weights
 
     def inference_encode(self, source_ids, weights):
