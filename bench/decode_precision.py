@@ -48,19 +48,23 @@ import common  # noqa: E402
 import decode  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "ct2-float32", "ct2-int8")
+SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "tk-compiled-bfloat16",
+           "ct2-float32", "ct2-int8")
 # (search, output tokens, forced)
 WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
              ("beam4", 32, True)]
 
 
 def decoder(run_dir, system, search, tokens, forced, threads):
-    """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION``, ``tk-compiled``: the
-    float32 step compiled ahead of time, or ``ct2-TYPE``)."""
+    """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION``; ``tk-compiled``,
+    ``tk-compiled-bfloat16``: the step compiled ahead of time, float32 or bfloat16; or
+    ``ct2-TYPE``)."""
     if system.startswith("ct2"):
         return decode.ctranslate2_decoder(run_dir, system, search, tokens, forced, threads)
-    if system == "tk-compiled":
-        return decode.transformerkit_decoder(run_dir, search, tokens, "compiled", forced)
+    if system.startswith("tk-compiled"):
+        precision = system.split("-")[2] if system.count("-") == 2 else "float32"
+        return decode.transformerkit_decoder(run_dir, search, tokens, "compiled", forced,
+                                             precision)
     return decode.transformerkit_decoder(run_dir, search, tokens, True, forced,
                                          system.split("-")[1])
 

@@ -6,6 +6,9 @@ where AOTInductor is missing the eager step runs with a warning.
 Each package compiles in 10-30 s on 2 cores, so these are slow tests on small models.
 """
 
+import warnings
+
+import bfloat16_bounds as bounds
 import keras
 import numpy as np
 import pytest
@@ -79,6 +82,43 @@ def test_compiled_steps_equal_the_eager_steps(transformer):
                 tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
                                   f"{len(source)} rows, step {index}")
     assert compiled.runner() is not None  # compiled, not the eager fallback
+
+
+def test_compiled_bfloat16_steps_stay_within_the_bfloat16_bound(transformer):
+    """``precision="bfloat16"``: the compiled step's logits (bfloat16 products as Inductor
+    packs them, or float32 ones on rounded weights where oneDNN has no bfloat16 units) stay
+    within the bfloat16 decoding bound of the eager float32 step's, as the eager bfloat16
+    step's do; the package is its own (the precision is part of its key), and building it
+    leaves the keys as they were (the compiler once added entries to the options it was
+    given, renaming every later package of the process)."""
+    import torch
+
+    from transformerkit.decoding import aot_step
+    from transformerkit.decoding.steps import make_steps
+
+    keys = {p: aot_step.package_key(transformer, "small", p) for p in aot_step.PRECISIONS}
+    assert keys["float32"] != keys["bfloat16"]
+    source = SOURCE[:2]
+    compiled = make_steps(transformer, "compiled", "bfloat16")
+    float32 = make_steps(transformer, True, "float32")
+    eager16 = make_steps(transformer, True, "bfloat16")
+    buffer = np.random.default_rng(1).integers(3, 30, (len(source), 9)).astype("int32")
+    logits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # bfloat16 emulated on this CPU
+        for name, steps in (("compiled", compiled), ("float32", float32), ("eager", eager16)):
+            with torch.no_grad():
+                state, static = steps.start(source, 9)
+                logits[name] = np.stack([steps.step(buffer, i, state, static)[0].numpy()
+                                         for i in range(8)], 1)
+    assert compiled.runner() is not None  # compiled, not the eager fallback
+    expected = logits["float32"]
+    atol = bounds.decoding_atol(transformer, expected,
+                                tol.model_roundings(transformer, SOURCE.shape[1], 9))
+    for name in ("compiled", "eager"):
+        tol.assert_within(logits[name], expected, atol, f"{name} bfloat16")
+    assert np.abs(logits["compiled"] - expected).max() > 0  # bfloat16 did change the products
+    assert {p: aot_step.package_key(transformer, "small", p) for p in keys} == keys
 
 
 def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transformer,
@@ -196,7 +236,7 @@ def test_a_run_translates_with_the_compiled_engine(tmp_path, capsys):
     assert cli.main(["translate", str(tmp_path / "run"), texts[0], "--beam", "1",
                      "--engine", "compiled"]) == 0
     assert capsys.readouterr().out.splitlines() == [expected[0]]
-    with pytest.raises(ValueError, match="the compiled engine runs float32"):
+    with pytest.raises(ValueError, match="the compiled engine runs float32 or bfloat16"):
         run.translate(texts[0], engine="compiled", precision="int8")
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

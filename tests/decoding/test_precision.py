@@ -19,7 +19,7 @@ Bounds (the notation of ``tests/support/tolerances.py``):
   one step: ``dx * sum_k |w_k|`` per output, plus float32 rounding of the scaled input, the
   dequantized sums and the scaling back (``gamma(k + 4)``).
 - **A decoding** is a chain of products (the longest path through the model, counted by
-  :func:`products_on_longest_path`) with float32 between them: as
+  :func:`bfloat16_bounds.products_on_longest_path`) with float32 between them: as
   :func:`tol.chain_atol` counts float32 roundings relative to ``max(|result|, 1)``, each
   product counts as three bfloat16 roundings (input, weight, output), or for int8 as one
   error of relative size ``2 / levels`` (the input) plus ``1 / 254`` (the weight).
@@ -34,6 +34,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import bfloat16_bounds as bounds
 import tolerances as tol
 from cpu_families import FAMILIES, inject
 from near_ties import assert_same_ids_or_near_tie
@@ -252,26 +253,15 @@ def test_fused_relu_and_bfloat16_outputs_give_the_same_numbers(product, rng, mon
 
 # -- whole decodings ---------------------------------------------------------------------------
 
-def products_on_longest_path(model):
-    """Products along the longest path of a decoder step: per encoder block the value and
-    output projections and the two of the feed-forward (4); per decoder block the
-    self-attention's two, the cross-attention's two (the memory's value projection or the
-    query, then the output) and the feed-forward's two (6); the output projection."""
-    decoder_layers = getattr(model, "num_decoder_layers", None) or model.num_layers
-    return 4 * model.num_layers + 6 * decoder_layers + 1
-
-
 def chain_atol(model, precision, levels, result):
     """A decoding's logits at ``precision`` against float32's (module docstring)."""
-    n = products_on_longest_path(model)
+    roundings = tol.model_roundings(model, 12, 12)
     if precision == "bfloat16":
-        relative = gamma16(3 * n)
-    else:
-        unit = 2 / levels + 1 / 254
-        relative = n * unit / (1 - n * unit)
+        return bounds.decoding_atol(model, result, roundings)
+    n = bounds.products_on_longest_path(model)
+    unit = 2 / levels + 1 / 254
     magnitude = max(float(np.abs(result).max()), 1.0)
-    return relative * magnitude + tol.chain_atol(tol.model_roundings(model, 12, 12), result,
-                                                 paths=2)
+    return n * unit / (1 - n * unit) * magnitude + tol.chain_atol(roundings, result, paths=2)
 
 
 @pytest.fixture(autouse=True)
@@ -572,6 +562,40 @@ def test_int8_input_range_for_each_cpu_family(monkeypatch, family, cap):
         warnings.simplefilter("ignore", RuntimeWarning)  # int8 emulated on this PyTorch
         weights = lowprec.pack(kernel, None, "int8")
     assert lowprec.activation_levels(weights.extra) == (255 if cpu.has("vnni") else 127)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
+    """The compiled step's bfloat16 weights (``inference_linear(..., packed=False)``, which
+    the compiler packs itself): plain bfloat16 for ``addmm`` where the family has bfloat16
+    units, else float32 holding the bfloat16-rounded values (a compiled bfloat16 ``addmm``
+    would run PyTorch's slow loop there), with a warning; the same numbers either way.
+    int8 has packed weights only."""
+    import torch
+
+    from transformerkit.kernels import lowprec, products
+
+    cpu = inject(monkeypatch, family)
+    set_onednn_cap(monkeypatch, None)
+    monkeypatch.setattr(lowprec, "_warned", set())
+    kernel = torch_tensor((np.arange(12, dtype=np.float32).reshape(3, 4) - 5) / 3)
+    bias = torch_tensor(np.array([0.1, -0.2, 0.3, 0.7], np.float32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        weights = products.inference_linear([kernel], [bias], precision="bfloat16",
+                                            packed=False)
+    if cpu.has("bfloat16"):
+        assert weights.kind == "bfloat16-mm" and weights.weight.dtype == torch.bfloat16
+        assert not caught
+    else:
+        assert weights.kind == "bfloat16-emulated" and weights.weight.dtype == torch.float32
+        assert any("emulated at float32 speed" in str(w.message) for w in caught)
+    np.testing.assert_array_equal(weights.weight.float().numpy(),
+                                  kernel.to(torch.bfloat16).float().numpy())
+    np.testing.assert_array_equal(weights.bias.float().numpy(),
+                                  bias.to(torch.bfloat16).float().numpy())
+    with pytest.raises(ValueError, match="int8 has packed weights only"):
+        products.inference_linear([kernel], precision="int8", packed=False)
 
 
 def test_the_families_tell_the_decisions_apart():

@@ -93,3 +93,23 @@ def update_atol(stores, float32_roundings, learning_rate, steps, gradient_scale,
     are of that size, its entries at most that), to first order."""
     relative = gamma_bf16(stores) + tol.gamma(float32_roundings)
     return paths * steps * learning_rate * relative * gradient_scale
+
+
+def products_on_longest_path(model):
+    """Products along the longest path of a decoder step: per encoder block the value and
+    output projections and the two of the feed-forward (4); per decoder block the
+    self-attention's two, the cross-attention's two (the memory's value projection or the
+    query, then the output) and the feed-forward's two (6); the output projection."""
+    decoder_layers = getattr(model, "num_decoder_layers", None) or model.num_layers
+    return 4 * model.num_layers + 6 * decoder_layers + 1
+
+
+def decoding_atol(model, result, float32_roundings):
+    """A decoding's logits with bfloat16 products (``kernels/lowprec.py``: each product
+    rounds its input, its weight and its output to bfloat16, three roundings, and sums in
+    float32) against float32's: the products on the longest path
+    (:func:`products_on_longest_path`) at three roundings each, relative to ``max(|result|,
+    1)``, plus two float32 paths' ``float32_roundings``."""
+    magnitude = max(float(np.max(np.abs(np.asarray(result, np.float64)), initial=0.0)), 1.0)
+    return (gamma_bf16(3 * products_on_longest_path(model)) * magnitude
+            + tol.chain_atol(float32_roundings, result, paths=2))

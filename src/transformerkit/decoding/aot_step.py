@@ -9,9 +9,13 @@ library that the loop calls once per step:
 - **the same math**: ``decode_step`` with its position given as a 0-d tensor, whose
   value the graph reads as a symbolic int: the same code writes the new key and value into
   the caches in place and attends over their filled prefix;
-- **weights as constants**: plain float32 ``(kernel, bias)`` tensors
-  (``step_weights(packed=False)``), frozen (``freezing``), so the compiler packs the
-  products' weights for its own kernels;
+- **weights as constants**: plain tensors (``step_weights(precision, packed=False)``),
+  frozen (``freezing``), so the compiler packs the products' weights for its own kernels:
+  float32 ``(kernel, bias)``, or at ``precision="bfloat16"`` bfloat16 ones whose ``addmm``
+  Inductor runs on oneDNN's bfloat16 kernels (AVX512-BF16 or AMX units: the rounding of
+  the eager bfloat16 step, its input, weight and output to bfloat16 with float32 sums;
+  where the CPU has no such units, float32 products of the rounded weights, as the eager
+  step emulates them);
 - **dynamic shapes**: the rows, the cache length and the source length vary. A beam
   search's rows each get their own copy of their sentence's cross-attention memory (the
   eager step shares one per sentence), so one graph serves every search. Packages are
@@ -28,7 +32,9 @@ Where AOTInductor or its C++ compiler is missing, or the model cannot be capture
 :class:`CompiledSteps` says so once, in one line, and runs the eager step instead.
 
 The encoder pass, the search (log-softmax, arg-max, the beam's bookkeeping) and the beam's
-cache reordering stay eager. float32 only.
+cache reordering stay eager (the encoder's products at the same precision). int8 has no
+compiled form: its per-row dynamic quantization is a packed library kernel the compiler
+cannot capture (the keras engine runs it).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
 aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
@@ -54,6 +60,7 @@ SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # bucket -> (rows of the example the products are chosen for, Inductor's options)
 BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}),
            "large": (64, {"freezing": True})}
+PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
 FORMAT = 3  # the layout of a package's inputs; a change makes every cached package stale
 
 
@@ -65,15 +72,18 @@ def cache_directory():
     return os.path.join(root, "compiled")
 
 
-def package_key(model, bucket="small"):
-    """The hex digest naming ``model``'s step package for the row ``bucket``: its weights'
+def package_key(model, bucket="small", precision="float32"):
+    """The hex digest naming ``model``'s step package for the row ``bucket`` and the
+    products' ``precision``: its weights'
     bytes, its options, the package format and options, PyTorch's
     version and the CPU's flags (a package runs the kernels chosen for the CPU it was built
     on)."""
     import torch
 
+    model._ensure_built()  # a model built lazily lists its weights once built
     digest = hashlib.sha256()
     digest.update(json.dumps({"format": FORMAT, "bucket": BUCKETS[bucket],
+                              "precision": precision,
                               "torch": torch.__version__,
                               "class": type(model).__name__,
                               # the model's options, not Keras' get_config: that holds the
@@ -91,13 +101,13 @@ def package_key(model, bucket="small"):
     return digest.hexdigest()[:32]
 
 
-def _step_module(model):
+def _step_module(model, precision="float32"):
     """``model.decode_step`` as a ``torch.nn.Module`` for ``torch.export``: its weights
-    (float32, unpacked) as buffers, one memory per row."""
+    (at ``precision``, unpacked) as buffers, one memory per row."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    weights = model.step_weights("float32", packed=False)
+    weights = model.step_weights(precision, packed=False)
     weights.pop("encoder", None)  # the encoder pass runs eagerly
     leaves, spec = tree_flatten(weights)
 
@@ -147,9 +157,10 @@ def _example_inputs(model, seq2seq, rows=2):
     return (tokens, index, caches, memories), ({0: row_dim}, None, cache_dims, memory_dims)
 
 
-def build_package(model, bucket, path):
-    """Capture ``model``'s step and compile it for the row ``bucket`` into the package
-    ``path`` (written atomically). Returns the seconds it took."""
+def build_package(model, bucket, path, precision="float32"):
+    """Capture ``model``'s step with its products at ``precision`` and compile it for the
+    row ``bucket`` into the package ``path`` (written atomically). Returns the seconds it
+    took."""
     import torch
 
     started = time.perf_counter()
@@ -157,14 +168,15 @@ def build_package(model, bucket, path):
     rows, configs = BUCKETS[bucket]
     inputs, dims = _example_inputs(model, seq2seq, rows)
     with torch.no_grad():
-        program = torch.export.export(_step_module(model), inputs,
+        program = torch.export.export(_step_module(model, precision), inputs,
                                       dynamic_shapes=dims, strict=False)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle, partial = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(path))
         os.close(handle)
         try:
             internals.get("aoti_compile_and_package")(
-                program, package_path=partial, inductor_configs=configs)
+                program, package_path=partial,
+                inductor_configs=dict(configs))  # a copy: the compiler adds entries to it
             os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
             os.replace(partial, path)
         finally:
@@ -181,8 +193,9 @@ class CompiledSteps(EagerSteps):
     why."""
 
     def __init__(self, model, precision="float32", directory=None):
-        if precision != "float32":
-            raise ValueError(f"the compiled step runs float32 only; got precision {precision}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"the compiled step runs {' or '.join(PRECISIONS)}; got "
+                             f"precision {precision}")
         super().__init__(model, precision)
         self.directory = directory or cache_directory()
         self._run = None  # the package of the batch being decoded (start)
@@ -193,11 +206,11 @@ class CompiledSteps(EagerSteps):
         version counters)."""
         versions = tuple(internals.tensor_version(v.value) for v in self.model.weights)
         loaded = _RUNNERS.setdefault(self.model, {})
-        if self.directory not in loaded or loaded[self.directory][0] != versions \
-                or None in versions:
-            packages = Packages(self.model, self.directory)
-            loaded[self.directory] = (versions, packages if packages.get("small") else None)
-        return loaded[self.directory][1]
+        where = (self.directory, self.precision)
+        if where not in loaded or loaded[where][0] != versions or None in versions:
+            packages = Packages(self.model, self.directory, self.precision)
+            loaded[where] = (versions, packages if packages.get("small") else None)
+        return loaded[where][1]
 
     def start(self, *args, **kwargs):
         """:meth:`EagerSteps.start`, with every memory's ``keep`` a tensor (the package's
@@ -240,14 +253,15 @@ class Packages:
     """A model's step packages by row bucket, each loaded (or built) when a step first
     needs it: a one-sentence translation never loads the many-rows one."""
 
-    def __init__(self, model, directory):
-        self.model, self.directory, self._loaded = model, directory, {}
+    def __init__(self, model, directory, precision="float32"):
+        self.model, self.directory, self.precision = model, directory, precision
+        self._loaded = {}
 
     def get(self, bucket):
         """The loaded package of ``bucket`` as a step function (None, warned once, where it
         cannot be had)."""
         if bucket not in self._loaded:
-            package = _load_or_build(self.model, bucket, self.directory)
+            package = _load_or_build(self.model, bucket, self.directory, self.precision)
             self._loaded[bucket] = None if package is None else _flat_call(package)
         return self._loaded[bucket]
 
@@ -277,7 +291,7 @@ def _flat_call(package):
     return step
 
 
-def _load_or_build(model, bucket, directory):
+def _load_or_build(model, bucket, directory, precision="float32"):
     """The callable package of ``model``'s step for the row ``bucket``, loaded from
     ``directory`` or built there; None (with a warning) where it cannot be."""
     import sys
@@ -285,7 +299,7 @@ def _load_or_build(model, bucket, directory):
     load = internals.get("aoti_load_package")
     if load is None or internals.get("aoti_compile_and_package") is None:
         return _fallback("this PyTorch has no AOTInductor")
-    path = os.path.join(directory, f"step-{package_key(model, bucket)}.pt2")
+    path = os.path.join(directory, f"step-{package_key(model, bucket, precision)}.pt2")
     if os.path.exists(path):
         try:
             return load(path)
@@ -295,7 +309,7 @@ def _load_or_build(model, bucket, directory):
     print(f"transformerkit: compiling the decoder step ({bucket} steps) ...",
           file=sys.stderr, flush=True)
     try:
-        seconds = build_package(model, bucket, path)
+        seconds = build_package(model, bucket, path, precision)
         run = load(path)
     except Exception as error:  # no compiler, or a model torch.export cannot capture
         reason = str(error).strip().splitlines()

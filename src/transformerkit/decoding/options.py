@@ -172,8 +172,8 @@ class GenerationOptions(_Checked):
 ENGINES = ("keras", "compiled", "ctranslate2")
 # the precisions the CTranslate2 engine takes at run time: its own is chosen at export
 CTRANSLATE2_PRECISIONS = ("float32", "auto")
-# the compiled step's (decoding/aot_step.py): float32 (auto chooses it)
-COMPILED_PRECISIONS = ("float32", "auto")
+# the compiled step's (decoding/aot_step.py): its products are float32 or bfloat16
+COMPILED_PRECISIONS = ("float32", "bfloat16", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,10 +190,11 @@ class RuntimeOptions(_Checked):
                               "cached on disk); ctranslate2: the run's CTranslate2 export "
                               "(RUN/ctranslate2, written on first use)")
     precision: str = option("float32", choices=DECODE_PRECISIONS,
-                            help="the keras engine's Dense products: float32, bfloat16 (faster "
-                                 "products on CPUs with AVX512-BF16 or AMX), int8 (dynamic "
-                                 "quantization) or auto (bfloat16 where the CPU has bfloat16 "
-                                 "units, else float32); CTranslate2's is chosen at export")
+                            help="the Dense products of the keras and compiled engines: "
+                                 "float32, bfloat16 (faster products on CPUs with AVX512-BF16 "
+                                 "or AMX), int8 (keras engine: dynamic quantization) or auto "
+                                 "(bfloat16 where the CPU has bfloat16 units, else float32); "
+                                 "CTranslate2's is chosen at export")
     threads: int = option(0, minimum=0,
                           help="the ctranslate2 engine's threads (intra_threads; 0: its "
                                "default)")
@@ -210,7 +211,7 @@ class RuntimeOptions(_Checked):
                              "export --quantization)")
         if self.engine == "compiled" and self.precision not in COMPILED_PRECISIONS:
             raise ValueError(f"precision {self.precision} applies to the keras engine; the "
-                             "compiled engine runs float32")
+                             "compiled engine runs float32 or bfloat16")
         if not self.checkpoint:
             raise ValueError("checkpoint must name the weights: model, best, averaged, a file "
                              "in RUN/checkpoints or a .keras path")

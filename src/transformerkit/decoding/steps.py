@@ -55,15 +55,14 @@ def make_steps(model, use_cache=True, precision="float32"):
     cached steps are tested against).
     ``precision``: the products' precision (``float32``, ``bfloat16``, ``int8`` or ``auto``:
     :func:`transformerkit.kernels.lowprec.resolve`), carried by the step's weights; other
-    than float32 only for :class:`EagerSteps`, else a clear ``ValueError``.
+    than float32 only for :class:`EagerSteps` and (bfloat16) :class:`CompiledSteps`, else a
+    clear ``ValueError``.
     """
     from transformerkit.kernels.lowprec import resolve
 
     if use_cache not in CACHE_MODES:
         raise ValueError(f"use_cache must be True, 'compiled', 'keras' or False; got "
                          f"{use_cache!r}")
-    if use_cache == "compiled" and precision == "auto":
-        precision = "float32"  # the compiled step's one precision
     precision = resolve(precision)[0]
     if use_cache == "compiled":
         if is_eager_loop() and EagerSteps.supports(model):

@@ -119,6 +119,26 @@ def _pack_bfloat16(weight, bias):
                               None if bias is None else low_bias.float())
 
 
+def plain_bfloat16(weight, bias):
+    """``weight`` ``(d_out, d_in)`` float32 and ``bias`` ``(d_out,)`` or None as plain
+    tensors for a compiler that packs them itself (``decoding/aot_step.py``): bfloat16 for
+    ``addmm`` (kind ``bfloat16-mm``: the same roundings as the packed kernel's), or on a CPU
+    whose oneDNN has no bfloat16 units the ``bfloat16-emulated`` float32 form (a compiled
+    bfloat16 ``addmm`` would run PyTorch's slow bfloat16 loop there; a warning says so once)."""
+    import torch
+
+    with torch.no_grad():
+        low_bias = None if bias is None else bias.to(torch.bfloat16)
+        usable, reason = precisions.bfloat16_units()
+        if weight.device.type != "cpu" or usable:
+            return LowPrecisionLinear("bfloat16-mm", weight.t().to(torch.bfloat16).contiguous(),
+                                      low_bias)
+        _warn_once("bfloat16", f"bfloat16 products are emulated at float32 speed ({reason})")
+        return LowPrecisionLinear("bfloat16-emulated",
+                                  weight.to(torch.bfloat16).float().t().contiguous(),
+                                  None if bias is None else low_bias.float())
+
+
 def int8_weights(weight):
     """``(values, scales)`` of ``weight`` ``(d_out, d_in)`` float32 quantized per output
     channel: ``scales`` ``(d_out,)`` = ``max |w| / 127`` (1 for an all-zero channel) and

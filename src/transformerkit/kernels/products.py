@@ -146,8 +146,9 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
     ``precision``: ``float32``, ``bfloat16`` or ``int8`` (resolved: :func:`~transformerkit.
     kernels.lowprec.resolve`), a value the caller passes (the decoder's and encoder's
     ``step_weights(precision)``); ``Dense`` layers called under ``torch.no_grad`` take
-    float32. ``packed=False`` (float32 only): plain ``(kernel, bias)``, for a compiler
-    that packs them itself. For float32 weights on a CPU where that pays
+    float32. ``packed=False`` (float32 and bfloat16): plain tensors for a compiler that
+    packs them itself, ``(kernel, bias)`` in float32 and a ``bfloat16-mm``
+    :class:`~transformerkit.kernels.lowprec.LowPrecisionLinear` (``addmm`` in bfloat16). For float32 weights on a CPU where that pays
     (:func:`_packs_float32`: PyTorch has oneDNN, as its x86 builds do, and the CPU is not
     Intel's, whose MKL products ``addmm`` runs are the faster there), the matrix is packed
     once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen
@@ -165,11 +166,11 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
                          f"int8); got {precision!r}")
     if kernels[0].dtype != torch.float32:
         precision = "float32"
-    if not packed and precision != "float32":
-        raise ValueError(f"precision {precision} has packed weights only")
-    packing = precision != "float32" or (packed and kernels[0].device.type == "cpu"
-                                         and kernels[0].dtype == torch.float32
-                                         and _packs_float32())
+    if not packed and precision == "int8":
+        raise ValueError("precision int8 has packed weights only")
+    packing = packed and (precision != "float32" or (kernels[0].device.type == "cpu"
+                                                     and kernels[0].dtype == torch.float32
+                                                     and _packs_float32()))
     if packing:
         versions = tuple((id(t), internals.tensor_version(t))
                          for t in [*kernels, *biases] if t is not None)
@@ -184,6 +185,8 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
             kernel = kernels[0].t()
         else:
             kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, 1)
+        if not packed and precision == "bfloat16":
+            return lowprec.plain_bfloat16(kernel.t(), bias)
         if not packing:
             return kernel.contiguous(), bias
         if precision == "float32":
