@@ -380,7 +380,8 @@ def test_resume_with_the_original_config_is_exact(tmp_path):
         f.write("".join(" ".join(GERMAN) + f"\t{' '.join(ENGLISH)}\n" for _ in range(4)))
     keys = {"data.max_length": "null", "train.epochs": 2, "train.bleu_every": "null",
             "train.early_stopping_metric": "val_loss", "train.patience": "null",
-            "train.samples": 0, "train.checkpoint_every": 1, "data.batch_size": 4}
+            "train.samples": 0, "train.checkpoint_every": 1, "data.batch_size": 4,
+            "train.cooldown": 0}  # max_steps stands for an interruption: no cooldown to it
     config = load_config(OPUS_CONFIG, opus_overrides(str(base), tsv, **keys))
     assert config.data.max_length is None and config.model["max_length"] == 256
     straight = train(config, tmp_path / "straight")

@@ -54,8 +54,9 @@ def test_resume_inside_an_epoch_is_exact(tmp_path):
     train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10), straight)
 
     stopped = tmp_path / "stopped"
-    metrics = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10, max_steps=8),
-                    stopped)
+    # max_steps stands for an interruption here: no cooldown towards it
+    metrics = train(_config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10, max_steps=8,
+                            cooldown=0), stopped)
     assert metrics["stopped_by"] == "max_steps" and metrics["steps"] == 8
     state = json.loads((stopped / "checkpoints" / "latest.json").read_text())
     assert (state["epoch"], state["batch"], state["step"]) == (1, 2, 8)  # 6 batches per epoch
@@ -82,7 +83,7 @@ def test_a_stop_at_an_epochs_end_resumes_exactly(tmp_path):
     straight = tmp_path / "straight"
     train(_config(tmp_path), straight)
     stopped = tmp_path / "stopped"
-    metrics = train(_config(tmp_path, max_steps=6), stopped)
+    metrics = train(_config(tmp_path, max_steps=6, cooldown=0), stopped)  # an interruption
     assert metrics["stopped_by"] == "max_steps" and metrics["steps"] == 6
     state = json.loads((stopped / "checkpoints" / "latest.json").read_text())
     assert (state["epoch"], state["batch"]) == (1, 0)
@@ -90,6 +91,42 @@ def test_a_stop_at_an_epochs_end_resumes_exactly(tmp_path):
     assert train(_config(tmp_path), stopped, resume=True)["steps"] == 12
     for a, b in zip(_weights(straight / "model.keras"), _weights(stopped / "model.keras"),
                     strict=True):  # exact: the same steps, kernels and order, resumed
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_interrupted_run_resumes_its_cooldown_exactly(tmp_path, monkeypatch):
+    """A run of max_steps 12 cools its rate down to zero over its last fifth; interrupted
+    after update 9 (an exception out of ``train``, as a kill leaves it: the checkpoint of
+    update 8 kept) and resumed, it ends with the straight run's weights and rate, bit for
+    bit."""
+    from transformerkit.training import callbacks
+
+    straight = tmp_path / "straight"
+    config = _config(tmp_path, checkpoint_every=2, checkpoints_to_keep=10, max_steps=12)
+    done = train(config, straight)
+    assert done["cooldown_end"] == 12 and done["final_learning_rate"] == 0.0
+    assert done["cooldown_start"] == 10  # round(0.8 * 12)
+
+    class Killed(Exception):
+        pass
+
+    batch_end = callbacks.StopConditions.on_train_batch_end
+
+    def interrupt(self, batch, logs=None):
+        batch_end(self, batch, logs)
+        if callbacks.optimizer_steps(self.model.optimizer) == 9:
+            raise Killed
+
+    stopped = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        patch.setattr(callbacks.StopConditions, "on_train_batch_end", interrupt)
+        with pytest.raises(Killed):
+            train(config, stopped)
+    assert json.loads((stopped / "checkpoints" / "latest.json").read_text())["step"] == 8
+    resumed = train(config, stopped, resume=True)
+    assert (resumed["steps"], resumed["final_learning_rate"]) == (12, 0.0)
+    for a, b in zip(_weights(straight / "model.keras"), _weights(stopped / "model.keras"),
+                    strict=True):  # exact: the same rates, steps and order, resumed
         np.testing.assert_array_equal(a, b)
 
 

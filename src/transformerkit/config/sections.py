@@ -36,6 +36,7 @@ STOPPING_METRICS = ("val_loss", "val_bleu", "val_accuracy")
 TRAIN_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")  # Keras dtype policies
 TRAIN_PRECISIONS = ("auto", *TRAIN_POLICIES)  # train.precision: auto is resolved per machine
 OPTIMIZERS = ("paper", "adamw_cosine")
+COOLDOWN_SHAPES = ("linear", "1-sqrt")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 DATASETS = ("multi30k", "parallel", "tsv", "files", "text", "ted_hrlr")
 DATA_DIR_DATASETS = ("multi30k", "text")  # the datasets that read the data directory
@@ -218,6 +219,15 @@ class TrainOptions(_Section):
     optimizer: str = option("paper", choices=OPTIMIZERS,
                             help="paper: Adam(0.9, 0.98, 1e-9) on the warmup schedule; "
                                  "adamw_cosine: nanoGPT's AdamW, warmup, cosine decay")
+    cooldown: float | None = option(None, minimum=0.0, maximum=1.0,
+                                    help="share of the run's last updates over which the "
+                                         "learning rate falls to zero, fitted to the end of "
+                                         "train.time_budget (from the measured update rate) "
+                                         "or max_steps (null: 0.2 for the paper optimizer "
+                                         "with a time budget or max_steps, else 0; 0: off)")
+    cooldown_shape: str = option("linear", choices=COOLDOWN_SHAPES,
+                                 help="the cooldown's factor on the schedule: linear (1 - p) "
+                                      "or 1-sqrt (1 - sqrt(p)), p its progress 0 -> 1")
     min_learning_rate: float | None = option(None, above=0.0,
                                              help="adamw_cosine: where the cosine decay ends, "
                                                   "at the run's last step (null: "

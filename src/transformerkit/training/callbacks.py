@@ -53,10 +53,13 @@ class RunCheckpoint(keras.callbacks.Callback):
             same (the monitored value is rank 0's); rank 0 alone writes, after gathering
             every rank's global RNG state into ``latest.json`` (``rank_rng``, with
             ``world_size``) so that each rank resumes exactly.
+        budget: a function giving the seconds of the time budget used so far
+            (``StopConditions.elapsed``), written as ``budget_seconds``; None: no budget.
     """
 
     def __init__(self, directory, keep=2, monitor="val_loss", best=None, every=None,
-                 patience=None, wait=0, epoch_batches=None, resume_at=None, group=None):
+                 patience=None, wait=0, epoch_batches=None, resume_at=None, group=None,
+                 budget=None):
         super().__init__()
         from transformerkit.training.processes import ProcessGroup
 
@@ -69,6 +72,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.every, self.patience, self.wait = every, patience, int(wait or 0)
         self.epoch_batches = epoch_batches
         self.resume_at = resume_at
+        self.budget = budget
         self.stopped_early = False
         self._epoch, self._batches, self._last_step = 0, 0, None
         self._batch_end_rng = None
@@ -129,7 +133,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         state = CheckpointState(checkpoint=name, epoch=epoch, batch=batch,
                                 step=optimizer_steps(self.model.optimizer), sha256=digest,
                                 best=self.best, monitor=self.monitor, wait=self.wait,
-                                global_rng=rng[0])
+                                global_rng=rng[0],
+                                budget_seconds=None if self.budget is None
+                                else round(self.budget(), 3))
         if self.group.distributed:
             state = state.replace(world_size=self.group.size, rank_rng=rng)
         atomic_write_text(self.directory.state, json.dumps(state.to_json(), indent=1))
@@ -282,10 +288,35 @@ class EpochTimer(keras.callbacks.Callback):
             logs["epoch_seconds"] = round(time.monotonic() - self._start, 1)
 
 
+class LearningRateLog(keras.callbacks.Callback):
+    """Adds ``learning_rate``, the rate the next update would use, to each epoch's logs
+    (``history.csv``, TensorBoard): where a stopped run's schedule stood."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            rate = self.model.optimizer.learning_rate
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
+
+
 class StopConditions(keras.callbacks.Callback):
     """Stops ``fit`` after ``max_steps`` optimizer steps or ``time_budget`` seconds, checked
     after every optimizer update (with gradient accumulation: never between the batches of
     one update). ``stopped_by`` says which rule fired (or None).
+
+    With a time budget and a :class:`~transformerkit.training.schedules.Cooldown`, the
+    cooldown is fitted to the budget: at the updates :func:`is_retarget_point` names the run's
+    length is estimated from the measured update rate (the updates since the first one of
+    this ``fit``, which pays for building the step, over their seconds; evaluation pauses
+    included) as ``step + rate * seconds left``, and the cooldown retargeted to end there
+    (where that moves its end by more than 1% or 2 updates; several processes use rank 0's
+    estimate, so they keep one schedule). A run whose cooldown has ended before the budget
+    stops there (``stopped_by`` ``cooldown_end``: the rate is zero). A train function that
+    was compiled with the old window (JAX and TensorFlow graphs, ``torch.compile``) is
+    rebuilt after a retarget.
+
+    ``elapsed``: budget seconds a resumed run used before (its checkpoint's
+    ``budget_seconds``): the budget is the whole run's, resumes included. ``clock``: the
+    seconds function (``time.monotonic``).
 
     A rule that fires at an epoch's last batch stops ``fit`` at the epoch's end instead
     (``on_epoch_end``), so the epoch ends as in a run that goes on: Keras' data iterator
@@ -294,16 +325,43 @@ class StopConditions(keras.callbacks.Callback):
     state (exact resume).
     """
 
-    def __init__(self, max_steps=None, time_budget=None):
+    def __init__(self, max_steps=None, time_budget=None, cooldown=None, group=None,
+                 elapsed=0.0, clock=time.monotonic):
         super().__init__()
+        from transformerkit.training.processes import ProcessGroup
+
         self.max_steps, self.time_budget = max_steps, time_budget
+        self.cooldown = cooldown
+        fitted = cooldown if time_budget is not None else None
+        self._fitted = fitted  # the cooldown the budget retargets (None: none, or no budget)
+        self.group = group or ProcessGroup()
         self.stopped_by = None
-        self._start = self._last_step = None
+        self.retargets = 0
+        self._before = float(elapsed or 0.0)
+        self._clock = clock
+        self._start = self._last_step = self._first = None
         self._stop_at_epoch_end = False
+
+    def elapsed(self):
+        """Seconds of the budget used so far, resumes included."""
+        if self._start is None:
+            return self._before
+        return self._before + self._clock() - self._start
+
+    def exhausted(self, step):
+        """Whether a run at update ``step`` (resumed) has nothing left to train: its
+        ``max_steps``, its cooldown or its budget spent (``stopped_by`` says which)."""
+        if self.max_steps is not None and step >= self.max_steps:
+            self.stopped_by = "max_steps"
+        elif self._fitted is not None and step >= self._fitted.end:
+            self.stopped_by = "cooldown_end"
+        elif self.time_budget is not None and self._before >= self.time_budget:
+            self.stopped_by = "time_budget"
+        return self.stopped_by is not None
 
     def on_train_begin(self, logs=None):
         if self._start is None:  # a resume inside an epoch calls fit twice
-            self._start = time.monotonic()
+            self._start = self._clock()
         self._last_step = optimizer_steps(self.model.optimizer)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -311,10 +369,16 @@ class StopConditions(keras.callbacks.Callback):
         if step == self._last_step:
             return  # inside an update
         self._last_step = step
+        if self._first is None:
+            self._first = (step, self.elapsed())
         if self.max_steps is not None and step >= self.max_steps:
             self.stopped_by = "max_steps"
-        elif self.time_budget is not None and time.monotonic() - self._start >= self.time_budget:
+        elif self._fitted is not None and step >= self._fitted.end:
+            self.stopped_by = "cooldown_end"
+        elif self.time_budget is not None and self.elapsed() >= self.time_budget:
             self.stopped_by = "time_budget"
+        elif self._fitted is not None and is_retarget_point(step, self._first[0]):
+            self._retarget(step)
         if self.stopped_by:
             steps = (self.params or {}).get("steps")
             if steps is not None and batch + 1 >= steps:
@@ -322,10 +386,33 @@ class StopConditions(keras.callbacks.Callback):
             else:
                 self.model.stop_training = True
 
+    def _retarget(self, step):
+        first_step, first_seconds = self._first
+        seconds = self.elapsed() - first_seconds
+        end = None
+        if step > first_step and seconds > 0:
+            rate = (step - first_step) / seconds
+            end = int(step + rate * max(self.time_budget - self.elapsed(), 0.0))
+        end = self.group.broadcast(end, "the cooldown's end")
+        if end is None or abs(end - self.cooldown.end) <= max(2, 0.01 * self.cooldown.end):
+            return
+        self.cooldown.retarget(step, end)
+        self.retargets += 1
+        if keras.backend.backend() != "torch" or self.model.jit_compile:
+            self.model.make_train_function(force=True)  # traced with the old window
+
     def on_epoch_end(self, epoch, logs=None):
         if self._stop_at_epoch_end:
             self._stop_at_epoch_end = False
             self.model.stop_training = True
+
+
+def is_retarget_point(step, first):
+    """Whether a time-budgeted cooldown is retargeted after update ``step``, ``first`` being
+    the first update of this ``fit``: 16, 32 and 64 updates after it, then every 64th, so
+    that the estimate is made early and kept current to the end."""
+    k = step - first
+    return k in (16, 32) or (k >= 64 and k % 64 == 0)
 
 
 class NonFiniteLoss(keras.callbacks.Callback):

@@ -28,6 +28,8 @@ class CheckpointState:
         global_rng: the backend's global RNG state of rank 0 (base64 text), or None.
         world_size: the processes of the run that wrote it.
         rank_rng: every rank's global RNG state, for a run of several processes.
+        budget_seconds: seconds of ``train.time_budget`` used so far (None: no budget), so
+            that a resumed run has the rest of it and continues its cooldown's schedule.
     """
 
     checkpoint: str
@@ -41,6 +43,7 @@ class CheckpointState:
     global_rng: str | None = None
     world_size: int = 1
     rank_rng: list | None = None
+    budget_seconds: float | None = None
 
     @classmethod
     def from_json(cls, raw):
@@ -59,6 +62,10 @@ class CheckpointState:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 0):
                 raise ValueError(f"not a checkpoint state: {key} is {value!r}")
+        seconds = raw.get("budget_seconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not seconds >= 0):
+            raise ValueError(f"not a checkpoint state: budget_seconds is {seconds!r}")
         if "epoch" not in raw or "step" not in raw:
             raise ValueError("not a checkpoint state: no epoch or step")
         values = {key: value for key, value in raw.items() if value is not None}
@@ -70,6 +77,8 @@ class CheckpointState:
         out = dataclasses.asdict(self)
         if self.rank_rng is None:
             del out["rank_rng"], out["world_size"]
+        if self.budget_seconds is None:
+            del out["budget_seconds"]
         return out
 
     def rng_of(self, rank):

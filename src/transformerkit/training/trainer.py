@@ -20,7 +20,8 @@ the data side, ``data/`` and ``training/accumulation.py``, only feeds it batches
 5. ``models/transformer.py`` (``gpt.py``, ``encoder.py``): ``call``, the forward pass,
    built from ``layers/``;
 6. ``training/losses.py: MaskedCrossEntropy``: the loss;
-7. ``training/schedules.py: paper_optimizer``: the learning rate of each update;
+7. ``training/schedules.py``: the learning rate of each update (the paper's schedule,
+   cooled down to zero at the end of a budgeted run);
 8. ``training/optimizers.py: Adam``: the update itself (``training/gpt_recipe.py`` for
    ``adamw_cosine``).
 """
@@ -48,6 +49,7 @@ from transformerkit.training.accumulation import UpdateBatches
 from transformerkit.training.averaging import average_checkpoints
 from transformerkit.training.callbacks import (
     EpochTimer,
+    LearningRateLog,
     NonFiniteLoss,
     ReduceLogs,
     RestoreGlobalRNG,
@@ -77,11 +79,21 @@ from transformerkit.training.losses import (
     MaskedCrossEntropy,
 )
 from transformerkit.training.monitors import build_monitors
-from transformerkit.training.optimizers import Adam, optimizer_steps, with_accumulation
+from transformerkit.training.optimizers import (
+    Adam,
+    UpdateCountSchedule,
+    optimizer_steps,
+    with_accumulation,
+)
 from transformerkit.training.precision import precision_policy, resolve_precision
 from transformerkit.training.processes import setup as setup_processes
 from transformerkit.training.reports import write_final_reports
-from transformerkit.training.schedules import paper_optimizer
+from transformerkit.training.schedules import (
+    Cooldown,
+    TransformerSchedule,
+    cooldown_fraction,
+    with_cooldown,
+)
 from transformerkit.training.step import GradientAllReduce, attach_train_step
 from transformerkit.training.tensorboard import TensorBoardScalars
 
@@ -174,13 +186,17 @@ def _train(config, run, resume, dist, group, precision, pretrained=None):
     if group.kind == "torch":
         _join_torch_processes(model, step, group, train_cfg.seed, resume)
 
-    rules = _Rules(stop=StopConditions(train_cfg.max_steps, _seconds(train_cfg.time_budget)),
+    budget = _seconds(train_cfg.time_budget)
+    stop = StopConditions(train_cfg.max_steps, budget, attach_cooldown(model.optimizer), group,
+                          elapsed=start.state.budget_seconds if start.state else 0.0)
+    rules = _Rules(stop=stop,
                    non_finite=NonFiniteLoss(),
                    checkpoint=RunCheckpoint(
                        run.checkpoints, keep=train_cfg.checkpoints_to_keep, monitor=monitor,
                        best=start.best, wait=start.wait, every=train_cfg.checkpoint_every,
                        patience=train_cfg.patience, epoch_batches=len(batches),
-                       resume_at=(start.epoch, start.batch), group=group),
+                       resume_at=(start.epoch, start.batch), group=group,
+                       budget=stop.elapsed if budget is not None else None),
                    together=StopTogether(group))
     callbacks = _callbacks(config, data, run, group, start, rules, resume)
     started = time.monotonic()
@@ -262,6 +278,7 @@ def _callbacks(config, data, run, group, start, rules, resume):
         *(build_monitors(config, data, run.path) if main else []),
         rules.checkpoint,
         *([rules.together] if group.distributed else []),  # after every rule that may stop
+        LearningRateLog(),
         *([keras.callbacks.CSVLogger(run.history, append=resume), *_tensorboard(run)]
           if main else []),
     ]
@@ -285,6 +302,8 @@ def _fit(model, data, dist, batches, callbacks, rules, start, shards, config, ma
             history.setdefault(key, []).extend(values)
 
     first_epoch = start.epoch
+    if rules.stop.exhausted(optimizer_steps(model.optimizer)):
+        return history  # a resumed run whose steps, cooldown or budget are spent
     if start.batch and first_epoch < epochs:
         fit(UpdateBatches(data.train, train_cfg.accumulate_steps, start.batch, *shards),
             first_epoch, first_epoch + 1)
@@ -311,6 +330,10 @@ def _report(model, data, config, run, group, step, precision, rules, monitor, hi
             "gradient_bytes_per_all_reduce": step.gradient_sync.bytes_per_call}
            if step.gradient_sync is not None else {}),
         **data.info,
+        # the rate the schedule reached where the run stopped, and a cooldown's window
+        "final_learning_rate": float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)),
+        **(dict(rules.stop.cooldown.window(), cooldown_retargets=rules.stop.retargets)
+           if rules.stop.cooldown is not None else {}),
     }
     if train_cfg.patience is not None:
         summary.update(early_stopping_metric=monitor, early_stopping_best=rules.checkpoint.best)
@@ -431,21 +454,28 @@ def build_optimizer(model, train_cfg, total_steps=None):
         peak = train_cfg.learning_rate or 1e-3
         minimum = train_cfg.min_learning_rate or peak / 10
         decay_steps = int(total_steps or train_cfg.max_steps or 1)
-        return gpt_optimizer(peak, train_cfg.warmup_steps, decay_steps, minimum,
-                             beta_2=beta_2 or 0.99, weight_decay=train_cfg.weight_decay,
-                             clip_norm=1.0 if clip_norm is None else clip_norm)
-    extra = dict(beta_2=beta_2 or 0.98, global_clipnorm=clip_norm)
-    if train_cfg.learning_rate is not None:
-        return Adam(train_cfg.learning_rate, beta_1=0.9, epsilon=1e-9, **extra)
-    return paper_optimizer(model.d_model, train_cfg.warmup_steps, train_cfg.lr_scale,
-                           **extra)
+        optimizer = gpt_optimizer(peak, train_cfg.warmup_steps, decay_steps, minimum,
+                                  beta_2=beta_2 or 0.99, weight_decay=train_cfg.weight_decay,
+                                  clip_norm=1.0 if clip_norm is None else clip_norm)
+        if cooldown_fraction(train_cfg):  # its cosine, then cooled down (train.cooldown)
+            cosine = keras.saving.deserialize_keras_object(
+                optimizer.get_config()["learning_rate"])
+            optimizer.learning_rate = with_cooldown(cosine, train_cfg, total_steps)
+        return optimizer
+    # the paper's Adam(0.9, 0.98, 1e-9) (paper_optimizer), on its schedule or a constant rate
+    rate = (train_cfg.learning_rate if train_cfg.learning_rate is not None else
+            TransformerSchedule(model.d_model, train_cfg.warmup_steps, train_cfg.lr_scale))
+    return Adam(with_cooldown(rate, train_cfg, total_steps), beta_1=0.9, epsilon=1e-9,
+                beta_2=beta_2 or 0.98, global_clipnorm=clip_norm)
 
 
-def learning_rates(config, steps):
+def learning_rates(config, steps, window=None):
     """The learning rate of each optimizer update ``1 .. steps`` of a run of ``config``:
     ``(steps,)`` float NumPy, from the schedule of the optimizer :func:`build_optimizer`
     makes (read back through its public ``get_config``), with ``steps`` as the run's length
-    (where ``adamw_cosine`` ends its decay). ``transformerkit plot CONFIG --lr``."""
+    (where ``adamw_cosine`` ends its decay and the cooldown reaches zero), or the cooldown
+    ``window`` a run recorded (``metrics.json``: ``Cooldown.window``).
+    ``transformerkit plot CONFIG|RUN --lr``."""
     if steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
     width = types.SimpleNamespace(d_model=config.model.d_model)  # all it reads
@@ -453,7 +483,26 @@ def learning_rates(config, steps):
     if not isinstance(rate, dict):  # a constant train.learning_rate
         return np.full(steps, float(rate))
     schedule = keras.saving.deserialize_keras_object(rate)
+    if window and isinstance(schedule, Cooldown):
+        schedule.start, schedule.end = window["cooldown_start"], window["cooldown_end"]
+        schedule.start_progress = window["cooldown_start_progress"]
     return keras.ops.convert_to_numpy(schedule(np.arange(steps)))
+
+
+def attach_cooldown(optimizer):
+    """The :class:`~transformerkit.training.schedules.Cooldown` that ``optimizer``'s learning
+    rate follows, or None: its schedule read back through the public ``get_config`` and set
+    again through the public ``learning_rate`` setter, so that the object returned is the
+    one the optimizer calls (a time budget retargets it: ``StopConditions``)."""
+    rate = optimizer.get_config()["learning_rate"]
+    if not isinstance(rate, dict):
+        return None
+    schedule = keras.saving.deserialize_keras_object(rate)
+    inner = schedule.schedule if isinstance(schedule, UpdateCountSchedule) else schedule
+    if not isinstance(inner, Cooldown):
+        return None
+    optimizer.learning_rate = schedule
+    return inner
 
 
 def _check_run_dir(run, resume):
