@@ -121,12 +121,16 @@ def test_plot_lr_command_writes_the_schedule(tmp_path, capsys):
     assert main(["plot", str(config), "--lr", "--steps", "200", "--out", str(out)]) == 0
     assert png_size(out) == (1200, 400)
     assert "200 steps, peak 0.0198 at step 40" in capsys.readouterr().out  # 64^-.5 40^-.5
-    # no max_steps, no --steps (e.g. a time budget): the paper schedule is the same whatever
-    # the length, so 4 x warmup_steps are drawn, and the assumption is said
+    # no max_steps, no --steps (e.g. a time budget): 4 x warmup_steps are drawn (the paper
+    # schedule is the same whatever the length), the assumption and the cooldown said
     assert main(["plot", str(config), "--lr", "--set", "train.time_budget=10m", "--out",
                  str(out)]) == 0
-    assert "160 steps, peak 0.0198 at step 40); the config sets no length" in \
-        capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "160 steps, peak 0.0198 at step 40); the config sets no length" in said
+    assert "the last 20% cooled down to zero" in said
+    assert main(["plot", str(config), "--lr", "--set", "train.time_budget=10m", "--set",
+                 "train.cooldown=0", "--out", str(out)]) == 0
+    assert "does not depend on the run's length" in capsys.readouterr().out
     cosine = tmp_path / "cosine.yaml"
     cosine.write_text("train: {optimizer: adamw_cosine, time_budget: 10m}\n")
     assert main(["plot", str(cosine), "--lr"]) == 2  # its decay needs the run's length

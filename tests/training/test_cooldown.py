@@ -197,3 +197,11 @@ def test_a_budgeted_run_records_its_cooldown_and_a_resume_continues_it(tmp_path)
     assert again["steps"] == metrics["steps"]
     assert again["stopped_by"] in ("cooldown_end", "time_budget")
     assert again["cooldown_end"] == metrics["cooldown_end"]
+    from transformerkit.cli import main
+    from transformerkit.training.trainer import learning_rates
+
+    rates = learning_rates(config, again["steps"], again)  # the window the run followed
+    followed = keras.ops.convert_to_numpy(attach_cooldown(model.optimizer)(
+        np.arange(again["steps"])))
+    np.testing.assert_allclose(rates, followed, rtol=1e-6)
+    assert main(["plot", str(tmp_path / "run"), "--lr", "--out", str(tmp_path / "lr.png")]) == 0

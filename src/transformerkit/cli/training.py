@@ -97,32 +97,41 @@ def plot_command(args):
 
 def _plot_learning_rate(args):
     """``plot CONFIG|RUN --lr``: the schedule over the run's steps (``--steps``, else the
-    steps a trained run took, else ``train.max_steps``)."""
+    steps a trained run took, else ``train.max_steps``), with the cooldown window a trained
+    run recorded."""
     from transformerkit.config import load_config
     from transformerkit.plotting import plot_learning_rate
+    from transformerkit.training.schedules import cooldown_fraction
     from transformerkit.training.trainer import learning_rates
 
     is_run = os.path.isdir(args.target)
     run = RunDirectory(args.target) if is_run else None
     config = load_config(run.config if is_run else args.target, args.overrides)
-    steps = args.steps
-    if steps is None and is_run and os.path.isfile(run.metrics):
-        steps = run.read_metrics().get("steps")
+    steps, window = args.steps, None
+    if is_run and os.path.isfile(run.metrics):
+        metrics = run.read_metrics()
+        steps = steps or metrics.get("steps")
+        if "cooldown_end" in metrics:  # the cooldown window the run followed
+            window = metrics
     steps = steps or config.train.max_steps
     assumed = ""
     if not steps and config.train.optimizer == "paper":
         # the warmup schedule does not depend on the run's length (a time budget leaves it
-        # open): show its warmup and three times as much decay
+        # open): show its warmup and three times as much decay, a cooldown at their end
         steps = 4 * config.train.warmup_steps
+        fraction = cooldown_fraction(config.train)
         assumed = (f"; the config sets no length (train.max_steps), so {steps} steps = 4 x "
-                   "train.warmup_steps are shown: the paper schedule does not depend on the "
-                   "run's length (--steps N for another)")
+                   "train.warmup_steps are shown: "
+                   + (f"a time budget ends the run where its measured update rate says, "
+                      f"with the last {fraction:.0%} cooled down to zero"
+                      if fraction else "the paper schedule does not depend on the run's length")
+                   + " (--steps N for another)")
     if not steps:
         raise ValueError("--lr needs the run's length: adamw_cosine decays until the run's "
                          "last step, which the config does not fix (no train.max_steps; a "
                          "time budget or the epochs' batches decide it); give --steps N, "
                          "e.g. epochs x updates per epoch")
-    rates = learning_rates(config, int(steps))
+    rates = learning_rates(config, int(steps), window)
     default = (os.path.join(args.target, "learning_rate.png") if is_run else
                f"{os.path.splitext(os.path.basename(args.target))[0]}-lr.png")
     out = plot_learning_rate(list(rates), args.out or default,

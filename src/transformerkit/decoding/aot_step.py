@@ -52,6 +52,7 @@ import weakref
 
 from transformerkit import internals, precisions
 from transformerkit.decoding.eager_steps import EagerSteps
+from transformerkit.models.base import weight_versions
 
 _TENSOR = object()  # marks a weight leaf held as a buffer
 # model -> {directory: (the weights' versions, the compiled step or None)}
@@ -107,7 +108,7 @@ def _step_module(model, precision="float32"):
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    weights = model.step_weights(precision, packed=False)
+    weights = dict(model.step_weights(precision, packed=False))
     weights.pop("encoder", None)  # the encoder pass runs eagerly
     leaves, spec = tree_flatten(weights)
 
@@ -204,7 +205,7 @@ class CompiledSteps(EagerSteps):
         """The model's :class:`Packages` (None where the small-rows one cannot be had: the
         eager step), kept for the model while its weights are unchanged (their in-place
         version counters)."""
-        versions = tuple(internals.tensor_version(v.value) for v in self.model.weights)
+        versions = weight_versions(self.model)
         loaded = _RUNNERS.setdefault(self.model, {})
         where = (self.directory, self.precision)
         if where not in loaded or loaded[where][0] != versions or None in versions:

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import weakref
 
 import keras
 import numpy as np
@@ -20,6 +21,24 @@ from transformerkit.layers import (
 from transformerkit.layers.attention import layer_outputs
 from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.layers.dropout import apply_dropout
+
+# model -> its weights' torch tensors, listed once (a Keras variable on PyTorch keeps its
+# tensor for life: ``assign`` copies into it)
+_WEIGHT_TENSORS = weakref.WeakKeyDictionary()
+# model -> {(precision, packed): (weight_versions, step_weights)}
+_STEP_WEIGHTS = weakref.WeakKeyDictionary()
+
+
+def weight_versions(model):
+    """The in-place version counter of each of ``model``'s (built) weights: a tuple that
+    changes when any weight is written (``assign``, an optimizer update; code that writes a
+    weight's tensor behind PyTorch's back must call ``torch.autograd.graph.
+    increment_version`` on it); None entries where the counter cannot be read."""
+    tensors = _WEIGHT_TENSORS.get(model)
+    if tensors is None:
+        tensors = _WEIGHT_TENSORS[model] = [v.value for v in model.weights]
+    return tuple(internals.tensor_version(t) for t in tensors)
+
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 # The options a block takes: the arguments of EncoderBlock (DecoderBlock passes them on).
@@ -294,10 +313,26 @@ class TransformerBase(keras.Model):
         product packed for ``precision`` (float32, bfloat16 or int8:
         :func:`~transformerkit.kernels.products.inference_linear`): the precision travels as
         this value, from the decoding loop's steps to each product. ``packed=False`` leaves
-        float32 products as plain ``(kernel, bias)`` tensors (for a compiler that packs
-        them itself: :mod:`transformerkit.decoding.aot_step`). A tied embedding table is the
-        output projection's ``(vocab, d_model)`` matrix."""
+        products as plain tensors (for a compiler that packs them itself:
+        :mod:`transformerkit.decoding.aot_step`). A tied embedding table is the output
+        projection's ``(vocab, d_model)`` matrix.
+
+        The dict is kept per ``(precision, packed)`` while no weight has changed (their
+        tensors' in-place version counters, :func:`weight_versions`): gathering it walks
+        every layer (milliseconds, as much as decoding a short sentence). Callers must not
+        change it."""
         self._ensure_built()
+        versions = weight_versions(self)
+        kept = _STEP_WEIGHTS.setdefault(self, {})
+        key = (precision, packed)
+        if key in kept and kept[key][0] == versions and None not in versions:
+            return kept[key][1]
+        weights = self._gather_step_weights(precision, packed)
+        kept[key] = (versions, weights)
+        return weights
+
+    def _gather_step_weights(self, precision, packed):
+        """:meth:`step_weights` gathered from the layers."""
         kind = dict(precision=precision, packed=packed)
         embedding, positions, blocks, final_norm, projection = self._decoder_parts()
         table = embedding.embeddings.value

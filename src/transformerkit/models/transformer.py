@@ -166,10 +166,10 @@ class Transformer(TransformerBase):
 
     # -- The fast twin of ``encode`` at inference (eager PyTorch), beside ``decode_step``. --
 
-    def step_weights(self, precision="float32", packed=True):
+    def _gather_step_weights(self, precision, packed):
         """:meth:`TransformerBase.step_weights` with the encoder's under ``"encoder"`` (for
         :meth:`inference_encode`), every product packed for ``precision``."""
-        weights = super().step_weights(precision, packed)
+        weights = super()._gather_step_weights(precision, packed)
         weights["encoder"] = stack_step_weights(self.source_embedding, self.source_positions,
                                                 self.encoder_blocks, self.encoder_norm,
                                                 precision, packed)

@@ -1,0 +1,141 @@
+"""Budgeted training: the Multi30k recipe with and without the cooldown, by budget and seed.
+
+A time budget decides how many updates a run gets, and that number is what a slower CPU
+changes: a 2-core Xeon without bfloat16 gets about 660 updates from ``make demo``'s 10
+minutes, the AMX Xeon about 1,300 in float32. So each budget here is an update count
+(``train.max_steps``, no time budget: the same run on every CPU), and each recipe is a set
+of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
+
+- ``schedule``: the paper's schedule cut off at the budget (``train.cooldown=0``), the
+  recipe before the cooldown;
+- ``cooldown``: the same schedule cooled down to zero over the run's last fifth
+  (``train.cooldown`` null: 0.2);
+- more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
+
+Every run trains in a process of its own (``transformerkit train``), then is scored on
+Multi30k val (the run's own final evaluation, greedy) and test2016 (beam 4, sacrebleu),
+with the share of test2016 outputs that repeat a word 4-gram (the loops of an
+under-trained model: "wearing a red vest is wearing a red vest").
+
+    python bench/budgeted_training.py --updates 330,660 --seeds 0,1,2
+    # -> bench/results/budgeted_training.{json,md}
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "multi30k_de_en.yaml")
+RECIPES = {"schedule": ["train.cooldown=0"], "cooldown": []}
+
+
+def repeats_a_phrase(text, n=4):
+    """Whether ``text`` holds some word ``n``-gram twice."""
+    words = text.lower().split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def train(run_dir, updates, seed, overrides):
+    command = [sys.executable, "-m", "transformerkit.cli", "train", CONFIG, "--out", run_dir,
+               "--set", f"train.max_steps={updates}", "--set", "train.time_budget=null",
+               "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
+               "--set", "train.verbose=0"]
+    for override in overrides:
+        command += ["--set", override]
+    print("$", " ".join(command), flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, check=True, env=dict(os.environ, TRANSFORMERKIT_DATA=common.data_dir()))
+    return time.perf_counter() - started
+
+
+def score(run_dir):
+    import transformerkit
+    from transformerkit.data.corpora import load_multi30k
+    from transformerkit.evaluation import corpus_scores
+
+    run = transformerkit.load(run_dir)
+    data = run.config.data
+    sources, references = load_multi30k("test2016", data.source_lang, data.target_lang,
+                                        data_dir=common.data_dir())
+    hypotheses = run.translate(sources, beam_size=4)
+    scores = corpus_scores(hypotheses, references)
+    with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    return {"val_bleu": metrics["val_bleu"], "val_chrf": metrics["val_chrf"],
+            "test2016_bleu": scores["bleu"], "test2016_chrf": scores["chrf"],
+            "bleu_signature": scores["bleu_signature"],
+            "repeated_phrase_share": round(sum(map(repeats_a_phrase, hypotheses))
+                                           / len(hypotheses), 4),
+            "steps": metrics["steps"], "precision": metrics["precision"]["used"],
+            "final_learning_rate": metrics.get("final_learning_rate"),
+            "examples": hypotheses[:3]}
+
+
+def table(results, recipes):
+    lines = ["| updates | recipe | seeds | val BLEU (mean, each) | val chrF | test2016 BLEU, "
+             "beam 4 (mean, each) | test2016 chrF | outputs repeating a 4-gram |",
+             "|---:|---|---:|---|---:|---|---:|---:|"]
+    for updates in sorted({r["updates"] for r in results}):
+        for recipe in recipes:
+            runs = [r for r in results if r["updates"] == updates and r["recipe"] == recipe]
+            if not runs:
+                continue
+
+            def mean(key, runs=runs):
+                return statistics.mean(r[key] for r in runs)
+
+            each = ", ".join(f"{r['val_bleu']:.1f}" for r in runs)
+            each_test = ", ".join(f"{r['test2016_bleu']:.1f}" for r in runs)
+            lines.append(f"| {updates} | {recipe} | {len(runs)} | {mean('val_bleu'):.2f} "
+                         f"({each}) | {mean('val_chrf'):.1f} | {mean('test2016_bleu'):.2f} "
+                         f"({each_test}) | {mean('test2016_chrf'):.1f} | "
+                         f"{100 * mean('repeated_phrase_share'):.1f}% |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", default="660", help="budgets in updates, comma-separated")
+    parser.add_argument("--seeds", default="0", help="seeds, comma-separated")
+    parser.add_argument("--recipe", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                        help="another recipe: its overrides")
+    parser.add_argument("--recipes", default=None,
+                        help="which recipes to run, comma-separated (default: all)")
+    parser.add_argument("--work", default="/tmp/budgeted_training",
+                        help="folder of the runs (kept: a rerun scores a finished run again)")
+    parser.add_argument("--name", default="budgeted_training")
+    args = parser.parse_args()
+    recipes = dict(RECIPES)
+    for spec in args.recipe:
+        name, _, overrides = spec.partition("=")
+        recipes[name] = [o for o in overrides.split(",") if o]
+    chosen = args.recipes.split(",") if args.recipes else list(recipes)
+    results = []
+    for updates in [int(u) for u in args.updates.split(",")]:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for recipe in chosen:  # recipes alternate within a seed: the machine drifts
+                run_dir = os.path.join(args.work, f"{recipe}-{updates}-s{seed}")
+                seconds = None
+                if not os.path.isfile(os.path.join(run_dir, "metrics.json")):
+                    seconds = round(train(run_dir, updates, seed, recipes[recipe]), 1)
+                result = dict(updates=updates, recipe=recipe, seed=seed,
+                              overrides=recipes[recipe], wall_seconds=seconds,
+                              **score(run_dir))
+                print({k: v for k, v in result.items() if k != "examples"}, flush=True)
+                results.append(result)
+    payload = {"machine": common.machine(), "config": os.path.relpath(CONFIG, ROOT),
+               "recipes": {name: recipes[name] for name in chosen}, "results": results}
+    common.write_results(args.name, payload, table(results, chosen))
+
+
+if __name__ == "__main__":
+    main()
