@@ -25,9 +25,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -45,16 +43,9 @@ def repeats_a_phrase(text, n=4):
 
 
 def train(run_dir, updates, seed, overrides):
-    command = [sys.executable, "-m", "transformerkit.cli", "train", CONFIG, "--out", run_dir,
-               "--set", f"train.max_steps={updates}", "--set", "train.time_budget=null",
-               "--set", "train.epochs=1000", "--set", f"train.seed={seed}",
-               "--set", "train.verbose=0"]
-    for override in overrides:
-        command += ["--set", override]
-    print("$", " ".join(command), flush=True)
-    started = time.perf_counter()
-    subprocess.run(command, check=True, env=dict(os.environ, TRANSFORMERKIT_DATA=common.data_dir()))
-    return time.perf_counter() - started
+    return common.train_run(CONFIG, run_dir, [
+        f"train.max_steps={updates}", "train.time_budget=null", "train.epochs=1000",
+        f"train.seed={seed}", "train.verbose=0", *overrides])
 
 
 def score(run_dir):

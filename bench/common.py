@@ -148,6 +148,18 @@ def describe(machine_info):
             f"{machine_info.get('date', '')}: `{machine_info.get('command', '')}`.")
 
 
+def train_run(config, run_dir, overrides):
+    """Run ``transformerkit train CONFIG --out RUN_DIR --set KEY=VALUE ...`` (the shared
+    data folder); return its wall-clock seconds."""
+    command = [sys.executable, "-m", "transformerkit.cli", "train", config, "--out", run_dir]
+    for override in overrides:
+        command += ["--set", override]
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=dict(os.environ, TRANSFORMERKIT_DATA=data_dir()))
+    return time.perf_counter() - start
+
+
 def run_worker(script, args, env_extra=None, timeout=1800):
     """Run ``script`` in a subprocess and return the JSON it prints on its last line."""
     env = dict(os.environ, **(env_extra or {}))

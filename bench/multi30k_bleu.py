@@ -27,7 +27,6 @@ import argparse
 import csv
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -40,14 +39,8 @@ REFERENCE_BAR = 36.5  # tutorial BLEU of the best-known small Transformer on Mul
 
 def train(config, run_dir, minutes, overrides):
     """Run ``transformerkit train`` for ``minutes``; return its wall-clock seconds."""
-    command = [sys.executable, "-m", "transformerkit.cli", "train", config, "--out", run_dir,
-               "--set", f"train.time_budget={minutes}m", "--set", "train.epochs=1000"]
-    for override in overrides:
-        command += ["--set", override]
-    print("$", " ".join(command), flush=True)
-    start = time.perf_counter()
-    subprocess.run(command, check=True, env=dict(os.environ, TRANSFORMERKIT_DATA=common.data_dir()))
-    return time.perf_counter() - start
+    return common.train_run(config, run_dir, [f"train.time_budget={minutes}m",
+                                              "train.epochs=1000", *overrides])
 
 
 def read_history(run_dir):

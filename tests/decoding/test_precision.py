@@ -31,10 +31,10 @@ import subprocess
 import sys
 import warnings
 
+import bfloat16_bounds as bounds
 import keras
 import numpy as np
 import pytest
-import bfloat16_bounds as bounds
 import tolerances as tol
 from cpu_families import FAMILIES, inject
 from near_ties import assert_same_ids_or_near_tie

@@ -23,6 +23,9 @@ def test_a_written_state_reads_back_the_same():
     several = state.replace(world_size=2, rank_rng=["r0", "r1"])
     assert CheckpointState.from_json(several.to_json()) == several
     assert several.rng_of(1) == "r1"
+    budgeted = state.replace(budget_seconds=61.5)  # a time-budgeted run's seconds so far
+    assert budgeted.to_json() == {**ONE_PROCESS, "budget_seconds": 61.5}
+    assert CheckpointState.from_json(budgeted.to_json()) == budgeted
 
 
 def test_nulls_of_older_files_take_the_defaults():
@@ -38,6 +41,9 @@ def test_nulls_of_older_files_take_the_defaults():
     ({"step": "7"}, "step is '7'"),
     ({"wait": True}, "wait is True"),
     ({"surprise": 1}, "unknown key"),
+    ({"budget_seconds": -1.0}, "budget_seconds is -1.0"),
+    ({"budget_seconds": "60"}, "budget_seconds is '60'"),
+    ({"budget_seconds": float("nan")}, "budget_seconds is nan"),
 ])
 def test_what_is_not_a_state_is_refused_with_the_reason(change, message):
     with pytest.raises(ValueError, match=message):

@@ -148,7 +148,8 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
     ``step_weights(precision)``); ``Dense`` layers called under ``torch.no_grad`` take
     float32. ``packed=False`` (float32 and bfloat16): plain tensors for a compiler that
     packs them itself, ``(kernel, bias)`` in float32 and a ``bfloat16-mm``
-    :class:`~transformerkit.kernels.lowprec.LowPrecisionLinear` (``addmm`` in bfloat16). For float32 weights on a CPU where that pays
+    :class:`~transformerkit.kernels.lowprec.LowPrecisionLinear` (``addmm`` in bfloat16).
+    For float32 weights on a CPU where that pays
     (:func:`_packs_float32`: PyTorch has oneDNN, as its x86 builds do, and the CPU is not
     Intel's, whose MKL products ``addmm`` runs are the faster there), the matrix is packed
     once into oneDNN's blocked layout (:class:`PackedLinear`), as PyTorch's own frozen

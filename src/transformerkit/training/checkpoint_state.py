@@ -63,8 +63,8 @@ class CheckpointState:
                                       or value < 0):
                 raise ValueError(f"not a checkpoint state: {key} is {value!r}")
         seconds = raw.get("budget_seconds")
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                    or not seconds >= 0):
+        if seconds is not None and (isinstance(seconds, bool)
+                                    or not isinstance(seconds, (int, float)) or not seconds >= 0):
             raise ValueError(f"not a checkpoint state: budget_seconds is {seconds!r}")
         if "epoch" not in raw or "step" not in raw:
             raise ValueError("not a checkpoint state: no epoch or step")
