@@ -2,14 +2,17 @@
 
 A time budget decides how many updates a run gets, and that number is what a slower CPU
 changes: a 2-core Xeon without bfloat16 gets about 660 updates from ``make demo``'s 10
-minutes, the AMX Xeon about 1,300 in float32. So each budget here is an update count
-(``train.max_steps``, no time budget: the same run on every CPU), and each recipe is a set
-of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
+minutes, the AMX Xeon about 1,300 in float32. So a budget here is an update count
+(``660``: ``train.max_steps``, no time budget: the same run on every CPU) or, to check the
+budget's own estimate of its length, minutes (``2.5m``: ``train.time_budget``); each recipe
+is a set of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
 
 - ``schedule``: the paper's schedule cut off at the budget (``train.cooldown=0``), the
   recipe before the cooldown;
 - ``cooldown``: the same schedule cooled down to zero over the run's last fifth
   (``train.cooldown`` null: 0.2);
+- ``cooldown-warmup200``: that, warming up over 200 updates instead of 400 (the recipe's
+  ``train.warmup_steps`` now);
 - more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
 
 Every run trains in a process of its own (``transformerkit train``), then is scored on
@@ -17,7 +20,7 @@ Multi30k val (the run's own final evaluation, greedy) and test2016 (beam 4, sacr
 with the share of test2016 outputs that repeat a word 4-gram (the loops of an
 under-trained model: "wearing a red vest is wearing a red vest").
 
-    python bench/budgeted_training.py --updates 330,660 --seeds 0,1,2
+    python bench/budgeted_training.py --budgets 660,2.5m --seeds 0,1,2
     # -> bench/results/budgeted_training.{json,md}
 """
 
@@ -32,7 +35,8 @@ import common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "multi30k_de_en.yaml")
-RECIPES = {"schedule": ["train.cooldown=0"], "cooldown": []}
+RECIPES = {"schedule": ["train.cooldown=0", "train.warmup_steps=400"],
+           "cooldown": ["train.warmup_steps=400"], "cooldown-warmup200": ["train.warmup_steps=200"]}
 
 
 def repeats_a_phrase(text, n=4):
@@ -42,13 +46,29 @@ def repeats_a_phrase(text, n=4):
     return len(grams) != len(set(grams))
 
 
-def train(run_dir, updates, seed, overrides):
-    return common.train_run(CONFIG, run_dir, [
-        f"train.max_steps={updates}", "train.time_budget=null", "train.epochs=1000",
-        f"train.seed={seed}", "train.verbose=0", *overrides])
+def train(run_dir, budget, seed, overrides):
+    """A run of ``budget`` updates (``660``: ``train.max_steps``) or minutes (``2.5m``:
+    ``train.time_budget``)."""
+    limit = ([f"train.time_budget={budget}", "train.max_steps=null"] if budget.endswith("m")
+             else [f"train.max_steps={budget}", "train.time_budget=null"])
+    return common.train_run(CONFIG, run_dir, [*limit, "train.epochs=1000",
+                                              f"train.seed={seed}", "train.verbose=0",
+                                              *overrides])
 
 
 def score(run_dir):
+    """The run's scores (kept in RUN/bench_scores.json: a rerun reads them)."""
+    kept = os.path.join(run_dir, "bench_scores.json")
+    if os.path.isfile(kept):
+        with open(kept, encoding="utf-8") as f:
+            return json.load(f)
+    scores = _score(run_dir)
+    with open(kept, "w", encoding="utf-8") as f:
+        json.dump(scores, f)
+    return scores
+
+
+def _score(run_dir):
     import transformerkit
     from transformerkit.data.corpora import load_multi30k
     from transformerkit.evaluation import corpus_scores
@@ -72,12 +92,12 @@ def score(run_dir):
 
 
 def table(results, recipes):
-    lines = ["| updates | recipe | seeds | val BLEU (mean, each) | val chrF | test2016 BLEU, "
+    lines = ["| budget | recipe | seeds | val BLEU (mean, each) | val chrF | test2016 BLEU, "
              "beam 4 (mean, each) | test2016 chrF | outputs repeating a 4-gram |",
              "|---:|---|---:|---|---:|---|---:|---:|"]
-    for updates in sorted({r["updates"] for r in results}):
+    for budget in dict.fromkeys(r["budget"] for r in results):
         for recipe in recipes:
-            runs = [r for r in results if r["updates"] == updates and r["recipe"] == recipe]
+            runs = [r for r in results if r["budget"] == budget and r["recipe"] == recipe]
             if not runs:
                 continue
 
@@ -86,7 +106,11 @@ def table(results, recipes):
 
             each = ", ".join(f"{r['val_bleu']:.1f}" for r in runs)
             each_test = ", ".join(f"{r['test2016_bleu']:.1f}" for r in runs)
-            lines.append(f"| {updates} | {recipe} | {len(runs)} | {mean('val_bleu'):.2f} "
+            steps = ", ".join(str(r["steps"]) for r in runs)
+            label = budget if budget.endswith("m") else f"{budget} updates"
+            if budget.endswith("m"):
+                label += f" ({steps} updates)"
+            lines.append(f"| {label} | {recipe} | {len(runs)} | {mean('val_bleu'):.2f} "
                          f"({each}) | {mean('val_chrf'):.1f} | {mean('test2016_bleu'):.2f} "
                          f"({each_test}) | {mean('test2016_chrf'):.1f} | "
                          f"{100 * mean('repeated_phrase_share'):.1f}% |")
@@ -95,7 +119,8 @@ def table(results, recipes):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", default="660", help="budgets in updates, comma-separated")
+    parser.add_argument("--budgets", default="660",
+                        help="budgets, comma-separated: updates (660) or minutes (2.5m)")
     parser.add_argument("--seeds", default="0", help="seeds, comma-separated")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME=KEY=VALUE,...",
                         help="another recipe: its overrides")
@@ -111,14 +136,14 @@ def main():
         recipes[name] = [o for o in overrides.split(",") if o]
     chosen = args.recipes.split(",") if args.recipes else list(recipes)
     results = []
-    for updates in [int(u) for u in args.updates.split(",")]:
+    for budget in args.budgets.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
             for recipe in chosen:  # recipes alternate within a seed: the machine drifts
-                run_dir = os.path.join(args.work, f"{recipe}-{updates}-s{seed}")
+                run_dir = os.path.join(args.work, f"{recipe}-{budget}-s{seed}")
                 seconds = None
                 if not os.path.isfile(os.path.join(run_dir, "metrics.json")):
-                    seconds = round(train(run_dir, updates, seed, recipes[recipe]), 1)
-                result = dict(updates=updates, recipe=recipe, seed=seed,
+                    seconds = round(train(run_dir, budget, seed, recipes[recipe]), 1)
+                result = dict(budget=budget, recipe=recipe, seed=seed,
                               overrides=recipes[recipe], wall_seconds=seconds,
                               **score(run_dir))
                 print({k: v for k, v in result.items() if k != "examples"}, flush=True)

@@ -316,7 +316,10 @@ class StopConditions(keras.callbacks.Callback):
 
     ``elapsed``: budget seconds a resumed run used before (its checkpoint's
     ``budget_seconds``): the budget is the whole run's, resumes included. ``clock``: the
-    seconds function (``time.monotonic``).
+    seconds function (``time.monotonic``). ``longest``: the run's length in updates without
+    the budget (its epochs, ``max_steps``), which an estimate never exceeds: a budget that
+    outlasts the run leaves its cooldown where the run ends (the same schedule as without
+    the budget).
 
     A rule that fires at an epoch's last batch stops ``fit`` at the epoch's end instead
     (``on_epoch_end``), so the epoch ends as in a run that goes on: Keras' data iterator
@@ -326,7 +329,7 @@ class StopConditions(keras.callbacks.Callback):
     """
 
     def __init__(self, max_steps=None, time_budget=None, cooldown=None, group=None,
-                 elapsed=0.0, clock=time.monotonic):
+                 elapsed=0.0, clock=time.monotonic, longest=None):
         super().__init__()
         from transformerkit.training.processes import ProcessGroup
 
@@ -338,6 +341,7 @@ class StopConditions(keras.callbacks.Callback):
         self.stopped_by = None
         self.retargets = 0
         self._before = float(elapsed or 0.0)
+        self._longest = longest
         self._clock = clock
         self._start = self._last_step = self._first = None
         self._stop_at_epoch_end = False
@@ -353,11 +357,17 @@ class StopConditions(keras.callbacks.Callback):
         ``max_steps``, its cooldown or its budget spent (``stopped_by`` says which)."""
         if self.max_steps is not None and step >= self.max_steps:
             self.stopped_by = "max_steps"
-        elif self._fitted is not None and step >= self._fitted.end:
+        elif self._budget_ends(step):
             self.stopped_by = "cooldown_end"
         elif self.time_budget is not None and self._before >= self.time_budget:
             self.stopped_by = "time_budget"
         return self.stopped_by is not None
+
+    def _budget_ends(self, step):
+        """Whether the cooldown fitted to the budget has ended at ``step`` before the run's
+        epochs or ``max_steps`` end it."""
+        return (self._fitted is not None and step >= self._fitted.end
+                and (self._longest is None or self._fitted.end < self._longest))
 
     def on_train_begin(self, logs=None):
         if self._start is None:  # a resume inside an epoch calls fit twice
@@ -373,7 +383,7 @@ class StopConditions(keras.callbacks.Callback):
             self._first = (step, self.elapsed())
         if self.max_steps is not None and step >= self.max_steps:
             self.stopped_by = "max_steps"
-        elif self._fitted is not None and step >= self._fitted.end:
+        elif self._budget_ends(step):
             self.stopped_by = "cooldown_end"
         elif self.time_budget is not None and self.elapsed() >= self.time_budget:
             self.stopped_by = "time_budget"
@@ -393,6 +403,8 @@ class StopConditions(keras.callbacks.Callback):
         if step > first_step and seconds > 0:
             rate = (step - first_step) / seconds
             end = int(step + rate * max(self.time_budget - self.elapsed(), 0.0))
+            if self._longest is not None:  # the epochs or max_steps end it sooner
+                end = min(end, self._longest)
         end = self.group.broadcast(end, "the cooldown's end")
         if end is None or abs(end - self.cooldown.end) <= max(2, 0.01 * self.cooldown.end):
             return

@@ -188,7 +188,8 @@ def _train(config, run, resume, dist, group, precision, pretrained=None):
 
     budget = _seconds(train_cfg.time_budget)
     stop = StopConditions(train_cfg.max_steps, budget, attach_cooldown(model.optimizer), group,
-                          elapsed=start.state.budget_seconds if start.state else 0.0)
+                          elapsed=start.state.budget_seconds if start.state else 0.0,
+                          longest=_total_steps(train_cfg, batches.updates_per_epoch))
     rules = _Rules(stop=stop,
                    non_finite=NonFiniteLoss(),
                    checkpoint=RunCheckpoint(
