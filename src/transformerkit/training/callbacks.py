@@ -381,14 +381,14 @@ class StopConditions(keras.callbacks.Callback):
         self._last_step = step
         if self._first is None:
             self._first = (step, self.elapsed())
+        if self._fitted is not None and is_retarget_point(step, self._first[0]):
+            self._retarget(step)  # before the rules: every process reaches the broadcast
         if self.max_steps is not None and step >= self.max_steps:
             self.stopped_by = "max_steps"
         elif self._budget_ends(step):
             self.stopped_by = "cooldown_end"
         elif self.time_budget is not None and self.elapsed() >= self.time_budget:
             self.stopped_by = "time_budget"
-        elif self._fitted is not None and is_retarget_point(step, self._first[0]):
-            self._retarget(step)
         if self.stopped_by:
             steps = (self.params or {}).get("steps")
             if steps is not None and batch + 1 >= steps:
