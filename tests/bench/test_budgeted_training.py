@@ -1,21 +1,11 @@
 """``bench/budgeted_training.py``: what counts as a repeated phrase, the run each budget
 makes, and the table of means and seeds."""
 
-import importlib.util
-
-from paths import ROOT
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_budgeted_training",
-                                                  ROOT / "bench" / "budgeted_training.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from paths import load_bench
 
 
 def test_a_repeated_phrase_is_a_word_4gram_seen_twice():
-    bench = _bench()
+    bench = load_bench("budgeted_training")
     assert bench.repeats_a_phrase("A man wearing a red vest is wearing a red vest , and a red "
                                   "vest is sitting in a red vest is sitting in a red vest .")
     assert not bench.repeats_a_phrase("a man in a red vest is wearing a red vest")  # 3-grams
@@ -25,7 +15,7 @@ def test_a_repeated_phrase_is_a_word_4gram_seen_twice():
 
 
 def test_a_budget_is_updates_or_minutes(monkeypatch):
-    bench = _bench()
+    bench = load_bench("budgeted_training")
     calls = []
     monkeypatch.setattr(bench.common, "train_run",
                         lambda config, run_dir, overrides: calls.append(overrides) or 1.0)
@@ -37,7 +27,7 @@ def test_a_budget_is_updates_or_minutes(monkeypatch):
 
 
 def test_the_table_has_the_mean_and_each_seed_per_budget_and_recipe():
-    bench = _bench()
+    bench = load_bench("budgeted_training")
 
     def result(budget, recipe, seed, val, test, steps=660):
         return dict(budget=budget, recipe=recipe, seed=seed, val_bleu=val, val_chrf=50.0,

@@ -1,21 +1,11 @@
 """``bench/decode_precision.py --rows``: the live-row spread of a search to EOS, counted from
 output lengths, and its table."""
 
-import importlib.util
-
-from paths import ROOT
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_decode_precision",
-                                                  ROOT / "bench" / "decode_precision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from paths import load_bench
 
 
 def test_live_row_steps_counts_each_batch_until_its_longest_sentence_ends():
-    bench = _bench()
+    bench = load_bench("decode_precision")
     # batch [1, 3]: 1 step with 2 rows, 2 with 1; batch [3, 5]: 3 steps with 2 rows, 2 with 1
     counts = bench.live_row_steps([1, 3, 3, 5], batch=2)
     assert counts == {"1-1": 4, "2-4": 4, "5-16": 0, "17-63": 0, "64-64": 0}
@@ -29,7 +19,7 @@ def test_live_row_steps_counts_each_batch_until_its_longest_sentence_ends():
 
 
 def test_rows_table_has_a_row_per_system_and_a_column_per_row_count():
-    bench = _bench()
+    bench = load_bench("decode_precision")
     result = {"system": "tk-bfloat16", "to_eos_seconds": 2.5,
               "ms_per_position": {str(rows): float(rows) for rows in bench.ROW_COUNTS},
               "live_row_steps": bench.live_row_steps([3, 1], batch=2)}

@@ -3,17 +3,8 @@ computes its products in bfloat16 (and keeps float32 weights), the nanoGPT copy 
 autocast changes exactly its CPU context line, and the ratios and seed spreads the reports
 print come from the rows they are given."""
 
-import importlib.util
-
 import pytest
-from paths import ROOT
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from paths import load_bench
 
 
 @pytest.mark.parametrize("autocast", [True, False])
@@ -21,7 +12,7 @@ def test_marian_peer_multiplies_in_bfloat16_under_autocast_only_and_keeps_float3
         autocast):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    train_step = load("train_step")
+    train_step = load_bench("train_step")
     seen = []
     model, step = train_step.marian_model(autocast=autocast)
     for module in model.modules():
@@ -36,7 +27,7 @@ def test_marian_peer_multiplies_in_bfloat16_under_autocast_only_and_keeps_float3
 
 
 def test_bfloat16_summary_sets_our_bfloat16_step_against_float32_and_marian_autocast():
-    train_step = load("train_step")
+    train_step = load_bench("train_step")
     tps = "target_tokens_per_s"
     rows = [{"system": "transformerkit (torch)", "model": "small", tps: 1000.0},
             {"system": "transformerkit (torch, mixed_bfloat16)", "model": "small",
@@ -50,7 +41,7 @@ def test_bfloat16_summary_sets_our_bfloat16_step_against_float32_and_marian_auto
 
 
 def test_nanogpt_autocast_copy_changes_only_the_cpu_context_line(tmp_path):
-    gpt = load("gpt_vs_nanogpt")
+    gpt = load_bench("gpt_vs_nanogpt")
     checkout, work = tmp_path / "nanogpt", tmp_path / "work"
     checkout.mkdir()
     work.mkdir()
@@ -67,7 +58,7 @@ def test_nanogpt_autocast_copy_changes_only_the_cpu_context_line(tmp_path):
 
 
 def test_time_to_loss_verdict_compares_each_system_with_both_nanogpts_of_its_run():
-    gpt = load("gpt_vs_nanogpt")
+    gpt = load_bench("gpt_vs_nanogpt")
 
     def result(system, run, seconds_by_loss):
         return {"system": system, "run": run,
@@ -87,7 +78,7 @@ def test_time_to_loss_verdict_compares_each_system_with_both_nanogpts_of_its_run
 
 
 def test_precision_quality_summary_is_the_mean_and_seed_spread_per_precision():
-    quality = load("precision_quality")
+    quality = load_bench("precision_quality")
     rows = [{"precision_requested": p, "final_val_loss": loss,
              "bleu": {"greedy": greedy, "beam 4": beam}}
             for p, loss, greedy, beam in [("float32", 3.0, 20.0, 21.0),

@@ -6,12 +6,11 @@ work); both fine-tuning steps train
 the same model on the same batches (equal first losses, up to dropout); and the report
 names every system and goal."""
 
-import importlib.util
 import types
 
 import numpy as np
 import pytest
-from paths import ROOT
+from paths import load_bench
 
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
@@ -22,10 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("bench_pretrained",
-                                                  ROOT / "bench" / "pretrained.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench("pretrained")
     module.common.RESULTS = str(tmp_path_factory.mktemp("results"))
     args = types.SimpleNamespace(size="tiny", max_new_tokens=40, sentences=48, batch=16,
                                  repeats=1, threads=1, train_tokens=256, train_batches=2,
