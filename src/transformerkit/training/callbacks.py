@@ -355,13 +355,19 @@ class StopConditions(keras.callbacks.Callback):
     def exhausted(self, step):
         """Whether a run at update ``step`` (resumed) has nothing left to train: its
         ``max_steps``, its cooldown or its budget spent (``stopped_by`` says which)."""
-        if self.max_steps is not None and step >= self.max_steps:
-            self.stopped_by = "max_steps"
-        elif self._budget_ends(step):
-            self.stopped_by = "cooldown_end"
-        elif self.time_budget is not None and self._before >= self.time_budget:
-            self.stopped_by = "time_budget"
+        self.stopped_by = self._rule(step, self._before)
         return self.stopped_by is not None
+
+    def _rule(self, step, elapsed):
+        """The stop rule that fires at update ``step`` after ``elapsed`` budget seconds, or
+        None."""
+        if self.max_steps is not None and step >= self.max_steps:
+            return "max_steps"
+        if self._budget_ends(step):
+            return "cooldown_end"
+        if self.time_budget is not None and elapsed >= self.time_budget:
+            return "time_budget"
+        return None
 
     def _budget_ends(self, step):
         """Whether the cooldown fitted to the budget has ended at ``step`` before the run's
@@ -383,12 +389,7 @@ class StopConditions(keras.callbacks.Callback):
             self._first = (step, self.elapsed())
         if self._fitted is not None and is_retarget_point(step, self._first[0]):
             self._retarget(step)  # before the rules: every process reaches the broadcast
-        if self.max_steps is not None and step >= self.max_steps:
-            self.stopped_by = "max_steps"
-        elif self._budget_ends(step):
-            self.stopped_by = "cooldown_end"
-        elif self.time_budget is not None and self.elapsed() >= self.time_budget:
-            self.stopped_by = "time_budget"
+        self.stopped_by = self._rule(step, self.elapsed())
         if self.stopped_by:
             steps = (self.params or {}).get("steps")
             if steps is not None and batch + 1 >= steps:
