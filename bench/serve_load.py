@@ -49,6 +49,8 @@ def start_server(args, port, log, workers=1):
                "--port", str(port), "--engine", args.engine,
                "--max-batch-texts", str(args.batch), "--queue-size", "1024",
                "--batch-window-ms", str(args.window_ms), "--workers", str(workers)]
+    if args.engine != "ctranslate2":
+        command += ["--precision", args.precision]
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -122,7 +124,8 @@ async def load(url, sentences, clients, duration, max_requests, options):
 def offline(run, sentences, args):
     start = time.perf_counter()
     run.translate(sentences, beam_size=args.beam, max_new_tokens=args.max_new_tokens,
-                  batch_size=args.batch, engine=args.engine)
+                  batch_size=args.batch, engine=args.engine,
+                  precision=None if args.engine == "ctranslate2" else args.precision)
     return len(sentences) / (time.perf_counter() - start)
 
 
@@ -161,7 +164,10 @@ def main():
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64, help="sentences per model call")
-    parser.add_argument("--engine", choices=("keras", "ctranslate2"), default="keras")
+    parser.add_argument("--engine", choices=("keras", "compiled", "ctranslate2"),
+                        default="keras")
+    parser.add_argument("--precision", choices=("float32", "bfloat16", "int8", "auto"),
+                        default="float32", help="the keras and compiled engines' products")
     parser.add_argument("--threads", type=int, default=0,
                         help="PyTorch threads of the server and of the offline pass "
                              "(0: PyTorch's default)")
@@ -200,7 +206,8 @@ def main():
             finally:
                 server.terminate()
                 server.wait(timeout=60)
-    payload = {"run": os.path.abspath(args.run), "engine": args.engine, "beam_size": args.beam,
+    payload = {"run": os.path.abspath(args.run), "engine": args.engine,
+               "precision": args.precision, "beam_size": args.beam,
                "batch_window_ms": args.window_ms, "threads": args.threads,
                "max_new_tokens": args.max_new_tokens, "batch": args.batch,
                "sentences": len(sentences), "duration_s": args.duration,
@@ -211,7 +218,8 @@ def main():
             f"{x['offline_sentences_per_s']} | **{x['ratio_to_offline']}** |" for x in levels]
     table = "\n".join([
         f"`transformerkit serve` under load: {os.path.basename(os.path.normpath(args.run))}, "
-        f"engine {args.engine}, beam {args.beam}, one test2016 sentence per request, "
+        f"engine {args.engine} ({args.precision}), beam {args.beam}, one test2016 sentence "
+        "per request, "
         f"{args.duration:g} s per level, loopback, {common.machine()['cores']} cores shared by "
         "server and clients.",
         "",
@@ -219,6 +227,8 @@ def main():
         "sentences per model call | offline sentences/s | server / offline |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
     name = "serve_load" if args.engine == "keras" else f"serve_load_{args.engine}"
+    if args.precision != "float32":
+        name += f"_{args.precision}"
     if max(args.workers) > 1:
         name += "_workers"
     common.write_results(name, payload, table)
