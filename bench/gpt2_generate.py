@@ -15,8 +15,9 @@ system does the same work), greedy, exactly ``--new-tokens`` (64) new tokens eac
 token forbidden before: ``min_new_tokens``, CTranslate2's ``min_length``). Ids in, ids out:
 tokenization is outside the timings. Systems:
 
-- ``tk-keras``: ``transformerkit.load(RUN)`` and ``generate_ids`` (the eager cached step,
-  float32; our ids are GPT-2's shifted past ``<pad>`` and ``<s>``, and back);
+- ``tk-keras`` / ``tk-keras-bfloat16``: ``transformerkit.load(RUN)`` and ``generate_ids``
+  (the eager cached step, float32 / bfloat16 products; our ids are GPT-2's shifted past
+  ``<pad>`` and ``<s>``, and back);
   ``tk-compiled`` and ``tk-compiled-bfloat16``: the same with ``use_cache="compiled"``
   (the step compiled ahead of time, its packages kept in ``--work``);
 - ``hf``: ``GPT2LMHeadModel.generate`` under ``torch.no_grad()`` (``do_sample=False``);
@@ -46,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SYSTEMS = ("tk-keras", "tk-compiled", "tk-compiled-bfloat16", "hf", "ct2-float32", "ct2-int8")
+SYSTEMS = ("tk-keras", "tk-keras-bfloat16", "tk-compiled", "tk-compiled-bfloat16", "hf",
+           "ct2-float32", "ct2-int8")
 END = "<|endoftext|>"
 GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
 
