@@ -23,7 +23,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "transformerkit"
 
-LEAVES = {"allocator", "backend", "data", "declared", "evaluation", "fastpath", "files",
+LEAVES = {"allocator", "backend", "data", "declared", "evaluation", "extras", "fastpath", "files",
           "internals", "plotting", "precisions", "run_directory", "special_tokens"}
 # declarations only (plain Python, importing only ``declared``): the run config's
 # ``search:`` section is a SearchOptions

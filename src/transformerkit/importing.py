@@ -39,6 +39,7 @@ import tempfile
 
 from transformerkit.converters import bert, gpt2, marian
 from transformerkit.converters.hf_io import CheckpointError, read_config, read_json
+from transformerkit.extras import require
 from transformerkit.files import TEMPORARY_PREFIX
 from transformerkit.run_directory import SOURCE_TOKENIZER, TARGET_TOKENIZER, RunDirectory
 
@@ -138,12 +139,9 @@ def resolve_source(source):
 
 def _snapshot(name):
     """``snapshot_download(name)``: the cached snapshot offline, a download online."""
-    try:
-        import huggingface_hub
-        from huggingface_hub import constants, errors
-    except ImportError as err:
-        raise FileNotFoundError(f"{name} is not a local folder, and resolving a hub name "
-                                "needs huggingface_hub (pip install huggingface_hub)") from err
+    huggingface_hub = require("huggingface_hub",
+                              f"{name} is not a local folder; resolving a hub name")
+    from huggingface_hub import constants, errors
     offline = constants.HF_HUB_OFFLINE
     try:
         folder = pathlib.Path(huggingface_hub.snapshot_download(name, allow_patterns=_HUB_FILES))

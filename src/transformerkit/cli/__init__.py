@@ -51,6 +51,7 @@ def main(argv=None):
         os.environ["KERAS_BACKEND"] = args.backend
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from transformerkit.config import ConfigError
+    from transformerkit.extras import MissingExtra
 
     try:
         if args.command in _HEAVY_COMMANDS:
@@ -59,6 +60,6 @@ def main(argv=None):
             keep_freed_memory()
         return COMMANDS[args.command](args)
     except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
-            FloatingPointError) as err:
+            FloatingPointError, MissingExtra) as err:
         print(f"transformerkit {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from transformerkit.cli.common import (
     valid_text,
 )
 from transformerkit.cli.encoders import evaluate_classifier
+from transformerkit.extras import require
 from transformerkit.run_directory import RunDirectory
 
 
@@ -169,17 +170,13 @@ def serve_command(args):
 
     from transformerkit.decoding.options import RuntimeOptions
     from transformerkit.serving.limits import Limits
-    from transformerkit.serving.server import serve
 
     runtime = options_of(args, RuntimeOptions)  # checked before anything starts
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        print(f"transformerkit serve: error: {err}: install the server's packages with "
-              "pip install \"keras-transformerkit[serve]\"", file=sys.stderr)
-        return 2
+    for package in ("fastapi", "uvicorn", "prometheus_client"):
+        require(package, "transformerkit serve")
+    from transformerkit.serving.server import serve
+
     return serve(args.run_dirs, runtime, host=args.host, port=args.port, limits=limits,
                  cors_origins=args.cors_origins, api_keys=args.api_keys, no_auth=args.no_auth,
                  workers=args.workers, shutdown_timeout=args.shutdown_timeout)

@@ -19,6 +19,7 @@ import tempfile
 
 import numpy as np
 
+from transformerkit.extras import require
 from transformerkit.files import TEMPORARY_PREFIX
 
 log = logging.getLogger("transformerkit")
@@ -90,6 +91,7 @@ def read_weights(folder):
 
 
 def _read_safetensors(path):
+    require("safetensors", "reading a Hugging Face checkpoint's weights")
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -150,6 +152,7 @@ def json_bytes(value):
 def safetensors_bytes(tensors):
     """``{name: array}`` as the bytes of a ``model.safetensors`` file, marked as PyTorch's
     (``transformers`` reads it as a saved state dict)."""
+    require("safetensors", "writing a Hugging Face checkpoint's weights")
     from safetensors.numpy import save
 
     return save(tensors, metadata={"format": "pt"})

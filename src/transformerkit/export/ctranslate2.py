@@ -42,15 +42,17 @@ import os
 import shutil
 import tempfile
 
-import ctranslate2
 import numpy as np
 
+from transformerkit.extras import require
 from transformerkit.files import TEMPORARY_PREFIX
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
 METADATA_FILE = "transformerkit.json"  # what the runtime needs beside CTranslate2's files
 TOKENIZER_FILES = {"source": "source_tokenizer.json", "target": "target_tokenizer.json"}
+
+ctranslate2 = require("ctranslate2", "the CTranslate2 export and engine")
 
 
 def tokenizer_file_name(side, path):

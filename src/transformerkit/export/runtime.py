@@ -51,7 +51,6 @@ import os
 import warnings
 import weakref
 
-import ctranslate2
 import numpy as np
 
 from transformerkit.data.pipeline import pad_batch
@@ -65,8 +64,11 @@ from transformerkit.export.ctranslate2 import (
     export_run,
     is_current,
 )
+from transformerkit.extras import require
 
 _ENGINES = weakref.WeakKeyDictionary()  # Run -> {threads: its CTranslate2Engine}
+
+ctranslate2 = require("ctranslate2", "the CTranslate2 export and engine")
 
 
 def engine_for(run, threads=0):
