@@ -229,3 +229,36 @@ def test_ted_hrlr_with_tfds(monkeypatch):
     assert load_ted_hrlr("test", "pt_to_en") == (["olá mundo", "bom dia"],
                                                  ["hello world", "good day"])
     assert calls == [("ted_hrlr_translate/pt_to_en", "test", True)]
+
+
+# ---------------------------------------------------------------------------- tiny Shakespeare
+def test_tiny_shakespeare_is_downloaded_checked_and_kept(tmp_path, monkeypatch):
+    """``tinyshakespeare/input.txt`` missing from the data directory is fetched from
+    char-rnn's pinned commit (served here from the shared copy), checked and kept; a
+    corrupt download writes nothing."""
+    shared = SHARED / corpora.TINY_SHAKESPEARE
+    if not shared.is_file():
+        pytest.skip(f"shared data not found at {SHARED}")
+    urls = []
+
+    def opener(url, timeout=None):
+        urls.append(url)
+        return io.BytesIO(shared.read_bytes())
+
+    monkeypatch.setattr(corpora, "_urlopen", opener)
+    path = corpora.known_text(corpora.TINY_SHAKESPEARE, data_dir=tmp_path)
+    assert path == tmp_path / "tinyshakespeare" / "input.txt"
+    assert path.read_bytes() == shared.read_bytes()
+    assert urls == ["https://raw.githubusercontent.com/karpathy/char-rnn/"
+                    "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt"]
+    corpora.known_text(corpora.TINY_SHAKESPEARE, data_dir=tmp_path)  # kept: no second fetch
+    assert len(urls) == 1
+
+    monkeypatch.setattr(corpora, "_urlopen",
+                        lambda url, timeout=None: io.BytesIO(shared.read_bytes()[:-1]))
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        corpora.known_text(corpora.TINY_SHAKESPEARE, data_dir=tmp_path / "other")
+    assert not (tmp_path / "other" / "tinyshakespeare" / "input.txt").exists()
+    with pytest.raises(FileNotFoundError, match="tinyshakespeare/input.txt"):
+        corpora.known_text(corpora.TINY_SHAKESPEARE, data_dir=tmp_path / "none",
+                           download=False)

@@ -6,6 +6,7 @@ in ``test_decoding.py``.)"""
 
 import csv
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -48,6 +49,31 @@ def test_char_split_is_nanogpt_90_10_by_characters(data_dir, tmp_path):
     # data/shakespeare_char/prepare.py: "train has 1,003,854 tokens", "val has 111,540 tokens"
     assert data.info == {"train_tokens": 1003854, "val_tokens": 111540}
     assert data.source_tokenizer.vocab_size == 65 + 4  # 65 characters + our 4 reserved ids
+
+
+def test_the_shakespeare_recipe_downloads_its_text_into_an_empty_data_dir(data_dir, tmp_path,
+                                                                           monkeypatch):
+    """``configs/shakespeare_gpt.yaml`` names ``tinyshakespeare/input.txt`` in the data
+    directory; where it is missing it is downloaded there and checked (served here from
+    the shared copy), then split as nanoGPT splits it."""
+    import io
+
+    from transformerkit.data import corpora
+    from transformerkit.training.data_setup import prepare_data
+
+    fetched = []
+
+    def opener(url, timeout=None):
+        fetched.append(url)
+        return io.BytesIO((Path(data_dir) / SHAKESPEARE).read_bytes())
+
+    monkeypatch.setattr(corpora, "_urlopen", opener)
+    config = load_config("configs/shakespeare_gpt.yaml",
+                         [f"data.data_dir={tmp_path / 'data'}", "data.steps_per_epoch=2"])
+    data = prepare_data(config, str(tmp_path / "run"))
+    assert len(fetched) == 1 and fetched[0].endswith("/data/tinyshakespeare/input.txt")
+    assert (tmp_path / "data" / SHAKESPEARE).is_file()
+    assert data.info == {"train_tokens": 1003854, "val_tokens": 111540}
 
 
 def test_configured_gpt_is_causal():

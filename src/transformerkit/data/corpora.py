@@ -43,6 +43,15 @@ MULTI30K_SHA256 = {
     "test2016.fr": "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6",
     "test2016.cs": "45adb85f688de8407fddcbe1b36dca15d12aab868149b337e2576f2d6d2ff8d8",
 }
+# Texts a config may name by their place in the data directory (``data.text``), fetched there
+# when missing: tiny Shakespeare, char-rnn's file (nanoGPT's shakespeare recipes download the
+# same path), at a pinned commit, as listed in shared/data/tinyshakespeare/README.md.
+TINY_SHAKESPEARE = "tinyshakespeare/input.txt"
+KNOWN_TEXTS = {  # path in the data directory -> (URL, sha256)
+    TINY_SHAKESPEARE: ("https://raw.githubusercontent.com/karpathy/char-rnn/"
+                       "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt",
+                       "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+}
 TED_SPLITS = ("train", "validation", "test")
 DOWNLOAD_TIMEOUT_S = 60
 
@@ -171,6 +180,20 @@ def multi30k_file(split, lang, folder, download=True):
     url = MULTI30K_URL.format(name=_REMOTE_NAMES[split], lang=lang)
     download_verified(url, path, MULTI30K_SHA256[path.name], gunzip=True)
     return path
+
+
+def known_text(name, data_dir=None, download=True):
+    """The path of a :data:`KNOWN_TEXTS` file (``"tinyshakespeare/input.txt"``) in the data
+    directory, downloaded there first (checked against its sha256) when missing and
+    allowed."""
+    path = resolve_data_dir(data_dir) / name
+    if path.is_file():
+        return path
+    if not download:
+        raise FileNotFoundError(f"{name} not found in the data directory: {path}")
+    url, sha256 = KNOWN_TEXTS[name]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return download_verified(url, path, sha256)
 
 
 def download_verified(url, path, sha256, gunzip=False):

@@ -131,13 +131,17 @@ def _prepare_translation(config, run, reuse):
 def _text_path(data):
     """``data.text`` as given if it exists, else relative to the data directory
     (``data.data_dir`` / ``$TRANSFORMERKIT_DATA``), so configs can say
-    ``tinyshakespeare/input.txt``."""
+    ``tinyshakespeare/input.txt``: a file of ``corpora.KNOWN_TEXTS`` is downloaded there
+    (and checked) when missing."""
     path = data.text
     if os.path.isfile(path) or os.path.isabs(path):
         return path
     in_data_dir = os.path.join(corpora.resolve_data_dir(data.data_dir), path)
     if os.path.isfile(in_data_dir):
         return in_data_dir
+    known = os.path.normpath(path).replace(os.sep, "/")
+    if known in corpora.KNOWN_TEXTS:
+        return str(corpora.known_text(known, data.data_dir))
     raise FileNotFoundError(f"data.text: no such file {path!r} (looked in the current "
                             f"directory and in the data directory {in_data_dir!r})")
 
