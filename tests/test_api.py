@@ -120,6 +120,32 @@ def test_loaded_run_translates(translation_run):
         run.generate("Hallo")
 
 
+def test_threads_are_the_cores_available_unless_given(runs):
+    """``threads`` as ``load()`` and ``--threads`` take it: 0 leaves PyTorch's threads at
+    its default, the cores this process may use; N sets them (keras and compiled engines);
+    the CTranslate2 engine gets the same count (``resolve_threads``), whatever the host."""
+    import torch
+
+    import transformerkit
+    from transformerkit.threads import resolve_threads
+
+    before = torch.get_num_threads()
+    try:
+        transformerkit.load(runs["translation"], threads=1)
+        assert torch.get_num_threads() == 1
+        transformerkit.load(runs["translation"])  # 0: left as it is
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert resolve_threads(3) == 3
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "from transformerkit.threads import resolve_threads; import torch; "
+            "print(resolve_threads(0), torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stderr
+
+
 @pytest.mark.parametrize("texts, error, message", [
     (None, TypeError, "texts must be a str or a list of str, got NoneType"),
     (5, TypeError, "texts must be a str or a list of str, got int"),

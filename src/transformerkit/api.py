@@ -30,10 +30,12 @@ def load(run_dir, runtime=None, **keywords):
             ``checkpoint`` (``"model"``: the final weights; ``"best"``: the best validation
             score, see ``train.early_stopping_metric``; ``"averaged"``: ``transformerkit
             average``; the name of a file in ``RUN/checkpoints`` or a ``.keras`` path),
-            ``engine`` (``"keras"`` or ``"ctranslate2"``), ``precision`` (``float32``,
-            ``bfloat16``, ``int8`` or ``auto``: see :meth:`Run.translate`), ``threads`` (the
-            CTranslate2 engine's). They are the run's :attr:`Run.runtime`: what its calls
-            use unless a call says otherwise.
+            ``engine`` (``"keras"``, ``"compiled"`` or ``"ctranslate2"``), ``precision``
+            (``float32``, ``bfloat16``, ``int8`` or ``auto``: see :meth:`Run.translate`),
+            ``threads`` (0: the cores this process may use; N: N threads, which for the
+            keras and compiled engines sets PyTorch's threads for the whole process:
+            :mod:`transformerkit.threads`). They are the run's :attr:`Run.runtime`: what its
+            calls use unless a call says otherwise.
 
     Returns a :class:`Run`.
     """
@@ -41,6 +43,7 @@ def load(run_dir, runtime=None, **keywords):
     from transformerkit.decoding.options import RuntimeOptions, resolve
     from transformerkit.models.base import compute_in_float32
     from transformerkit.saving import load_model
+    from transformerkit.threads import use_torch_threads
 
     runtime = resolve(RuntimeOptions, runtime, keywords, "load()")
     run = RunDirectory(run_dir)
@@ -58,6 +61,8 @@ def load(run_dir, runtime=None, **keywords):
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
     loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime)
     loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
+    if runtime.engine in _MODEL_ENGINES:
+        use_torch_threads(runtime.threads)
     return loaded
 
 

@@ -317,6 +317,8 @@ def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
     weight.assign(keras.ops.convert_to_numpy(weight) + 1.0)  # other weights: re-exported
     ensure_export(run)
     engine = CTranslate2Engine(run, threads=1)
+    assert engine.threads == 1
+    assert CTranslate2Engine(run).threads == len(os.sched_getaffinity(0))  # not CT2's 4
     text = sentences(1, seed=3)[0]  # the re-exported weights: the same except at a near-tie
     assert_same_texts_or_near_tie(run, [text], [engine.translate(text, beam_size=1)],
                                   [run.translate(text, beam_size=1)])

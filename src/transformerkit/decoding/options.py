@@ -196,8 +196,9 @@ class RuntimeOptions(_Checked):
                                  "(bfloat16 where the CPU has bfloat16 units, else float32); "
                                  "CTranslate2's is chosen at export")
     threads: int = option(0, minimum=0,
-                          help="the ctranslate2 engine's threads (intra_threads; 0: its "
-                               "default)")
+                          help="CPU threads of every engine: 0, the cores this process may "
+                               "use (its CPU affinity); N sets PyTorch's threads (keras and "
+                               "compiled engines) or CTranslate2's intra_threads")
     checkpoint: str = option("model",
                              help="which weights: model (the final ones), best (best "
                                   "validation score), averaged (transformerkit average), a "

@@ -65,6 +65,7 @@ from transformerkit.export.ctranslate2 import (
     is_current,
 )
 from transformerkit.extras import require
+from transformerkit.threads import resolve_threads
 
 _ENGINES = weakref.WeakKeyDictionary()  # Run -> {threads: its CTranslate2Engine}
 
@@ -75,6 +76,7 @@ def engine_for(run, threads=0):
     """The run's :class:`CTranslate2Engine` with ``threads`` (``RuntimeOptions.threads``),
     made once per run and thread count."""
     engines = _ENGINES.setdefault(run, {})
+    threads = resolve_threads(threads)
     if threads not in engines:
         engines[threads] = CTranslate2Engine(run, threads=threads)
     return engines[threads]
@@ -102,7 +104,8 @@ class CTranslate2Engine:
     Args:
         run: a loaded ``transformerkit.api.Run`` (its tokenizers; its model is exported on
             first use into the run directory).
-        threads: CTranslate2's ``intra_threads`` (0: CTranslate2's default).
+        threads: CTranslate2's ``intra_threads`` (0: the cores this process may use,
+            :func:`transformerkit.threads.resolve_threads`).
         compute_type: CTranslate2's ``compute_type`` ("default": as exported; "int8",
             "int8_float32", "float32", ...: converted when loaded).
         model_dir: an export folder to use instead of the run's own.
@@ -112,9 +115,10 @@ class CTranslate2Engine:
         self.run = run
         self.model_dir = os.fspath(model_dir) if model_dir else ensure_export(run)
         self.max_length = run.model.max_length
+        self.threads = resolve_threads(threads)  # CTranslate2's intra_threads
         self._open = lambda: (ctranslate2.Generator if run.kind == "gpt" else
                               ctranslate2.Translator)(self.model_dir, device="cpu",
-                                                      intra_threads=int(threads),
+                                                      intra_threads=self.threads,
                                                       compute_type=compute_type)
         self.session = self._open()
         target = run.target_tokenizer

@@ -31,6 +31,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from transformerkit.serving.shutdown import DrainingServer, exit_if_still_loading
+from transformerkit.threads import cores_available
 
 log = logging.getLogger("transformerkit.serve")
 
@@ -46,14 +47,6 @@ def worker_settings():
         raise RuntimeError(f"{SETTINGS_VARIABLE} is not set: this factory builds the "
                            "application of a worker started by transformerkit serve "
                            "--workers") from None
-
-
-def cores_available():
-    """The number of CPU cores this process may run on (its affinity where the system
-    tells it, else all)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def share_threads(workers):
