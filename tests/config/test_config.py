@@ -24,6 +24,20 @@ def test_defaults_and_overrides(tmp_path):
     assert config.data.tokens_per_batch == 4096  # default filled in
 
 
+def test_numbers_in_exponent_form_are_numbers(tmp_path):
+    """``1e-5`` and ``3E4`` are numbers in a config file and in ``--set`` (as in YAML 1.2,
+    Python and JSON), not the strings PyYAML's YAML 1.1 rules make of them without a dot;
+    a quoted one stays a string."""
+    path = write(tmp_path, "model:\n  layer_norm_epsilon: 1e-5\ntrain:\n  learning_rate: 3e-4\n")
+    config = load_config(path, ["train.min_learning_rate=1E-6"])
+    assert config.model["layer_norm_epsilon"] == 1e-5
+    assert config.train.learning_rate == 3e-4 and config.train.min_learning_rate == 1e-6
+    with pytest.raises(ConfigError, match="data.vocab_size must be an integer"):
+        load_config(None, ["data.vocab_size=8e3"])  # a float still is not an integer
+    with pytest.raises(ConfigError, match="must be a number, got str"):
+        load_config(write(tmp_path, "train:\n  learning_rate: '1e-4'\n"))
+
+
 @pytest.mark.parametrize("text, match", [
     ("model:\n  d_modle: 64\n", "model.d_modle"),
     ("modell:\n  d_model: 64\n", "unknown section"),

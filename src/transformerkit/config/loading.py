@@ -287,6 +287,16 @@ def _absolute_entries(entries):
     return out
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader reading ``1e-5`` as the number it is (YAML 1.2, Python and JSON
+    read it so; PyYAML's YAML 1.1 rules want a dot, ``1.0e-5``, and give the string)."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def load_config(path=None, overrides=()):
     """Read a YAML config (or start from defaults), apply ``section.key=value`` overrides,
     validate and return the resolved :class:`RunConfig`."""
@@ -296,7 +306,7 @@ def load_config(path=None, overrides=()):
             raise ConfigError(f"config file not found: {path}")
         try:
             with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f) or {}
+                raw = yaml.load(f, Loader=_ConfigLoader) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from err
         except UnicodeDecodeError as err:
@@ -455,7 +465,7 @@ def _parse_override(item):
         raise ConfigError(f"--set {item!r}: unknown section {section!r}; "
                           f"expected one of {sorted(schema())}")
     try:
-        parsed = yaml.safe_load(value) if value != "" else None
+        parsed = yaml.load(value, Loader=_ConfigLoader) if value != "" else None
     except yaml.YAMLError:
         parsed = value
     return section, key, parsed
