@@ -122,9 +122,28 @@ def cpu_model():
                     break
     except OSError:
         pass
-    vector = [flag for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+    vector = [flag for flag in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
+                                "amx_int8")
               if flag in flags]
     return name, vector
+
+
+PACKAGES = ("keras", "keras-transformerkit", "ctranslate2", "transformers", "jax",
+            "tensorflow", "openvino")  # ours and the peers' a result may depend on
+
+
+def package_versions():
+    """The installed versions of :data:`PACKAGES` (those present), read from their
+    metadata without importing them."""
+    from importlib import metadata
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def machine():
@@ -136,7 +155,8 @@ def machine():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": name, "cpu_flags": vector, "cores": cores,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "torch": torch.__version__, "versions": package_versions(),
+            "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)),
                                   *sys.argv[1:]])}
 
