@@ -170,6 +170,9 @@ def test_changed_weights_get_a_package_of_their_own(transformer, package_directo
     twin.build(None)
     twin.set_weights(transformer.get_weights())
     assert twin.name != transformer.name and aot_step.package_key(twin) == first
+    with pytest.MonkeyPatch.context() as patch:  # code vectorized for another ISA
+        patch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+        assert aot_step.package_key(transformer) != first
     old = transformer.logits_bias.bias.numpy()
     try:
         transformer.logits_bias.bias.assign(old[::-1].copy())

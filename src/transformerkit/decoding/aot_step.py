@@ -63,6 +63,9 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}),
            "large": (64, {"freezing": True})}
 PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
 FORMAT = 3  # the layout of a package's inputs; a change makes every cached package stale
+# the kernel caps a package's code depends on: Inductor vectorizes its C++ for the ISA
+# ATEN_CPU_CAPABILITY allows, and the frozen weights are packed for oneDNN's
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 
 
 def cache_directory():
@@ -77,8 +80,8 @@ def package_key(model, bucket="small", precision="float32"):
     """The hex digest naming ``model``'s step package for the row ``bucket`` and the
     products' ``precision``: its weights'
     bytes, its options, the package format and options, PyTorch's
-    version and the CPU's flags (a package runs the kernels chosen for the CPU it was built
-    on)."""
+    version, the CPU's flags and the kernel caps in the environment (:data:`KERNEL_CAPS`; a
+    package runs the kernels chosen for the CPU and caps it was built under)."""
     import torch
 
     model._ensure_built()  # a model built lazily lists its weights once built
@@ -93,7 +96,8 @@ def package_key(model, bucket="small", precision="float32"):
                               # serialization imports modules for seconds
                               "options": dataclasses.asdict(model.options),
                               "cpu": sorted(precisions.cpu_flags()),
-                              "vendor": precisions.cpu_vendor()},
+                              "vendor": precisions.cpu_vendor(),
+                              "caps": {k: os.environ.get(k) for k in KERNEL_CAPS}},
                              sort_keys=True, default=str).encode())
     for variable in model.weights:  # in the model's structural order
         value = variable.value.detach().cpu().contiguous()
