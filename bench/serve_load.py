@@ -176,6 +176,9 @@ def main():
                              "every level (results named serve_load_workers if any is > 1)")
     parser.add_argument("--window-ms", type=float, default=10.0,
                         help="the server's --batch-window-ms (10, its default)")
+    parser.add_argument("--name", default=None,
+                        help="results/NAME.{json,md} (default: serve_load[_ENGINE]"
+                             "[_PRECISION][_workers])")
     args = parser.parse_args()
     os.environ.setdefault("KERAS_BACKEND", "torch")
     if args.threads:
@@ -231,7 +234,7 @@ def main():
         name += f"_{args.precision}"
     if max(args.workers) > 1:
         name += "_workers"
-    common.write_results(name, payload, table)
+    common.write_results(args.name or name, payload, table)
 
 
 if __name__ == "__main__":
