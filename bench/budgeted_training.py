@@ -7,12 +7,12 @@ minutes, the AMX Xeon about 1,300 in float32. So a budget here is an update coun
 budget's own estimate of its length, minutes (``2.5m``: ``train.time_budget``); each recipe
 is a set of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
 
-- ``schedule``: the paper's schedule cut off at the budget (``train.cooldown=0``), the
-  recipe before the cooldown;
+- ``schedule``: the paper's schedule cut off at the budget (``train.cooldown=0``), warmup
+  400, ``lr_scale`` 0.5: the recipe before the cooldown;
 - ``cooldown``: the same schedule cooled down to zero over the run's last fifth
   (``train.cooldown`` null: 0.2);
-- ``cooldown-warmup200``: that, warming up over 200 updates instead of 400 (the recipe's
-  ``train.warmup_steps`` now);
+- ``cooldown-warmup200``: that, warming up over 200 updates instead of 400;
+- ``recipe``: the config as it ships (the cooldown, warmup 200, ``lr_scale`` 0.35);
 - more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
 
 Every run trains in a process of its own (``transformerkit train``), then is scored on
@@ -20,7 +20,8 @@ Multi30k val (the run's own final evaluation, greedy) and test2016 (beam 4, sacr
 with the share of test2016 outputs that repeat a word 4-gram (the loops of an
 under-trained model: "wearing a red vest is wearing a red vest").
 
-    python bench/budgeted_training.py --budgets 660,2.5m --seeds 0,1,2
+    python bench/budgeted_training.py --budgets 660,1320 --seeds 0,1,2 \
+        --recipes schedule,cooldown-warmup200,recipe
     # -> bench/results/budgeted_training.{json,md}
 """
 
@@ -35,8 +36,10 @@ import common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "multi30k_de_en.yaml")
-RECIPES = {"schedule": ["train.cooldown=0", "train.warmup_steps=400"],
-           "cooldown": ["train.warmup_steps=400"], "cooldown-warmup200": ["train.warmup_steps=200"]}
+RECIPES = {"schedule": ["train.cooldown=0", "train.warmup_steps=400", "train.lr_scale=0.5"],
+           "cooldown": ["train.warmup_steps=400", "train.lr_scale=0.5"],
+           "cooldown-warmup200": ["train.warmup_steps=200", "train.lr_scale=0.5"],
+           "recipe": []}
 
 
 def repeats_a_phrase(text, n=4):
@@ -129,6 +132,9 @@ def main():
     parser.add_argument("--work", default="/tmp/budgeted_training",
                         help="folder of the runs (kept: a rerun scores a finished run again)")
     parser.add_argument("--name", default="budgeted_training")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="table the runs already in --work, train none (a budget, seed "
+                             "and recipe without a finished run is left out)")
     args = parser.parse_args()
     recipes = dict(RECIPES)
     for spec in args.recipe:
@@ -142,6 +148,8 @@ def main():
                 run_dir = os.path.join(args.work, f"{recipe}-{budget}-s{seed}")
                 seconds = None
                 if not os.path.isfile(os.path.join(run_dir, "metrics.json")):
+                    if args.finished_only:
+                        continue
                     seconds = round(train(run_dir, budget, seed, recipes[recipe]), 1)
                 result = dict(budget=budget, recipe=recipe, seed=seed,
                               overrides=recipes[recipe], wall_seconds=seconds,
