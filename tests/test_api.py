@@ -120,6 +120,22 @@ def test_loaded_run_translates(translation_run):
         run.generate("Hallo")
 
 
+def test_without_ctranslate2_the_keras_engine_translates(runs, monkeypatch):
+    """``pip install ".[torch]"`` has no CTranslate2: a run translates with the keras
+    engine, and only ``engine="ctranslate2"`` asks for the extra, in one line."""
+    import transformerkit
+    from transformerkit.extras import MissingExtra
+
+    for name in list(sys.modules):
+        if name == "ctranslate2" or name.startswith(("ctranslate2.", "transformerkit.export")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    run = transformerkit.load(runs["translation"])
+    assert isinstance(run.translate("Ein Hund läuft.", max_new_tokens=5), str)
+    with pytest.raises(MissingExtra, match=r"keras-transformerkit\[ctranslate2\]"):
+        run.translate("Ein Hund läuft.", engine="ctranslate2")
+
+
 def test_threads_are_the_cores_available_unless_given(runs):
     """``threads`` as ``load()`` and ``--threads`` take it: 0 leaves PyTorch's threads at
     its default, the cores this process may use; N sets them (keras and compiled engines);

@@ -196,9 +196,11 @@ class Run:
         and the precision; each None is the run's (:attr:`runtime`), the pair checked by
         :class:`~transformerkit.decoding.options.RuntimeOptions` (a clear ``ValueError``
         for a bad name, or bfloat16/int8 with CTranslate2)."""
-        from transformerkit.export.runtime import CTranslate2Engine
+        given = False  # an engine object; a name needs no CTranslate2 (an optional extra)
+        if engine is not None and not isinstance(engine, str):
+            from transformerkit.export.runtime import CTranslate2Engine
 
-        given = isinstance(engine, CTranslate2Engine)
+            given = isinstance(engine, CTranslate2Engine)
         changes = {"engine": "ctranslate2" if given else engine, "precision": precision}
         runtime = self.runtime.replace(**{k: v for k, v in changes.items() if v is not None})
         self.check_runtime(runtime)
