@@ -72,6 +72,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/train_step.py --batches 6 --repeats 1 --rounds 3
+	$(BIN)/python bench/report.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

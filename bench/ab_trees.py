@@ -20,7 +20,7 @@ Measurements (randomly initialised, seeded; no data needed):
 - ``beam4``: beam search of width 4 on 32 sentences, exactly 32 tokens.
 
     python bench/ab_trees.py --before f53d7f9 --after HEAD --pairs 6
-    # -> bench/results/ab_trees.{json,md}
+    # -> bench/results/ab_trees.FAMILY.{json,md}
 """
 
 import argparse

@@ -22,7 +22,7 @@ under-trained model: "wearing a red vest is wearing a red vest").
 
     python bench/budgeted_training.py --budgets 660,1320 --seeds 0,1,2 \
         --recipes schedule,cooldown-warmup200,recipe
-    # -> bench/results/budgeted_training.{json,md}
+    # -> bench/results/budgeted_training.FAMILY.{json,md}
 """
 
 import argparse
@@ -135,6 +135,9 @@ def main():
     parser.add_argument("--finished-only", action="store_true",
                         help="table the runs already in --work, train none (a budget, seed "
                              "and recipe without a finished run is left out)")
+    parser.add_argument("--keep-results", action="store_true",
+                        help="keep the results already in results/NAME.FAMILY.json (this "
+                             "CPU family's) that this run does not measure again")
     args = parser.parse_args()
     recipes = dict(RECIPES)
     for spec in args.recipe:
@@ -156,9 +159,36 @@ def main():
                               **score(run_dir))
                 print({k: v for k, v in result.items() if k != "examples"}, flush=True)
                 results.append(result)
-    payload = {"machine": common.machine(), "config": os.path.relpath(CONFIG, ROOT),
-               "recipes": {name: recipes[name] for name in chosen}, "results": results}
-    common.write_results(args.name, payload, table(results, chosen))
+    machine = common.machine()
+    used = {name: recipes[name] for name in chosen}
+    commands = [machine["command"]]
+    if args.keep_results:
+        results, used, commands = kept_results(args.name, machine, results, used)
+    payload = {"machine": machine, "config": os.path.relpath(CONFIG, ROOT), "recipes": used,
+               "results": results, "commands": commands}
+    common.write_results(args.name, payload, table(results, list(used)))
+
+
+def kept_results(name, machine, results, recipes):
+    """``results`` after the earlier results of ``results/NAME.FAMILY.json`` that they do not
+    measure again (same budget, recipe and seed); the earlier file must come from the same
+    CPU model and flags. Returns (results, recipes, commands)."""
+    path = common.result_stem(name, machine) + ".json"
+    if not os.path.isfile(path):
+        return results, recipes, [machine["command"]]
+    with open(path, encoding="utf-8") as f:
+        earlier = json.load(f)
+    where = ("cpu", "cpu_flags", "cores")
+    if any(earlier["machine"].get(k) != machine.get(k) for k in where):
+        raise SystemExit(f"--keep-results: {path} was measured on "
+                         f"{earlier['machine'].get('cpu')} {earlier['machine'].get('cpu_flags')}"
+                         f", not this CPU: give another --name")
+    fresh = {(r["budget"], r["recipe"], r["seed"]) for r in results}
+    kept = [r for r in earlier["results"] if (r["budget"], r["recipe"], r["seed"]) not in fresh]
+    merged = {**earlier.get("recipes", {}), **recipes}
+    commands = [*earlier.get("commands", [earlier["machine"].get("command")]),
+                machine["command"]]
+    return kept + results, merged, commands
 
 
 if __name__ == "__main__":

@@ -161,11 +161,19 @@ def machine():
                                   *sys.argv[1:]])}
 
 
-def describe(machine_info):
-    """One line for a results table: ``CPU (flags), N cores, date, `command```."""
-    flags = "/".join(machine_info.get("cpu_flags", [])) or "no AVX2"
-    return (f"Measured on {machine_info['cpu']} ({flags}), {machine_info['cores']} cores, "
-            f"{machine_info.get('date', '')}: `{machine_info.get('command', '')}`.")
+def describe(machine_info, commands=None):
+    """One line for a results table: ``CPU (flags), N cores, date, `command```; a file
+    that gathers several runs (``commands``) names each."""
+    flags = machine_info.get("cpu_flags", [])
+    if not flags:
+        where = ("a CPU not recorded (the file predates the machine records), "
+                 f"{machine_info.get('cores', '?')} cores")
+    else:
+        where = f"{machine_info['cpu']} ({'/'.join(flags)}), {machine_info['cores']} cores"
+    date = machine_info.get("date")
+    commands = commands or [machine_info.get("command") or "not recorded"]
+    return (f"Measured on {where}{', ' + date if date else ''}: "
+            + "; ".join(f"`{c}`" if c != "not recorded" else c for c in commands) + ".")
 
 
 def train_run(config, run_dir, overrides):
@@ -190,15 +198,39 @@ def run_worker(script, args, env_extra=None, timeout=1800):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# (flag, label): the widest vector feature names a CPU family, first match wins
+_FAMILY_FEATURES = (("amx_bf16", "amx"), ("avx512_bf16", "avx512bf16"),
+                    ("avx512_vnni", "avx512vnni"), ("avx512f", "avx512"), ("avx2", "avx2"))
+
+
+def cpu_family(machine_info):
+    """The CPU family a result file is named by: the vendor's line and the widest vector
+    feature, e.g. ``xeon-amx``, ``epyc-avx512bf16``, ``xeon-avx512vnni``; ``unrecorded``
+    for a file whose machine record has no flags."""
+    cpu, flags = machine_info.get("cpu", ""), set(machine_info.get("cpu_flags", []))
+    line = "epyc" if "EPYC" in cpu else "xeon" if "Xeon" in cpu else "x86"
+    for flag, label in _FAMILY_FEATURES:
+        if flag in flags:
+            return f"{line}-{label}"
+    return "unrecorded"
+
+
+def result_stem(name, machine_info):
+    """``results/NAME.FAMILY`` (no suffix): one file per benchmark and CPU family."""
+    if not name or os.path.basename(name) != name or name.startswith(".") or "." in name:
+        raise SystemExit(f"--name must be a plain file name without folders or dots, "
+                         f"got {name!r}")
+    return os.path.join(RESULTS, f"{name}.{cpu_family(machine_info)}")
+
+
 def write_results(name, payload, table):
-    """Write ``results/NAME.json`` and ``results/NAME.md`` (the table the README quotes),
-    each atomically: an interrupted run leaves the previous results whole."""
+    """Write ``results/NAME.FAMILY.json`` and ``.md`` (its table and the machine line),
+    each atomically: an interrupted run leaves the previous results whole. ``payload``
+    holds ``machine`` (:func:`machine`); ``bench/report.py`` puts the tables in the docs."""
     from transformerkit.files import atomic_write_text
 
-    if not name or os.path.basename(name) != name or name.startswith("."):
-        raise SystemExit(f"--name must be a plain file name without folders, got {name!r}")
-    atomic_write_text(os.path.join(RESULTS, f"{name}.json"), json.dumps(payload, indent=2))
-    if "machine" in payload:
-        table = table + "\n\n" + describe(payload["machine"])
-    atomic_write_text(os.path.join(RESULTS, f"{name}.md"), table + "\n")
+    stem = result_stem(name, payload["machine"])
+    atomic_write_text(stem + ".json", json.dumps(payload, indent=2))
+    table = table + "\n\n" + describe(payload["machine"], payload.get("commands"))
+    atomic_write_text(stem + ".md", table + "\n")
     print(table)

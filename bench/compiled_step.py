@@ -8,7 +8,7 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   ``--engine compiled`` with the packages already on disk (the cached load), alternating
   engines for ``--repeats`` rounds (the best kept; the first call of each is discarded).
 
-    python bench/compiled_step.py RUN   # -> bench/results/compiled_step.{json,md}
+    python bench/compiled_step.py RUN   # -> bench/results/compiled_step.FAMILY.{json,md}
 """
 
 import argparse

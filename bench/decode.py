@@ -24,7 +24,7 @@ configuration keeps its best round. All use the same number of CPU threads
 (``--threads``, default 1). "recompute" reruns the decoder over the whole prefix every step
 (the encoder once), as decoders without a cache (and keras-hub's samplers) do.
 
-    python bench/decode.py --run runs/multi30k_de_en   # -> bench/results/decode.{json,md}
+    python bench/decode.py --run runs/multi30k_de_en   # -> bench/results/decode.FAMILY.{json,md}
 """
 
 import argparse

@@ -18,7 +18,7 @@ every other round (``bench/decode.py``'s protocol: CTranslate2's OpenMP pool and
 must not share a process); each configuration keeps its best of ``--repeats`` rounds; every
 system uses ``--threads`` CPU threads (1).
 
-    python bench/decode_precision.py RUN   # -> bench/results/decode_precision.{json,md}
+    python bench/decode_precision.py RUN   # -> bench/results/decode_precision.FAMILY.{json,md}
 
 ``--kernels`` times the products alone instead, on the Multi30k model's shapes (one
 thread, interleaved, best of ``--repeats`` rounds): float32 packed for oneDNN, bfloat16

@@ -33,7 +33,7 @@ time); its later rounds load them (the cached load time: the first call's time l
 timed call's). Every system uses ``--threads`` threads (1). Output agreement: the share of
 rows whose new ids equal ``transformers``'.
 
-    python bench/gpt2_generate.py   # -> bench/results/gpt2_generate.{json,md}
+    python bench/gpt2_generate.py   # -> bench/results/gpt2_generate.FAMILY.{json,md}
 """
 
 import argparse

@@ -28,7 +28,7 @@ nanoGPT, ours, nanoGPT, ..., ours, nanoGPT, and each of ours is compared with th
 the two nanoGPT runs around it: this shared machine's speed drifts by 10-30% over minutes
 (one earlier 3-run pairing put ours at 0.77x of the nanoGPT run before it while nanoGPT's
 own in-process step had become 1.5x faster). Writes
-``results/gpt_vs_nanogpt[_baby].{json,md}``.
+``results/gpt_vs_nanogpt[_RECIPE].FAMILY.{json,md}``.
 
 Usage:
     python bench/gpt_vs_nanogpt.py --nanogpt /tmp/nanogpt              # cpu recipe, 2000 its

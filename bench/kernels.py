@@ -14,7 +14,7 @@ repeat times A then B, or B then A, alternating; medians of the repeats):
 - dropout masks (``layers/dropout.py: keep_mask``): ``rand_like(x) >= rate`` scaled,
   against the SFC64 mask, per million elements.
 
-    python bench/kernels.py            # -> bench/results/kernels.{json,md}
+    python bench/kernels.py            # -> bench/results/kernels.FAMILY.{json,md}
 """
 
 import argparse

@@ -12,7 +12,7 @@ search and reports BLEU two ways:
 
 Also reported: seconds per training epoch, epochs and optimizer steps done in the budget.
 
-    python bench/multi30k_bleu.py                       # 60 minutes -> results/multi30k_bleu.*
+    python bench/multi30k_bleu.py          # 60 minutes -> results/multi30k_bleu.FAMILY.*
     python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
     python bench/multi30k_bleu.py --average 5 --set train.epochs=31 --minutes 150 \

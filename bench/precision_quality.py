@@ -19,7 +19,7 @@ bfloat16 units (AVX512-BF16 or AMX-BF16), which the machine line names.
     python bench/precision_quality.py --steps 750 --seeds 0,1 --minutes 10
     python bench/precision_quality.py --skip-train      # score the runs again
 
--> ``bench/results/precision_quality.{json,md}``.
+-> ``bench/results/precision_quality.FAMILY.{json,md}``.
 """
 
 import argparse

@@ -11,7 +11,7 @@ and the median of the per-step ratios (bfloat16 time over float32 time, on the s
     python bench/precision_step.py                        # d_model 256 (the small model)
     python bench/precision_step.py --d-model 64,128,256   # where bfloat16 starts to pay
 
-Writes ``bench/results/precision_step.{json,md}``.
+Writes ``bench/results/precision_step.FAMILY.{json,md}``.
 """
 
 import argparse

@@ -63,7 +63,7 @@ cores other programs keep busy, use ``--threads 1``: there CTranslate2 with 2 th
 6-20x slower than with 1 (one batch of 16 sentences, 8 tokens: 6.0-19.8 s against
 1.0-1.3 s; its OpenMP threads wait for each other), and PyTorch's pool suffers likewise.
 
-    python bench/pretrained.py            # -> bench/results/pretrained.{json,md}
+    python bench/pretrained.py            # -> bench/results/pretrained.FAMILY.{json,md}
     python bench/pretrained.py --sentences 128 --repeats 1 --name pretrained_small
 """
 

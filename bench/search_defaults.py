@@ -13,7 +13,7 @@ configuration once per round; the best round counts for speed):
 * **forced length**: the same A/B with 32 tokens forced (``min_new_tokens = max_new_tokens
   = 32``), where nothing finishes early, to show it does not get slower.
 
-    python bench/search_defaults.py                      # -> results/search_defaults.{json,md}
+    python bench/search_defaults.py       # -> results/search_defaults.FAMILY.{json,md}
     python bench/search_defaults.py --rounds 1 --sentences 256   # quick look
 """
 

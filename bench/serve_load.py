@@ -15,9 +15,9 @@ change both).
 ``--workers 1 2`` serves with one, then two worker processes (each level again per server;
 sentences per model call counted from ``GET /metrics``, which sums the workers).
 
-    python bench/serve_load.py --run runs/multi30k_de_en   # -> bench/results/serve_load.json, .md
+    python bench/serve_load.py --run runs/multi30k_de_en   # -> results/serve_load.FAMILY.*
     python bench/serve_load.py --run runs/multi30k_de_en --workers 1 2 --clients 32
-                                                           # -> serve_load_workers.json, .md
+                                                           # -> serve_load_workers.FAMILY.*
 """
 
 import argparse

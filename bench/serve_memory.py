@@ -9,7 +9,7 @@ process is the worker.
 
     python bench/serve_memory.py --run runs/multi30k_de_en --workers 1 2
 
-writes ``bench/results/serve_memory.json`` and ``.md``.
+writes ``bench/results/serve_memory.FAMILY.{json,md}``.
 """
 
 import argparse

@@ -25,7 +25,7 @@ end of the first window to the largest reading after it; the p99 latency of the 
 requests of every full window from the second on within 20% of their median.
 
     python bench/serve_soak.py runs/multi30k_de_en runs/shakespeare_gpt --minutes 10
-    # -> bench/results/serve_soak.json, .md; --minutes 0.3 --window-s 6: a short form
+    # -> bench/results/serve_soak.FAMILY.json, .md; --minutes 0.3 --window-s 6: a short form
 """
 
 import argparse
@@ -439,11 +439,13 @@ def main(argv=None):
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the report (repeatable): how the runs were trained, "
                              "what else ran on the machine")
-    parser.add_argument("--out", default=os.path.join(common.RESULTS, "serve_soak"),
-                        help="results path without suffix (.json and .md are written)")
+    parser.add_argument("--out", default=None,
+                        help="results path without suffix (.json and .md are written; "
+                             "default: bench/results/serve_soak.FAMILY)")
     args = parser.parse_args(argv)
     if len(args.runs) > 2:
         parser.error("give RUN and at most one GPT_RUN")
+    args.out = args.out or common.result_stem("serve_soak", common.machine())
     if args.minutes <= 0 or args.window_s <= 0 or args.clients < 1:
         parser.error("--minutes, --window-s and --clients must be positive")
     from transformerkit.serving.server import run_names

@@ -26,7 +26,7 @@ bound it sets in milliseconds, next to the time ours spends in matrix products a
 the kernels whose work both systems do alike (``SAME_WORK``: products, activation,
 LayerNorm, softmax). Where those kernels alone exceed the bound, no saving of Python,
 copies or element-wise passes reaches the goal with these kernels at this speed.
-Writes ``bench/results/step_profile_{pair}.{json,md}``.
+Writes ``bench/results/step_profile_{pair}.FAMILY.{json,md}``.
 """
 
 import argparse

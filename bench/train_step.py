@@ -21,7 +21,7 @@ Reported: real (non-padding) target tokens per second of forward+backward+update
 achieved GFLOP/s of the matrix products actually computed (padded shapes, 3x forward; the
 output layer of transformerkit's PyTorch step at the real label positions only).
 
-    python bench/train_step.py            # writes bench/results/train_step.{json,md}
+    python bench/train_step.py            # writes bench/results/train_step.FAMILY.{json,md}
     python bench/train_step.py --batches 6 --repeats 1 --rounds 3  # `make bench`: medians
     python bench/train_step.py --precision float32,mixed_bfloat16   # + a bf16 row (small model)
     python bench/train_step.py --backends torch --batches 6 --repeats 2 --rounds 7 \

@@ -79,3 +79,26 @@ def test_every_extra_is_declared_in_pyproject():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert set(EXTRAS.values()) <= set(declared)
+
+
+def test_ted_talks_without_tensorflow_datasets_name_the_tfds_extra(monkeypatch):
+    from transformerkit.data.corpora import load_ted_hrlr
+
+    _block(monkeypatch, "tensorflow_datasets")
+    with pytest.raises(MissingExtra, match=r"load_ted_hrlr .* needs the tensorflow_datasets "
+                                           r"package.*keras-transformerkit\[tfds\]"):
+        load_ted_hrlr("train", "pt_to_en")
+
+
+def test_training_without_tensorboard_names_the_extra_that_installs_it(monkeypatch, caplog):
+    import importlib.util
+
+    from transformerkit.training import trainer
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard"
+                        else real_find_spec(name, *a))
+    with caplog.at_level("INFO", logger=trainer.log.name):
+        assert trainer._tensorboard(run=None) == []
+    assert 'pip install "keras-transformerkit[torch]"' in caplog.text

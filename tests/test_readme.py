@@ -28,7 +28,7 @@ NOT_MANUAL_PAGES = {
     "pretrained_marian.md": "its block reads a downloaded OPUS-MT folder; "
                             "tests/models/test_marian_import.py builds such folders with "
                             "transformers and checks what the page says on them",
-    "benchmarks.md": "benchmark methods and history: its commands are the `bench/` scripts, "
+    "benchmarks.md": "benchmark methods and current tables: its commands are the `bench/` scripts, "
                      "long measurements (minutes to hours each) against peers, run by hand",
 }
 

@@ -40,12 +40,12 @@ oneDNN linear kernels      ``kernels/products.py``: ``torch.ops.mkldnn._reorder_
                            packs a weight once into oneDNN's blocked layout for inference
                            and ``torch.ops.mkldnn._linear_pointwise`` multiplies by it (the
                            kernels of PyTorch's own frozen-graph linear), faster than
-                           ``addmm`` for decoding's products (docs/benchmarks.md,
-                           "Decoding"); ``Tensor._version`` tells when a packed weight is
-                           stale (without it the weights are packed on every call);
+                           ``addmm`` for decoding's products on AMD CPUs
+                           (``kernels/products.py``); ``Tensor._version`` tells when a
+                           packed weight is stale (without it the weights are packed on every call);
                            ``_linear_pointwise`` also computes the training step's large
                            ``Dense`` products and their input gradients (``_OneDNNLinear``,
-                           faster than ``mm`` there: docs/benchmarks.md, "Training step");
+                           faster than ``mm`` there, measured with its commit);
                            ``kernels/lowprec.py`` packs bfloat16 weights with the same
                            two kernels (where oneDNN refuses bfloat16: emulated)
 int8 dynamic products      ``kernels/lowprec.py``: ``torch.quantize_per_channel``

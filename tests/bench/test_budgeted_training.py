@@ -43,3 +43,30 @@ def test_the_table_has_the_mean_and_each_seed_per_budget_and_recipe():
     assert lines[3].startswith("| 660 updates | cooldown | 1 | 28.00 (28.0) |")
     assert lines[4].startswith("| 2.5m (706 updates) | cooldown | 1 | 30.00 (30.0) |")
     assert len(lines) == 5
+
+
+def test_kept_results_add_the_earlier_runs_not_measured_again_on_the_same_cpu(tmp_path,
+                                                                                 monkeypatch):
+    import json
+
+    import pytest
+
+    bench = load_bench("budgeted_training")
+    monkeypatch.setattr(bench.common, "RESULTS", str(tmp_path))
+    machine = {"cpu": "AMD EPYC", "cpu_flags": ["avx2"], "cores": 2, "command": "python b.py"}
+    earlier = [dict(budget="660", recipe="recipe", seed=0, val_bleu=29.0),
+               dict(budget="660", recipe="schedule", seed=0, val_bleu=26.0)]
+    (tmp_path / "bt.epyc-avx2.json").write_text(json.dumps(
+        {"machine": dict(machine, command="python a.py"), "results": earlier,
+         "recipes": {"recipe": [], "schedule": ["train.cooldown=0"]}}))
+    fresh = [dict(budget="660", recipe="recipe", seed=0, val_bleu=29.5),
+             dict(budget="660", recipe="lr0.25", seed=0, val_bleu=30.0)]
+    results, recipes, commands = bench.kept_results(
+        "bt", machine, fresh, {"recipe": [], "lr0.25": ["train.lr_scale=0.25"]})
+    assert [(r["recipe"], r["val_bleu"]) for r in results] == [
+        ("schedule", 26.0), ("recipe", 29.5), ("lr0.25", 30.0)]  # the rerun replaces
+    assert list(recipes) == ["recipe", "schedule", "lr0.25"]
+    assert commands == ["python a.py", "python b.py"]
+    with pytest.raises(SystemExit, match="not this CPU"):
+        bench.kept_results("bt", dict(machine, cpu="AMD EPYC 9R14"), fresh, {})  # same family
+    assert bench.kept_results("absent", machine, fresh, {})[0] == fresh

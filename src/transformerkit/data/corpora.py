@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 
 from transformerkit.data import sources
+from transformerkit.extras import require
 from transformerkit.files import atomic_path, file_sha256
 
 LANGS = ("en", "de", "fr", "cs")
@@ -235,11 +236,7 @@ def load_ted_hrlr(split, pair="pt_to_en", data_dir=None):
         raise ValueError(f"unknown TED split {split!r}; expected one of {TED_SPLITS}")
     if "_to_" not in pair:
         raise ValueError(f"pair must look like 'pt_to_en', got {pair!r}")
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise ImportError("load_ted_hrlr needs tensorflow-datasets: "
-                          "pip install 'keras-transformerkit[tfds]'") from e
+    tfds = require("tensorflow_datasets", "load_ted_hrlr (TED talks from TensorFlow Datasets)")
     dataset = tfds.load(f"ted_hrlr_translate/{pair}", split=split, data_dir=data_dir,
                         as_supervised=True)  # (source, target) byte strings
     sources, targets = [], []

@@ -23,7 +23,7 @@ library that the loop calls once per step:
   runs a package whose products were chosen by measuring them at 2 rows (``max_autotune``:
   Inductor's own small-matrix kernels, several times faster there than the library's),
   a larger step one made for many rows (the packed library products; the small-row
-  kernels are slower there): ``bench/results/decode_compiled_rows.md``;
+  kernels are slower there): ``bench/results/decode_compiled_rows.epyc-avx512bf16.md``;
 - **cached on disk** by what the package depends on (:func:`package_key`: the weights'
   digest, the model's options, the bucket, the PyTorch version and the CPU's flags), written
   atomically; a package that fails to load is rebuilt.

@@ -15,7 +15,8 @@ float32 output.
   (``torch.ops.mkldnn._reorder_linear_weight``, the float32 path's kernels; AVX512-BF16 or
   AMX units), the input rounded to bfloat16, the products summed in float32, the output
   rounded to bfloat16 then widened. (The packed kernel, not ``addmm`` on a bfloat16 weight
-  copy: it is the faster of the two on the decoder's products, docs/benchmarks.md.) Where
+  copy: faster on most of the decoder's products and emulated where oneDNN refuses
+  bfloat16, where ``addmm`` is 24-50x slower: ``bench/decode_precision.py --kernels``.) Where
   oneDNN refuses bfloat16 (no such units, or ``ONEDNN_MAX_CPU_ISA`` below
   ``AVX512_CORE_BF16``), the same roundings are made around a float32 product (a warning
   says so once): the numbers of bfloat16, the speed of float32, never the 50x slower

@@ -86,7 +86,7 @@ def linear(x, weights, activation=None, low_output=False):
 # oneDNN's linear kernel for the forward product and the input gradient (:func:`linear`):
 # the Transformer steps' products (2^28 and more) gain from it, while for smaller ones, such
 # as nanoGPT's CPU recipe (2^23.6-2^25.6), the autograd function's Python costs more than the
-# kernel saves (the A/B: docs/benchmarks.md, "Training step").
+# kernel saves (the A/B is in the message of the commit that set this threshold).
 ONEDNN_TRAIN_MIN_MACS = 2 ** 27
 
 
@@ -102,9 +102,8 @@ if keras.backend.backend() == "torch":
     class _OneDNNLinear(torch.autograd.Function):
         """``x @ kernel + bias`` for ``x`` ``(rows, d_in)``, ``kernel`` ``(d_in, d_out)``: the
         product and the input gradient ``g @ kernel^T`` by oneDNN's linear kernel, the kernel
-        gradient ``x^T @ g`` by ``torch.mm`` (MKL's was the faster one for it:
-        docs/benchmarks.md, "Training step"). The same arithmetic as ``addmm``, to
-        round-off."""
+        gradient ``x^T @ g`` by ``torch.mm`` (MKL's was the faster one for it, measured
+        with this class's commit). The same arithmetic as ``addmm``, to round-off."""
 
         @staticmethod
         def forward(ctx, x, kernel, bias):
@@ -217,7 +216,7 @@ def _packs_float32():
     """Whether :func:`inference_linear` packs float32 weights for oneDNN: where it can
     (:func:`_onednn_available`) on CPUs other than Intel's. PyTorch's ``addmm`` runs MKL's
     products, which are the faster on Intel CPUs and the slower on AMD's, where oneDNN's
-    packed kernel wins (measured by ``bench/kernels.py``; docs/benchmarks.md). The choice is
+    packed kernel wins (``bench/decode_precision.py --kernels``; docs/benchmarks.md). The choice is
     by vendor, not measured at run time, so that a machine always computes the same
     numbers."""
     global _FLOAT32_PACKING

@@ -15,6 +15,7 @@ by pydot alone, ``.png``/``.svg``/``.pdf`` are rendered by Graphviz's ``dot`` pr
 import os
 import shutil
 
+from transformerkit.extras import MissingExtra, require
 from transformerkit.files import atomic_path
 from transformerkit.training.summary import count_parameters, parameter_summary
 
@@ -29,11 +30,9 @@ class DiagramUnavailable(OSError):
 
 def _pydot():
     try:
-        import pydot
-    except ImportError:
-        raise DiagramUnavailable("drawing the model needs pydot: pip install "
-                                 "'keras-transformerkit[diagram]' (or pip install pydot)") from None
-    return pydot
+        return require("pydot", "drawing the model")
+    except MissingExtra as err:
+        raise DiagramUnavailable(str(err)) from None
 
 
 def _label(layer):

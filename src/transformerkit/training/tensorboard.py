@@ -8,7 +8,7 @@ PyTorch, no writer thread. ``transformerkit train`` always uses it, also where T
 installed: one code path and the same run directory on every backend. (The ``tensorboard``
 package's higher-level writers, ``tensorboard.summary.Writer`` and the ``EventFileWriter``
 that ``torch.utils.tensorboard`` wraps, import all of TensorFlow when it is installed: seconds
-of start-up, docs/benchmarks.md, "Start-up".)
+of start-up.)
 
 The layout is Keras' own, so TensorBoard overlays the training and validation curves::
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from transformerkit.config import parse_duration, save_config
 from transformerkit.data.pipeline import EpochSync
+from transformerkit.extras import install_hint
 from transformerkit.files import atomic_path
 from transformerkit.models.factory import build_model
 from transformerkit.run_directory import RunDirectory
@@ -570,6 +571,6 @@ def _tensorboard(run):
     (``training/tensorboard.py``); needs only the ``tensorboard`` package."""
     if importlib.util.find_spec("tensorboard") is None:
         log.info("tensorboard not installed: no TensorBoard logs (history.csv is written); "
-                 "pip install tensorboard")
+                 "%s", install_hint("tensorboard"))
         return []
     return [TensorBoardScalars(run.logs)]
