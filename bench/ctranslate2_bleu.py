@@ -5,8 +5,8 @@ The run (a trained Multi30k de->en model) is exported twice through
 all three translate Multi30k test2016 with greedy search and beam 4 (alpha 0.6), through
 ``transformerkit.load(RUN).translate(..., engine=...)``. Int8 must lose at most 0.5 BLEU.
 
-    python bench/ctranslate2_bleu.py --run runs/multi30k_de_en   # -> bench/results/
-    # ctranslate2_bleu.json and .md
+    python bench/ctranslate2_bleu.py --run runs/multi30k_de_en
+    # -> bench/results/ctranslate2_bleu.FAMILY.{json,md}
 """
 
 import argparse
