@@ -8,11 +8,13 @@ budget's own estimate of its length, minutes (``2.5m``: ``train.time_budget``); 
 is a set of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
 
 - ``schedule``: the paper's schedule cut off at the budget (``train.cooldown=0``), warmup
-  400, ``lr_scale`` 0.5: the recipe before the cooldown;
+  400, ``lr_scale`` 0.5, dropout 0.1: the recipe before the cooldown;
 - ``cooldown``: the same schedule cooled down to zero over the run's last fifth
   (``train.cooldown`` null: 0.2);
 - ``cooldown-warmup200``: that, warming up over 200 updates instead of 400;
-- ``recipe``: the config as it ships (the cooldown, warmup 200, ``lr_scale`` 0.35);
+- ``cooldown-lr0.35``: that with ``lr_scale`` 0.35;
+- ``recipe``: the config as it ships (the cooldown, warmup 200, ``lr_scale`` 0.35, dropout
+  0.05);
 - more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
 
 Every run trains in a process of its own (``transformerkit train``), then is scored on
@@ -21,7 +23,7 @@ with the share of test2016 outputs that repeat a word 4-gram (the loops of an
 under-trained model: "wearing a red vest is wearing a red vest").
 
     python bench/budgeted_training.py --budgets 660,1320 --seeds 0,1,2 \
-        --recipes schedule,cooldown-warmup200,recipe
+        --recipes schedule,cooldown-lr0.35,recipe
     # -> bench/results/budgeted_training.FAMILY.{json,md}
 """
 
@@ -36,9 +38,14 @@ import common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "multi30k_de_en.yaml")
-RECIPES = {"schedule": ["train.cooldown=0", "train.warmup_steps=400", "train.lr_scale=0.5"],
-           "cooldown": ["train.warmup_steps=400", "train.lr_scale=0.5"],
-           "cooldown-warmup200": ["train.warmup_steps=200", "train.lr_scale=0.5"],
+# each pins what the shipped config may change, so that a name keeps meaning what it measured
+RECIPES = {"schedule": ["train.cooldown=0", "train.warmup_steps=400", "train.lr_scale=0.5",
+                        "model.dropout=0.1"],
+           "cooldown": ["train.warmup_steps=400", "train.lr_scale=0.5", "model.dropout=0.1"],
+           "cooldown-warmup200": ["train.warmup_steps=200", "train.lr_scale=0.5",
+                                  "model.dropout=0.1"],
+           "cooldown-lr0.35": ["train.warmup_steps=200", "train.lr_scale=0.35",
+                               "model.dropout=0.1"],
            "recipe": []}
 
 
@@ -161,12 +168,28 @@ def main():
                 results.append(result)
     machine = common.machine()
     used = {name: recipes[name] for name in chosen}
-    commands = [machine["command"]]
+    commands, note = [machine["command"]], None
     if args.keep_results:
         results, used, commands = kept_results(args.name, machine, results, used)
+        note = earlier_note(args.name, machine)
     payload = {"machine": machine, "config": os.path.relpath(CONFIG, ROOT), "recipes": used,
-               "results": results, "commands": commands}
-    common.write_results(args.name, payload, table(results, list(used)))
+               "results": results, "commands": commands, "note": note}
+    common.write_results(args.name, payload, report(payload))
+
+
+def report(payload):
+    """The table of ``payload``'s results, and its note (what the recipes' names stood for
+    when the runs were made) where it has one."""
+    text = table(payload["results"], list(payload["recipes"]))
+    return text + (f"\n\n{payload['note']}" if payload.get("note") else "")
+
+
+def earlier_note(name, machine):
+    path = common.result_stem(name, machine) + ".json"
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("note")
 
 
 def kept_results(name, machine, results, recipes):

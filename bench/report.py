@@ -62,8 +62,9 @@ def span(values, fmt="{:.1f}"):
 
 
 # -- the README's rows ----------------------------------------------------------------------
-# Each returns (benchmark, transformerkit, peer and its settings, ratio, threads, [stems]);
-# ratios above 1 mean transformerkit is faster (or, for quality, higher).
+# Each returns (benchmark, transformerkit, peer and its settings, ratio, threads, [stems]),
+# and the command that repeats it where the result file gathers several invocations; ratios
+# above 1 mean transformerkit is faster (or, for quality, higher).
 
 def row_multi30k_hour():
     stem = "multi30k_bleu_averaged.unrecorded"
@@ -80,24 +81,28 @@ def row_budgeted_training():
     stem = "budgeted_training.epyc-avx512bf16"
     runs = result(stem)["results"]
 
-    def mean(budget, recipe, key):
-        scores = [r[key] for r in runs if r["budget"] == budget and r["recipe"] == recipe]
-        return statistics.mean(scores), len(scores)
+    def scores(budget, recipe):
+        chosen = [r for r in runs if r["budget"] == budget and r["recipe"] == recipe]
+        return (statistics.mean(r["val_bleu"] for r in chosen),
+                statistics.mean(r["test2016_bleu"] for r in chosen), len(chosen))
 
-    ours, peer, gains = [], [], []
-    for budget in ("660", "1320"):
-        (val, n), (test, _) = (mean(budget, "recipe", "val_bleu"),
-                               mean(budget, "recipe", "test2016_bleu"))
-        (old_val, m), (old_test, _) = (mean(budget, "schedule", "val_bleu"),
-                                       mean(budget, "schedule", "test2016_bleu"))
+    budgets = [b for b in dict.fromkeys(r["budget"] for r in runs)
+               if {"recipe", "schedule"} <= {r["recipe"] for r in runs if r["budget"] == b}]
+    ours, peer, gains, sizes = [], [], [], []
+    for budget in budgets:
+        val, test, n = scores(budget, "recipe")
+        old_val, old_test, m = scores(budget, "schedule")
         ours.append(f"{val:.2f} / {test:.2f}")
         peer.append(f"{old_val:.2f} / {old_test:.2f}")
         gains.append(f"{val - old_val:+.1f} / {test - old_test:+.1f}")
+        sizes.append(f"{int(budget):,} updates ({n} seed{'s' * (n > 1)})")
     return ("Multi30k de→en, `make demo`'s recipe (cooldown over the last fifth, warmup 200, "
-            f"`lr_scale` 0.35), val BLEU / test2016 BLEU beam 4 after 660; 1,320 updates "
-            f"(means of {n} seeds)", "; ".join(ours),
-            f"the paper's schedule cut off at the budget (warmup 400, `lr_scale` 0.5; {m} "
-            f"seeds): {'; '.join(peer)}", "; ".join(gains) + " BLEU", "2", [stem])
+            "`lr_scale` 0.35, dropout 0.05), val BLEU / test2016 BLEU beam 4 after "
+            + "; ".join(sizes), "; ".join(ours),
+            "the paper's schedule cut off at the budget (warmup 400, `lr_scale` 0.5, dropout "
+            f"0.1): {'; '.join(peer)}", "; ".join(gains) + " BLEU", "2", [stem],
+            f"python bench/budgeted_training.py --budgets {','.join(budgets)} --seeds 0,1,2 "
+            "--recipes schedule,recipe")
 
 
 def _train_step(stem, precision):
@@ -143,8 +148,7 @@ def _decoding(stem, system, search, forced=False):
     return pick(result(stem)["results"], system=system, search=search, forced=forced)
 
 
-def row_decode_compiled():
-    stem = "decode_compiled.epyc-avx512bf16"
+def row_decode_compiled(stem="decode_compiled.epyc-avx512bf16"):
     cells = {}
     for system in ("tk-compiled", "tk-compiled-bfloat16", "ct2-float32", "ct2-int8"):
         for search in ("greedy", "beam4"):
@@ -164,7 +168,12 @@ def row_decode_compiled():
     bleu32 = " / ".join(f"{cells['tk-compiled', s]['bleu']:.2f}" for s in ("greedy", "beam4"))
     return ("decoding Multi30k test2016 to the end token with `--engine compiled` in bfloat16, "
             f"greedy / beam 4, sentences/s (BLEU {bleu} against float32's {bleu32})", ours,
-            f"CTranslate2 float32 / int8, {peer}", f"{ratios} (greedy; beam 4)", "1", [stem])
+            f"CTranslate2 float32 / int8, {peer}", f"{ratios} (greedy; beam 4)",
+            str(result(stem)["machine"]["threads"]), [stem])
+
+
+def row_decode_compiled_2threads():
+    return row_decode_compiled("decode_compiled_2threads.epyc-avx512bf16")
 
 
 def row_decode_precision():
@@ -279,7 +288,8 @@ def row_data_scale():
 
 
 ROWS = [row_multi30k_hour, row_budgeted_training, row_train_step, row_train_step_bfloat16,
-        row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled, row_gpt2,
+        row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled,
+        row_decode_compiled_2threads, row_gpt2,
         row_serve_latency, row_nanogpt, row_data_scale]
 
 
@@ -296,14 +306,17 @@ def readme_block():
              "|---|---:|---|---:|---:|---|---|---|"]
     families = {}
     for make in ROWS:
-        benchmark, ours, peer, ratio_cell, threads, stems = make()
+        benchmark, ours, peer, ratio_cell, threads, stems, *command = make()
         machines = [result(s).get("machine", {}) for s in stems]
         cpus = list(dict.fromkeys(s.split(".", 1)[1] for s in stems))
         for stem, machine in zip(stems, machines, strict=True):
             families.setdefault(stem.split(".", 1)[1], machine)
         dates = list(dict.fromkeys(m.get("date") or "not recorded" for m in machines))
-        command = machines[0].get("command")
-        command = f"`{command}`" if command else "not recorded"
+        if command:  # a file gathered from several invocations: the one that repeats it
+            command = f"`{command[0]}` (the result file names the invocations it gathers)"
+        else:
+            command = machines[0].get("command")
+            command = f"`{command}`" if command else "not recorded"
         if len(stems) > 1:
             command += " (each CPU)" if len(cpus) > 1 else " (each engine)"
         lines.append(f"| {benchmark} | {ours} | {peer} | {ratio_cell} | {threads} | "
