@@ -149,26 +149,27 @@ def _decoding(stem, system, search, forced=False):
 
 
 def row_decode_compiled(stem="decode_compiled.epyc-avx512bf16"):
-    cells = {}
-    for system in ("tk-compiled", "tk-compiled-bfloat16", "ct2-float32", "ct2-int8"):
-        for search in ("greedy", "beam4"):
-            cells[system, search] = _decoding(stem, system, search)
-    ours = " / ".join(f"{cells['tk-compiled-bfloat16', s]['sentences_per_second']:.1f}"
-                      for s in ("greedy", "beam4"))
-    peer = "; ".join(
-        f"{label}: {cells['ct2-float32', s]['sentences_per_second']:.1f} / "
-        f"{cells['ct2-int8', s]['sentences_per_second']:.1f}"
-        for s, label in (("greedy", "greedy"), ("beam4", "beam 4")))
-    ratios = "; ".join(
-        f"{ratio(cells['tk-compiled-bfloat16', s]['sentences_per_second'], cells['ct2-float32', s]['sentences_per_second'])}"  # noqa: E501
-        f" / {ratio(cells['tk-compiled-bfloat16', s]['sentences_per_second'], cells['ct2-int8', s]['sentences_per_second'])}"  # noqa: E501
-        for s in ("greedy", "beam4"))
-    bleu = " / ".join(f"{cells['tk-compiled-bfloat16', s]['bleu']:.2f}" for s in ("greedy",
-                                                                               "beam4"))
-    bleu32 = " / ".join(f"{cells['tk-compiled', s]['bleu']:.2f}" for s in ("greedy", "beam4"))
-    return ("decoding Multi30k test2016 to the end token with `--engine compiled` in bfloat16, "
-            f"greedy / beam 4, sentences/s (BLEU {bleu} against float32's {bleu32})", ours,
-            f"CTranslate2 float32 / int8, {peer}", f"{ratios} (greedy; beam 4)",
+    searches = ("greedy", "beam4")
+    rate = {(system, search): _decoding(stem, system, search)["sentences_per_second"]
+            for system in ("tk-compiled", "tk-compiled-bfloat16", "ct2-float32", "ct2-int8")
+            for search in searches}
+    bleu = {(system, search): _decoding(stem, system, search)["bleu"]
+            for system in ("tk-compiled", "tk-compiled-bfloat16") for search in searches}
+
+    def pair(a, b):
+        return "; ".join(f"{rate[a, s]:.1f} / {rate[b, s]:.1f}" for s in searches)
+
+    ratios = "; ".join(f"{ratio(rate['tk-compiled', s], rate['ct2-float32', s])} / "
+                       f"{ratio(rate['tk-compiled-bfloat16', s], rate['ct2-int8', s])}"
+                       for s in searches)
+    return ("decoding Multi30k test2016 to the end token with `--engine compiled`, float32 / "
+            "bfloat16, sentences/s, greedy; beam 4 (BLEU float32 "
+            f"{bleu['tk-compiled', 'greedy']:.2f}; {bleu['tk-compiled', 'beam4']:.2f}, bfloat16 "
+            f"{bleu['tk-compiled-bfloat16', 'greedy']:.2f}; "
+            f"{bleu['tk-compiled-bfloat16', 'beam4']:.2f})",
+            pair("tk-compiled", "tk-compiled-bfloat16"),
+            f"CTranslate2 float32 / int8: {pair('ct2-float32', 'ct2-int8')}",
+            f"{ratios} (float32 against CT2 float32 / bfloat16 against CT2 int8)",
             str(result(stem)["machine"]["threads"]), [stem])
 
 
