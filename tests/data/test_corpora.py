@@ -3,7 +3,6 @@
 import gzip
 import io
 import logging
-import sys
 import urllib.error
 
 import pytest
@@ -201,12 +200,6 @@ def test_load_text_is_the_whole_file_unchanged():
 
 
 # ------------------------------------------------------------------------------- TED/TFDS
-def test_ted_hrlr_without_tfds_gives_an_install_hint(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import fails
-    with pytest.raises(ImportError, match=r"pip install 'keras-transformerkit\[tfds\]'"):
-        load_ted_hrlr("train")
-
-
 def test_ted_hrlr_rejects_bad_split_and_pair():
     with pytest.raises(ValueError, match="'dev'"):
         load_ted_hrlr("dev")

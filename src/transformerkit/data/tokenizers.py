@@ -46,6 +46,7 @@ from transformerkit.data.tokenizer_base import (  # noqa: F401 (the helpers: pub
     _TokenizerBase,
     _write_json,
 )
+from transformerkit.extras import require
 from transformerkit.special_tokens import BOS, EOS, PAD, PAD_ID, SPECIAL_TOKENS, UNK
 
 SUBWORD_KINDS = ("bpe", "wordpiece", "unigram")
@@ -379,11 +380,8 @@ def load_hf_tokenizer(folder):
         except Exception as e:
             raise ValueError(f"{folder / 'tokenizer.json'} is corrupt: {e}") from e
     else:
-        try:
-            import transformers
-        except ImportError as e:
-            raise ImportError(f"{folder} has no tokenizer.json; converting a slow tokenizer "
-                              "needs `pip install 'keras-transformerkit[hf]'`") from e
+        transformers = require("transformers", f"{folder} has no tokenizer.json: converting "
+                                               "its slow tokenizer")
         hf = transformers.AutoTokenizer.from_pretrained(str(folder), use_fast=True)
         tokenizer = hf.backend_tokenizer
     # Our batching pads (with id 0) and models refuse over-long input themselves; a padding
