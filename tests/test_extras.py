@@ -102,3 +102,15 @@ def test_training_without_tensorboard_names_the_extra_that_installs_it(monkeypat
     with caplog.at_level("INFO", logger=trainer.log.name):
         assert trainer._tensorboard(run=None) == []
     assert 'pip install "keras-transformerkit[torch]"' in caplog.text
+
+
+def test_a_slow_tokenizer_folder_without_transformers_names_the_hf_extra(tmp_path,
+                                                                          monkeypatch):
+    from transformerkit.data.tokenizers import load_hf_tokenizer
+
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")  # no tokenizer.json
+    _block(monkeypatch, "transformers")
+    with pytest.raises(MissingExtra, match=r"has no tokenizer\.json: converting its slow "
+                                           r"tokenizer needs the transformers package.*"
+                                           r"keras-transformerkit\[hf\]"):
+        load_hf_tokenizer(tmp_path)
