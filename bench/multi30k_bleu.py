@@ -118,8 +118,14 @@ def main():
                "results": results}
     from transformerkit.run_directory import RunDirectory
 
-    stopped_by = RunDirectory(args.run).read_metrics().get("stopped_by", "n/a")
+    metrics = RunDirectory(args.run).read_metrics()
+    if payload["train_wall_seconds"] is None:  # --skip-train: the run's own record
+        payload["train_seconds"] = metrics.get("train_seconds")
+    stopped_by = metrics.get("stopped_by", "n/a")
     payload["stopped_by"] = stopped_by
+    precision = (metrics.get("precision") or {}).get("used", "n/a")
+    payload["precision"] = precision
+    payload["optimizer_steps"] = metrics.get("steps")
     # the median: the last epoch is usually cut short by the budget
     median_epoch = f"{statistics.median(epoch_seconds):.0f} s" if epoch_seconds else "n/a"
     lines = ["| weights | search | test2016 sacrebleu BLEU | chrF | tutorial BLEU (lower-cased "
@@ -133,7 +139,8 @@ def main():
     lines.append(
         f"\n{minutes} minutes of training ({payload['config']}"
         f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
-        f"cores: {len(history)} epochs logged (stopped by: {stopped_by}), {median_epoch} per "
+        f"cores in {precision}: {len(history)} epochs logged (stopped by: {stopped_by}), "
+        f"{payload['optimizer_steps'] or 'n/a'} optimizer steps, {median_epoch} per "
         f"epoch (median; training + validation). "
         f"Reference bar: {REFERENCE_BAR} tutorial BLEU (3+3 layers, 256 wide, greedy, GPU). "
         f"sacrebleu signature: {results[0]['bleu_signature']}.")

@@ -1,28 +1,27 @@
 """Search defaults on Multi30k val: beam stopping rule and output-length cap, by BLEU and speed.
 
-On a trained de->en run (default ``/work/runs/m30k``) and the 1014 val sentences, in
+On a trained de->en run (``--run``) and the 1014 val sentences, in
 batches of 64 sorted by length, this measures, interleaved (round after round, every
 configuration once per round; the best round counts for speed):
 
 * **grid**: greedy and beam 4 (alpha 0.6), beam with the ``exact`` and ``early`` stopping
   rules, each with several length caps ``max_len_a * source_tokens + max_len_b`` (and none):
   sacreBLEU, chrF, sentences/s, how many outputs end at their cap without an end token;
-* **live rows**: stop-at-EOS speed of the eager PyTorch loop before and after finished
-  sentences leave the batch, the previous code loaded from ``git show REV:...`` into this
-  process beside the current one, on the same batches, outputs checked token for token;
+* **live rows** (unless ``--skip-ab``): stop-at-EOS speed of the eager PyTorch loop when
+  finished sentences leave the batch (``drop_finished=True``, the default) against the same
+  loop keeping every row (``drop_finished=False``), on the same batches, outputs checked
+  token for token;
 * **forced length**: the same A/B with 32 tokens forced (``min_new_tokens = max_new_tokens
   = 32``), where nothing finishes early, to show it does not get slower.
 
-    python bench/search_defaults.py       # -> results/search_defaults.FAMILY.{json,md}
-    python bench/search_defaults.py --rounds 1 --sentences 256   # quick look
+    python bench/search_defaults.py --run RUN --rounds 2 --skip-ab
+                                          # -> results/search_defaults.FAMILY.{json,md}
+    python bench/search_defaults.py --run RUN --rounds 1 --sentences 256   # quick look
 """
 
 import argparse
-import importlib
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,24 +29,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DECODING_FILES = ("__init__.py", "beam.py", "common.py", "compiled.py", "greedy.py",
-                  "sampling.py", "scoring.py", "steps.py", "translate.py")
 CAPS = [None, (1.0, 5), (1.2, 10), (1.5, 10)]
-
-
-def load_previous_decoding(rev):
-    """The ``transformerkit.decoding`` package at git revision ``rev``, imported under the
-    name ``previous_decoding`` (its own internal imports renamed to it)."""
-    folder = tempfile.mkdtemp(prefix="previous_decoding_")
-    package = os.path.join(folder, "previous_decoding")
-    os.makedirs(package)
-    for name in DECODING_FILES:
-        text = subprocess.run(["git", "show", f"{rev}:src/transformerkit/decoding/{name}"],
-                              cwd=ROOT, check=True, capture_output=True, text=True).stdout
-        with open(os.path.join(package, name), "w") as f:
-            f.write(text.replace("transformerkit.decoding", "previous_decoding"))
-    sys.path.insert(0, folder)
-    return importlib.import_module("previous_decoding")
 
 
 def batches_of(run, sources, batch_size):
@@ -111,35 +93,37 @@ def at_cap(batches, outputs, cap, limit):
     return int(count) if not isinstance(count, np.integer) else int(count)
 
 
-def ab_decoders(run, previous, forced):
-    """``{(search, code): fn(ids) -> ids lists}`` for the live-rows A/B."""
-    import transformerkit.decoding as current
+def ab_decoders(run, forced):
+    """``{(search, rows): fn(ids) -> ids lists}`` for the live-rows A/B: ``rows`` is
+    ``"kept"`` (``drop_finished=False``) or ``"live"`` (finished rows leave the batch)."""
+    from transformerkit.decoding import beam_translate, greedy_translate
 
     extra = dict(max_new_tokens=32, min_new_tokens=32) if forced else {}
-    extra.update(max_len_a=None, max_len_b=None)  # as the previous code's id-level default
+    extra.update(max_len_a=None, max_len_b=None, stopping="exact")
+    greedy_extra = {k: v for k, v in extra.items() if k != "stopping"}
     model = run.model
     fns = {}
-    for name, module, options in (("previous", previous, {}),
-                                  ("current", current, dict(stopping="exact"))):
-        fns[("greedy", name)] = (lambda m: lambda ids: m.greedy_translate(model, ids, **extra))(
-            module)
-        fns[("beam4", name)] = (lambda m, o: lambda ids: [
-            h[0].ids for h in m.beam_translate(model, ids, beam_size=4, **extra, **o)])(
-            module, options)
+    for name, drop in (("kept", False), ("live", True)):
+        fns[("greedy", name)] = (lambda d: lambda ids: greedy_translate(
+            model, ids, drop_finished=d, **greedy_extra))(drop)
+        fns[("beam4", name)] = (lambda d: lambda ids: [
+            h[0].ids for h in beam_translate(model, ids, beam_size=4, drop_finished=d,
+                                             **extra)])(drop)
     return fns
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="/work/runs/m30k")
+    parser.add_argument("--run", required=True, help="a trained Multi30k de->en run")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the grid")
     parser.add_argument("--sentences", type=int, default=None, help="first N val sentences")
     parser.add_argument("--ab-rounds", type=int, default=2, help="rounds of the A/B")
     parser.add_argument("--ab-sentences", type=int, default=192,
-                        help="val sentences of the A/B (the previous beam loop is slow)")
-    parser.add_argument("--previous", default="HEAD", help="git revision of the old loops")
+                        help="val sentences of the A/B (beam search keeping every row is slow)")
     parser.add_argument("--name", default="search_defaults")
     parser.add_argument("--skip-grid", action="store_true")
+    parser.add_argument("--skip-ab", action="store_true",
+                        help="only the grid: no live-rows A/B")
     args = parser.parse_args()
 
     import torch
@@ -156,21 +140,19 @@ def main():
     batches = batches_of(run, sources, 64)
     ab_batches = batches_of(run, sources[: args.ab_sentences], 64)
     ab_count = min(len(sources), args.ab_sentences)
-    previous = load_previous_decoding(args.previous)
     limit = run.model.max_length
 
     grid = {} if args.skip_grid else {c: [] for c in grid_configs()}
-    ab = {(forced, key): [] for forced in (False, True)
-          for key in ab_decoders(run, previous, False)}
-    fns = {forced: ab_decoders(run, previous, forced) for forced in (False, True)}
+    fns = {} if args.skip_ab else {forced: ab_decoders(run, forced) for forced in (False, True)}
+    ab = {(forced, key): [] for forced in fns for key in fns[forced]}
     same = {}
     texts = {}
     ids_of = {}
     warm = batches[len(batches) // 2][1][:8]  # first calls pay one-time costs: not timed
-    for forced in (False, True):
+    for forced in fns:
         for fn in fns[forced].values():
             fn(warm)
-    for round_ in range(max(args.rounds, args.ab_rounds)):
+    for round_ in range(max(args.rounds, args.ab_rounds if fns else 0)):
         for config in grid if round_ < args.rounds else ():
             (ids, hyps), seconds = timed(lambda c=config: decode_grid(run, batches, *c))
             grid[config].append(seconds)
@@ -204,15 +186,16 @@ def main():
                                                   / len(sources), 2),
                          bleu_signature=scores["bleu_signature"]))
     live = []
-    for (forced, (search, code)), seconds in ab.items():
-        live.append(dict(forced_32=forced, search=search, code=code,
+    for (forced, (search, rows)), seconds in ab.items():
+        live.append(dict(forced_32=forced, search=search, rows=rows,
                          sentences_per_second=round(ab_count / min(seconds), 1),
                          seconds=[round(s, 2) for s in seconds],
-                         outputs_equal_previous=bool(same[(forced, search, "equal")])))
+                         outputs_equal_kept=bool(same[(forced, search, "equal")])))
     payload = dict(machine=common.machine(), run=args.run, sentences=len(sources),
-                   batch_size=64, rounds=args.rounds, previous=args.previous,
-                   ab_sentences=ab_count, ab_rounds=args.ab_rounds,
-                   threads=torch.get_num_threads(), grid=rows, live_rows=live)
+                   batch_size=64, rounds=args.rounds, threads=torch.get_num_threads(),
+                   grid=rows, live_rows=live)
+    if not args.skip_ab:
+        payload.update(ab_sentences=ab_count, ab_rounds=args.ab_rounds)
     common.write_results(args.name, payload, table(payload))
 
 
@@ -229,20 +212,22 @@ def table(payload):
         lines.append(f"| {r['search']} | {r['stopping'] or '-'} | {cap_a} | {cap_b} | "
                      f"{r['bleu']:.2f} | {r['chrf']:.2f} | {r['sentences_per_second']} | "
                      f"{r['outputs_at_cap']} | {r['mean_output_tokens']} |")
-    lines += ["", f"Live rows (finished sentences leave the batch) vs the loops of "
-              f"`{payload['previous']}`, same process, the first {payload['ab_sentences']} "
-              f"val sentences, best of {payload['ab_rounds']} interleaved rounds (beam: exact "
-              "stopping, no length cap, as before):", "",
-              "| length | search | previous sentences/s | current sentences/s | speed-up | "
+    if not payload["live_rows"]:
+        return "\n".join(lines)
+    lines += ["", "Live rows (finished sentences leave the batch, the default) against every "
+              "row kept (`drop_finished=False`), same process, the first "
+              f"{payload['ab_sentences']} val sentences, best of {payload['ab_rounds']} "
+              "interleaved rounds (beam: exact stopping; no length cap):", "",
+              "| length | search | rows kept: sentences/s | live rows: sentences/s | speed-up | "
               "same outputs |", "|---|---|---|---|---|---|"]
-    by = {(r["forced_32"], r["search"], r["code"]): r for r in payload["live_rows"]}
+    by = {(r["forced_32"], r["search"], r["rows"]): r for r in payload["live_rows"]}
     for forced in (False, True):
         for search in ("greedy", "beam4"):
-            old, new = by[(forced, search, "previous")], by[(forced, search, "current")]
+            old, new = by[(forced, search, "kept")], by[(forced, search, "live")]
             lines.append(f"| {'forced 32' if forced else 'to EOS'} | {search} | "
                          f"{old['sentences_per_second']} | {new['sentences_per_second']} | "
                          f"{new['sentences_per_second'] / old['sentences_per_second']:.2f}x | "
-                         f"{new['outputs_equal_previous']} |")
+                         f"{new['outputs_equal_kept']} |")
     return "\n".join(lines)
 
 

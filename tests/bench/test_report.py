@@ -93,3 +93,17 @@ def test_pick_finds_exactly_one_row():
     for match in ({"system": "a"}, {"system": "b"}):
         with pytest.raises(SystemExit, match="rows match"):
             report.pick(rows, **match)
+
+
+def test_a_result_file_is_shown_by_its_table_or_by_a_link_to_it(tmp_path, monkeypatch):
+    report = load_bench("report")
+    for stem in ("x.epyc-avx2", "y.xeon-amx"):
+        (tmp_path / f"{stem}.json").write_text("{}")
+    monkeypatch.setattr(report, "RESULTS", str(tmp_path))
+    benchmarks = tmp_path / "benchmarks.md"
+    monkeypatch.setattr(report, "BENCHMARKS", str(benchmarks))
+    benchmarks.write_text("<!-- table: x.epyc-avx2 -->\n<!-- end generated -->\n")
+    assert report.unshown_results() == ["y.xeon-amx"]
+    benchmarks.write_text("<!-- table: x.epyc-avx2 -->\n<!-- end generated -->\n"
+                          "Also [on AMX](../bench/results/y.xeon-amx.md).\n")
+    assert report.unshown_results() == []
