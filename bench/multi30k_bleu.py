@@ -15,8 +15,9 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
     python bench/multi30k_bleu.py          # 60 minutes -> results/multi30k_bleu.FAMILY.*
     python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
-    python bench/multi30k_bleu.py --average 5 --set train.epochs=31 --minutes 150 \
-        --name multi30k_bleu_averaged   # 31 epochs; the final model and the last 5 averaged
+    python bench/multi30k_bleu.py --average 5   # also the last 5 epoch checkpoints averaged
+    python bench/multi30k_bleu.py --average 5 --set model.dropout=0.1 \
+        --name multi30k_bleu_dropout_0_1       # one setting changed, its own result file
 
 With ``--average N`` the run keeps its last N epoch checkpoints and averages them at the end
 (``train.average_last``, the paper's section 6.1 recipe); both the final model and the
@@ -50,6 +51,17 @@ def read_history(run_dir):
     with open(RunDirectory(run_dir).history, newline="") as f:
         return [{k: float(v) for k, v in row.items() if v not in ("", None)}
                 for row in csv.DictReader(f)]
+
+
+def val_loss_line(history):
+    """Where the validation loss was lowest, against where the run ended (an over-fitting
+    run's lowest is well before its end)."""
+    losses = [(row["val_loss"], i + 1) for i, row in enumerate(history) if "val_loss" in row]
+    if not losses:
+        return ""
+    low, epoch = min(losses)
+    return (f"Validation loss: lowest {low:.3f} after epoch {epoch}, {losses[-1][0]:.3f} "
+            f"after the last ({losses[-1][1]}). ")
 
 
 def score(run_dir, beams, max_sentences=None, checkpoint="model"):
@@ -115,6 +127,7 @@ def main():
                "epochs_logged": len(history),
                "seconds_per_epoch": epoch_seconds,
                "final_val_loss": history[-1].get("val_loss") if history else None,
+               "val_loss_by_epoch": [row.get("val_loss") for row in history],
                "results": results}
     from transformerkit.run_directory import RunDirectory
 
@@ -141,7 +154,7 @@ def main():
         f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
         f"cores in {precision}: {len(history)} epochs logged (stopped by: {stopped_by}), "
         f"{payload['optimizer_steps'] or 'n/a'} optimizer steps, {median_epoch} per "
-        f"epoch (median; training + validation). "
+        f"epoch (median; training + validation). {val_loss_line(history)}"
         f"Reference bar: {REFERENCE_BAR} tutorial BLEU (3+3 layers, 256 wide, greedy, GPU). "
         f"sacrebleu signature: {results[0]['bleu_signature']}.")
     common.write_results(args.name, payload, "\n".join(lines))

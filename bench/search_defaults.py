@@ -186,8 +186,8 @@ def main():
                                                   / len(sources), 2),
                          bleu_signature=scores["bleu_signature"]))
     live = []
-    for (forced, (search, rows)), seconds in ab.items():
-        live.append(dict(forced_32=forced, search=search, rows=rows,
+    for (forced, (search, row_policy)), seconds in ab.items():
+        live.append(dict(forced_32=forced, search=search, rows=row_policy,
                          sentences_per_second=round(ab_count / min(seconds), 1),
                          seconds=[round(s, 2) for s in seconds],
                          outputs_equal_kept=bool(same[(forced, search, "equal")])))
