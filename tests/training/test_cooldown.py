@@ -191,7 +191,7 @@ def test_a_budgeted_run_records_its_cooldown_and_a_resume_continues_it(tmp_path)
     budget and continues the recorded window."""
     from transformerkit.run_directory import RunDirectory
     from transformerkit.training.callbacks import load_checkpoint, read_checkpoint_state
-    from transformerkit.training.trainer import attach_cooldown, train
+    from transformerkit.training.trainer import attach_cooldown, learning_rates, train
 
     config = tiny_config(tmp_path, epochs=1000, time_budget="4s", learning_rate=None,
                          warmup_steps=10)
@@ -201,9 +201,19 @@ def test_a_budgeted_run_records_its_cooldown_and_a_resume_continues_it(tmp_path)
     window = {k: metrics[k] for k in ("cooldown_start", "cooldown_end",
                                       "cooldown_start_progress")}
     assert metrics["cooldown_fraction"] == 0.2 and metrics["cooldown_shape"] == "linear"
-    assert metrics["cooldown_start"] < metrics["steps"] <= metrics["cooldown_end"]
-    assert metrics["final_learning_rate"] < 0.2 * max(
-        np.loadtxt(run.history, delimiter=",", skiprows=1, usecols=[2], ndmin=1))
+    assert metrics["cooldown_retargets"] >= 1  # the window was fitted to the measured rate
+    # the run ends at the cooldown's end, or before it where the budget runs out first (a
+    # busy machine slows the updates after the last estimate; the fitting itself is tested
+    # above with a clock the test drives)
+    assert metrics["cooldown_start"] < metrics["cooldown_end"]
+    assert metrics["steps"] <= metrics["cooldown_end"]
+    if metrics["stopped_by"] == "cooldown_end":
+        assert metrics["steps"] == metrics["cooldown_end"]
+    # the recorded final rate is the recorded window's schedule at the last update
+    recorded = learning_rates(config, metrics["steps"] + 1, metrics)[-1]
+    np.testing.assert_allclose(metrics["final_learning_rate"], recorded, rtol=1e-5,
+                               atol=1e-6 * max(np.loadtxt(run.history, delimiter=",",
+                                                          skiprows=1, usecols=[2], ndmin=1)))
     header = open(run.history).readline().strip().split(",")
     assert "learning_rate" in header
     state = read_checkpoint_state(run.checkpoints)
@@ -216,7 +226,6 @@ def test_a_budgeted_run_records_its_cooldown_and_a_resume_continues_it(tmp_path)
     assert again["stopped_by"] in ("cooldown_end", "time_budget")
     assert again["cooldown_end"] == metrics["cooldown_end"]
     from transformerkit.cli import main
-    from transformerkit.training.trainer import learning_rates
 
     rates = learning_rates(config, again["steps"], again)  # the window the run followed
     followed = keras.ops.convert_to_numpy(attach_cooldown(model.optimizer)(
