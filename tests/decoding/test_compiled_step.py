@@ -61,7 +61,9 @@ def transformer():
 
 def test_compiled_steps_equal_the_eager_steps(transformer):
     """Teacher-forced on the same ids, every step's logits within two paths' bound of the
-    eager step's (the compiled kernels sum in other orders)."""
+    eager step's (the compiled kernels sum in other orders): one row a sentence (greedy)
+    and several (a beam search's ``copies`` rows, which share their sentence's memory), in
+    the small-rows package and the other; the memories stay one per sentence."""
     import torch
 
     from transformerkit.decoding.aot_step import CompiledSteps
@@ -70,17 +72,21 @@ def test_compiled_steps_equal_the_eager_steps(transformer):
     compiled, eager = make_steps(transformer, "compiled"), make_steps(transformer, True)
     assert isinstance(compiled, CompiledSteps) and type(eager) is EagerSteps
     roundings = tol.model_roundings(transformer, SOURCE.shape[1], 9)
-    for source in (SOURCE, np.tile(SOURCE, (3, 1))):  # the small-rows package, the other
-        buffer = np.random.default_rng(0).integers(3, 30, (len(source), 9)).astype("int32")
+    # (sentences, beams a sentence): 3 rows and 4 (the small-rows package), 9 and 12
+    for source, copies in ((SOURCE, 1), (SOURCE[:2], 2), (np.tile(SOURCE, (3, 1)), 1),
+                           (SOURCE, 4)):
+        rows = len(source) * copies
+        buffer = np.random.default_rng(rows).integers(3, 30, (rows, 9)).astype("int32")
         with torch.no_grad():
-            state_c, static_c = compiled.start(source, 9)
-            state_e, static_e = eager.start(source, 9)
+            state_c, static_c = compiled.start(source, 9, copies)
+            state_e, static_e = eager.start(source, 9, copies)
+            assert static_c[1][0][0].shape[0] == len(source)  # one memory a sentence
             for index in range(8):
                 a, state_c = compiled.step(buffer, index, state_c, static_c)
                 b, state_e = eager.step(buffer, index, state_e, static_e)
                 b = b.numpy()
                 tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
-                                  f"{len(source)} rows, step {index}")
+                                  f"{rows} rows, {copies} a sentence, step {index}")
     assert compiled.runner() is not None  # compiled, not the eager fallback
 
 

@@ -16,14 +16,21 @@ library that the loop calls once per step:
   the eager bfloat16 step, its input, weight and output to bfloat16 with float32 sums;
   where the CPU has no such units, float32 products of the rounded weights, as the eager
   step emulates them);
-- **dynamic shapes**: the rows, the cache length and the source length vary. A beam
-  search's rows each get their own copy of their sentence's cross-attention memory (the
-  eager step shares one per sentence), so one graph serves every search. Packages are
-  built per row bucket (:data:`BUCKETS`): a step of at most :data:`SMALL_ROWS` rows
-  runs a package whose products were chosen by measuring them at 2 rows (``max_autotune``:
-  Inductor's own small-matrix kernels, several times faster there than the library's),
-  a larger step one made for many rows (the packed library products; the small-row
-  kernels are slower there): ``bench/results/decode_compiled_rows.epyc-avx512bf16.md``;
+- **dynamic shapes**: the rows, the cache length and the source length vary, so one graph
+  serves greedy search, sampling and beam search of any width. Packages are built per row
+  bucket (:data:`BUCKETS`): a step of at most :data:`SMALL_ROWS` rows runs a package
+  whose products were chosen by measuring them at 2 rows (``max_autotune``: Inductor's own
+  small-matrix kernels, several times faster there than the library's), a larger step one
+  made for many rows (the packed library products; the small-row kernels are slower
+  there): ``bench/results/decode_compiled_rows.epyc-avx512bf16.md``;
+- **the cross-attention memory**: in the many-rows package one per sentence, as in the
+  eager step: a beam search's ``copies`` adjacent rows of a sentence (its beams) query its
+  one copy, their number read from the shapes (``rows // sentences``, the sentences a
+  dimension of their own), which saves reading a copy per beam (about 4 % of a beam 4
+  search of 64 sentences). The small-rows package takes one memory per row: its example
+  has as many sentences as rows, since ``torch.export`` specializes a dimension of size 1
+  and a separate sentences dimension would move its products' tuning from 2 rows to 4; a
+  beam's memories are repeated for its rows there, once per change of the sentences;
 - **cached on disk** by what the package depends on (:func:`package_key`: the weights'
   digest, the model's options, the bucket, the PyTorch version and the CPU's flags), written
   atomically; a package that fails to load is rebuilt.
@@ -58,11 +65,12 @@ _TENSOR = object()  # marks a weight leaf held as a buffer
 # model -> {directory: (the weights' versions, the compiled step or None)}
 _RUNNERS = weakref.WeakKeyDictionary()
 SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
-# bucket -> (rows of the example the products are chosen for, Inductor's options)
-BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}),
-           "large": (64, {"freezing": True})}
+# bucket -> (rows of the example the products are chosen for, Inductor's options, rows a
+# sentence of the example: 1, the graph takes one memory per row; 2, one per sentence)
+BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
+           "large": (64, {"freezing": True}, 2)}
 PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
-FORMAT = 3  # the layout of a package's inputs; a change makes every cached package stale
+FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
 # the kernel caps a package's code depends on: Inductor vectorizes its C++ for the ISA
 # ATEN_CPU_CAPABILITY allows, and the frozen weights are packed for oneDNN's
 KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
@@ -108,7 +116,8 @@ def package_key(model, bucket="small", precision="float32"):
 
 def _step_module(model, precision="float32"):
     """``model.decode_step`` as a ``torch.nn.Module`` for ``torch.export``: its weights
-    (at ``precision``, unpacked) as buffers, one memory per row."""
+    (at ``precision``, unpacked) as buffers, one memory for the ``rows // sentences``
+    adjacent rows of each sentence."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -128,21 +137,26 @@ def _step_module(model, precision="float32"):
         def forward(self, tokens, index, caches, memories):
             values = [getattr(self, f"weight_{i}") if constant is _TENSOR else constant
                       for i, constant in enumerate(self._constants)]
+            # a symbolic int: the beams of a sentence, from the rows and the sentences
+            copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
             return model.decode_step(tokens, index, caches, tree_unflatten(values, spec),
-                                     memories, 1)
+                                     memories, copies)
 
     return DecodeStep().eval()
 
 
-def _example_inputs(model, seq2seq, rows=2):
-    """Inputs of the step's signature (``rows`` rows, 5 cache positions, 3 source positions)
-    and their dynamic dimensions."""
+def _example_inputs(model, seq2seq, rows=2, copies=1):
+    """Inputs of the step's signature (``rows`` rows, ``copies`` a sentence, 5 cache
+    positions, 3 source positions) and their dynamic dimensions (``copies`` 1: the
+    sentences are the rows; else a dimension of their own)."""
     import torch
 
-    length, source_len, batch = 5, 3, rows
+    length, source_len, batch = 5, 3, rows // copies
     heads = model.num_heads
     layers = model.num_decoder_layers if seq2seq else model.num_layers
-    sentences = row_dim = torch.export.Dim("rows", min=1, max=4096)
+    row_dim = torch.export.Dim("rows", min=1, max=4096)
+    sentences = (row_dim if copies == 1
+                 else torch.export.Dim("sentences", min=1, max=4096))
     cache_len = torch.export.Dim("cache_len", min=2, max=model.max_length + 1)
     tokens = torch.full((rows,), 3, dtype=torch.long)
     index = torch.tensor(1, dtype=torch.long)
@@ -170,8 +184,8 @@ def build_package(model, bucket, path, precision="float32"):
 
     started = time.perf_counter()
     seq2seq = hasattr(model, "decoder_blocks")
-    rows, configs = BUCKETS[bucket]
-    inputs, dims = _example_inputs(model, seq2seq, rows)
+    rows, configs, copies = BUCKETS[bucket]
+    inputs, dims = _example_inputs(model, seq2seq, rows, copies)
     with torch.no_grad():
         program = torch.export.export(_step_module(model, precision), inputs,
                                       dynamic_shapes=dims, strict=False)
@@ -226,7 +240,7 @@ class CompiledSteps(EagerSteps):
                         else (*memory[:3], memory[0].new_ones((memory[0].shape[0], 1, 1, 1)))
                         for memory in memories]
         self._run = self.runner()
-        self._memories, self._row_memories = None, None
+        self._memories = self._row_memories = None
         return state, (weights, memories, copies)
 
     def step(self, buffer, index, state, static):
@@ -236,11 +250,13 @@ class CompiledSteps(EagerSteps):
             return super().step(buffer, index, state, static)
         _, memories, copies = static
         tokens = torch.as_tensor(buffer)[:, index].long()
-        package = self._run.for_rows(tokens.shape[0])
+        bucket = self._run.bucket(tokens.shape[0])
+        package = self._run.get(bucket)
         if package is None:
             return super().step(buffer, index, state, static)
-        return package(tokens, torch.tensor(index), state,
-                       self._per_row(memories, copies)), state
+        if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
+            memories = self._per_row(memories, copies)
+        return package(tokens, torch.tensor(index), state, memories), state
 
     def _per_row(self, memories, copies):
         """``memories`` (one per sentence) with each repeated for its ``copies`` rows, made
@@ -270,9 +286,10 @@ class Packages:
             self._loaded[bucket] = None if package is None else _flat_call(package)
         return self._loaded[bucket]
 
-    def for_rows(self, rows):
-        """The package for a step of ``rows`` rows (None: the eager step)."""
-        return self.get("small" if rows <= SMALL_ROWS else "large")
+    @staticmethod
+    def bucket(rows):
+        """The bucket of a step of ``rows`` rows."""
+        return "small" if rows <= SMALL_ROWS else "large"
 
 
 def _flat_call(package):
