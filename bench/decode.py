@@ -77,7 +77,7 @@ def load_inputs(run_dir, sentences, batch):
     import numpy as np
 
     from transformerkit.data.corpora import load_multi30k
-    from transformerkit.data.pipeline import pad_batch
+    from transformerkit.data.padding import pad_batch
     from transformerkit.data.tokenizers import load_tokenizer
     from transformerkit.run_directory import RunDirectory
 

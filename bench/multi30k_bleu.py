@@ -14,6 +14,7 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
 
     python bench/multi30k_bleu.py          # 60 minutes -> results/multi30k_bleu.FAMILY.*
     python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
+    python bench/multi30k_bleu.py --updates 8250   # an update budget: load-insensitive
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
     python bench/multi30k_bleu.py --average 5   # also the last 5 epoch checkpoints averaged
     python bench/multi30k_bleu.py --average 5 --set model.dropout=0.1 \
@@ -38,10 +39,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_BAR = 36.5  # tutorial BLEU of the best-known small Transformer on Multi30k de->en
 
 
-def train(config, run_dir, minutes, overrides):
-    """Run ``transformerkit train`` for ``minutes``; return its wall-clock seconds."""
-    return common.train_run(config, run_dir, [f"train.time_budget={minutes}m",
-                                              "train.epochs=1000", *overrides])
+def train(config, run_dir, minutes, overrides, updates=None):
+    """Run ``transformerkit train`` for ``minutes``, or for ``updates`` optimizer updates
+    with no time budget; return its wall-clock seconds."""
+    budget = [f"train.time_budget={minutes}m"] if updates is None else \
+        ["train.time_budget=null", f"train.max_steps={updates}"]
+    return common.train_run(config, run_dir, [*budget, "train.epochs=1000", *overrides])
 
 
 def read_history(run_dir):
@@ -97,6 +100,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "multi30k_de_en.yaml"))
     parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--updates", type=int, default=None,
+                        help="train for this many optimizer updates instead of --minutes "
+                             "(the count --minutes gives on this machine when it is quiet: "
+                             "the result no longer depends on what else runs)")
     parser.add_argument("--run", default=os.path.join(ROOT, "runs", "bench-multi30k"))
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
@@ -113,7 +120,7 @@ def main():
     minutes = f"{args.minutes:g}"
     train_seconds = None
     if not args.skip_train:
-        train_seconds = train(args.config, args.run, minutes, args.set)
+        train_seconds = train(args.config, args.run, minutes, args.set, args.updates)
     history = read_history(args.run)
     epoch_seconds = [row["epoch_seconds"] for row in history if "epoch_seconds" in row]
     beams = [int(b) for b in args.beams.split(",")]
@@ -122,7 +129,8 @@ def main():
         results += score(args.run, beams, args.max_sentences, checkpoint="averaged")
 
     payload = {"machine": common.machine(), "config": os.path.relpath(args.config, ROOT),
-               "overrides": args.set, "minutes": args.minutes,
+               "overrides": args.set, "minutes": None if args.updates else args.minutes,
+               "updates": args.updates,
                "train_wall_seconds": train_seconds and round(train_seconds, 1),
                "epochs_logged": len(history),
                "seconds_per_epoch": epoch_seconds,
@@ -150,7 +158,8 @@ def main():
         lines.append(f"| {weights} | {r['search']} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
                      f"{r['tutorial_bleu']:.1f} | {r['decode_seconds']:.0f} s |")
     lines.append(
-        f"\n{minutes} minutes of training ({payload['config']}"
+        f"\n{f'{args.updates} updates' if args.updates else f'{minutes} minutes'} of "
+        f"training ({payload['config']}"
         f"{' ' + ' '.join(args.set) if args.set else ''}) on {common.machine()['cores']} CPU "
         f"cores in {precision}: {len(history)} epochs logged (stopped by: {stopped_by}), "
         f"{payload['optimizer_steps'] or 'n/a'} optimizer steps, {median_epoch} per "

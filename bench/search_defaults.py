@@ -36,8 +36,8 @@ def batches_of(run, sources, batch_size):
     """Source id batches ``(rows, len)`` sorted by length, as ``translate_batches`` makes."""
     import numpy as np
 
-    from transformerkit.data.pipeline import pad_batch
-    from transformerkit.decoding.translate import encode_sources
+    from transformerkit.data.padding import pad_batch
+    from transformerkit.decoding.texts import encode_sources
 
     encoded = encode_sources(sources, run.source_tokenizer, run.model.max_length)
     order = np.argsort([len(e) for e in encoded], kind="stable")
@@ -83,7 +83,7 @@ def at_cap(batches, outputs, cap, limit):
     """How many outputs have exactly their cap's length (stopped by it, no end token)."""
     import numpy as np
 
-    from transformerkit.decoding.common import length_caps
+    from transformerkit.decoding.texts import length_caps
 
     count = 0
     for order, ids in batches:

@@ -27,9 +27,9 @@ torch = pytest.importorskip("torch")
 
 from transformerkit.cli import main  # noqa: E402
 from transformerkit.converters.marian_ids import MarianIds  # noqa: E402
-from transformerkit.data.pipeline import pad_batch  # noqa: E402
+from transformerkit.data.padding import pad_batch  # noqa: E402
 from transformerkit.decoding import beam_translate, greedy_translate  # noqa: E402
-from transformerkit.decoding.translate import encode_sources  # noqa: E402
+from transformerkit.decoding.texts import encode_sources  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 

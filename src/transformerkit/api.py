@@ -41,17 +41,18 @@ def load(run_dir, runtime=None, **keywords):
     """
     from transformerkit.data.tokenizers import load_tokenizer
     from transformerkit.decoding.options import RuntimeOptions, resolve
-    from transformerkit.models.base import compute_in_float32
-    from transformerkit.saving import load_model
-    from transformerkit.threads import use_torch_threads
 
     runtime = resolve(RuntimeOptions, runtime, keywords, "load()")
     run = RunDirectory(run_dir)
     if not os.path.isfile(run.config):
         raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
     config = load_config(run.config)
-    model = load_model(run.model_file(runtime.checkpoint), compile=False)
-    compute_in_float32(model)  # a mixed_bfloat16-trained model decodes as chosen per call
+    model_file = run.model_file(runtime.checkpoint)
+    # the CTranslate2 engine answers from a current export: the model is loaded (and Keras
+    # imported) only when something needs it
+    deferred = runtime.engine == "ctranslate2" and config.model.type in ("transformer", "gpt") \
+        and _export_stands_for(run.path, model_file)
+    model = None if deferred else _load_model(model_file)
     source_path, target_path = run.tokenizer_paths(
         shared=True if config.model.type == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)
@@ -59,11 +60,32 @@ def load(run_dir, runtime=None, **keywords):
         load_tokenizer(target_path)
     # an encoder without a classifier head (an imported BERT) has no labels
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
-    loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime)
+    loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime,
+                 model_file=model_file)
     loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
     if runtime.engine in _MODEL_ENGINES:
+        from transformerkit.threads import use_torch_threads
+
         use_torch_threads(runtime.threads)
     return loaded
+
+
+def _load_model(model_file):
+    """The Keras model of a ``.keras`` file, computing in float32 (a mixed_bfloat16-trained
+    model decodes as chosen per call)."""
+    from transformerkit.models.base import compute_in_float32
+    from transformerkit.saving import load_model
+
+    model = load_model(model_file, compile=False)
+    compute_in_float32(model)
+    return model
+
+
+def _export_stands_for(run_dir, model_file):
+    """Whether the run's CTranslate2 export is current for ``model_file`` (by its digest)."""
+    from transformerkit.export.ctranslate2_folders import default_export_dir, stands_for_file
+
+    return stands_for_file(default_export_dir(run_dir), run_dir, model_file)
 
 
 class Run:
@@ -82,10 +104,16 @@ class Run:
     """
 
     def __init__(self, model, config, source_tokenizer, target_tokenizer, run_dir=None,
-                 labels=None, runtime=None):
+                 labels=None, runtime=None, model_file=None):
         from transformerkit.decoding.options import RuntimeOptions
 
-        self.model = model
+        self._model = None
+        self._source = None  # (the .keras file, its weights' versions when loaded)
+        if model is not None:
+            self.model = model
+        if model_file is not None:
+            self._source = (os.fspath(model_file),
+                            None if model is None else _versions(model))
         self.config = config
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
@@ -93,6 +121,35 @@ class Run:
         self.kind = config.model.type
         self.labels = labels
         self.runtime = runtime or RuntimeOptions()
+
+    @property
+    def model(self):
+        """The Keras model (a ``Transformer``, ``GPT`` or ``Encoder``). A run that
+        :func:`load` gave the CTranslate2 engine with a current export loads it from its
+        ``.keras`` file here, on first use."""
+        if self._model is None and self._source is not None:
+            path = self._source[0]
+            self._model = _load_model(path)
+            self._source = (path, _versions(self._model))
+        return self._model
+
+    @model.setter
+    def model(self, model):
+        self._model, self._source = model, None  # another model: no file stands for it
+
+    def weights_file(self):
+        """The ``.keras`` file the model's weights were loaded from, while they are those of
+        the file: none written since (their in-place version counters, PyTorch's, as at
+        loading; a model not loaded yet holds the file's). None for a model given
+        otherwise, once a weight is written, or where the backend keeps no such counter."""
+        if self._source is None:
+            return None
+        path, versions = self._source
+        if self._model is None:
+            return path
+        if versions is None or None in versions or _versions(self._model) != versions:
+            return None
+        return path
 
     @property
     def precision(self):
@@ -145,7 +202,7 @@ class Run:
         Empty texts raise ``ValueError``; texts longer than the model's ``max_length`` tokens
         are truncated with a warning.
         """
-        from transformerkit.decoding.translate import as_text_list, translate_texts
+        from transformerkit.decoding.texts import as_text_list
 
         self._require("transformer", "translate")
         texts, single = as_text_list(texts)
@@ -154,6 +211,8 @@ class Run:
         if engine not in _MODEL_ENGINES:
             results = engine.translate(texts, options)
         else:
+            from transformerkit.decoding.translate import translate_texts
+
             results = translate_texts(self.model, self.source_tokenizer,
                                       self.target_tokenizer, texts, options, precision,
                                       _MODEL_ENGINES[engine])
@@ -164,13 +223,13 @@ class Run:
         """Like :meth:`translate` for a list, but returns an iterator of ``(indices,
         results)`` per batch, each as soon as it is decoded (used by the CLI to stream); the
         arguments are checked before it is returned."""
-        from transformerkit.decoding.translate import translate_batches
-
         self._require("transformer", "translate_batches")
         options = self.search_options(options, keywords, "translate_batches()")
         engine, precision = self._call_runtime(engine, precision)
         if engine not in _MODEL_ENGINES:
             return engine.translate_batches(texts, options)
+        from transformerkit.decoding.translate import translate_batches
+
         return translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
                                  texts, options, precision, _MODEL_ENGINES[engine])
 
@@ -228,12 +287,12 @@ class Run:
         in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only);
         ``precision``: as in :meth:`translate`.
         """
-        from transformerkit.decoding.sampling import generate_ids
-
         options = self._generation_options(options, keywords, "generate")
         engine, precision = self._call_runtime(engine, precision)
         if engine not in _MODEL_ENGINES:
             return engine.generate(prompt, options)
+        from transformerkit.decoding.sampling import generate_ids
+
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
         new = generate_ids(self.model, ids, options.max_new_tokens,
                            min_new_tokens=options.min_new_tokens,
@@ -262,12 +321,13 @@ class Run:
         >>> for piece in run.generate_stream("To be", max_new_tokens=40, seed=1):
         ...     print(piece, end="", flush=True)
         """
-        from transformerkit.decoding.streaming import stream_ids, text_pieces
-
         options = self._generation_options(options, keywords, "generate_stream")
         engine, precision = self._call_runtime(engine, precision)
         if engine not in _MODEL_ENGINES:
             return engine.generate_stream(prompt, options)
+        from transformerkit.decoding.streaming import stream_ids
+        from transformerkit.decoding.texts import text_pieces
+
         ids = self._prompt_ids(prompt)
         new_ids = stream_ids(self.model, ids, options.max_new_tokens,
                              min_new_tokens=options.min_new_tokens,
@@ -286,7 +346,7 @@ class Run:
 
     def _prompt_ids(self, prompt):
         """The ids of a generation's ``prompt`` (a non-empty str)."""
-        from transformerkit.decoding.translate import check_text
+        from transformerkit.decoding.texts import check_text
 
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -313,7 +373,7 @@ class Run:
         are cut, with a warning.
         """
         from transformerkit.decoding.classify import class_probabilities
-        from transformerkit.decoding.translate import as_text_list
+        from transformerkit.decoding.texts import as_text_list
 
         self._require("encoder", "classify")
         if self.labels is None:
@@ -340,7 +400,7 @@ class Run:
         if self.kind == "gpt":
             raise TypeError(f"embed() needs an encoder or a translation run; {self.run_dir} "
                             "holds a gpt")
-        from transformerkit.decoding.translate import as_text_list
+        from transformerkit.decoding.texts import as_text_list
 
         texts, single = as_text_list(texts)
         vectors = embed_texts(self.model, self.source_tokenizer, texts, pooling=pooling,
@@ -353,9 +413,9 @@ class Run:
         the target's tokens and its end token of the log-softmax (one teacher-forced pass,
         ``decoding.scoring.sequence_log_probs``); a list of floats (a float for one pair).
         ``translate --scores`` prints it for each translation."""
-        from transformerkit.data.pipeline import pad_batch
+        from transformerkit.data.padding import pad_batch
         from transformerkit.decoding.scoring import sequence_log_probs
-        from transformerkit.decoding.translate import as_text_list, encode_sources
+        from transformerkit.decoding.texts import as_text_list, encode_sources
 
         self._require("transformer", "score")
         sources, single = as_text_list(sources)
@@ -397,7 +457,7 @@ class Run:
             return {"tokens": token_labels(self.source_tokenizer, ids),
                     "self": _stack(scores["self"])}
         self._require("transformer", "attention")
-        from transformerkit.decoding.translate import encode_sources
+        from transformerkit.decoding.texts import encode_sources
 
         source_ids = encode_sources([source], self.source_tokenizer, self.model.max_length)[0]
         tgt = self.target_tokenizer
@@ -424,6 +484,12 @@ def _stack(per_layer):
     from keras import ops
 
     return np.stack([ops.convert_to_numpy(s)[0] for s in per_layer]).astype("float32")
+
+
+def _versions(model):
+    from transformerkit.models.base import weight_versions
+
+    return weight_versions(model)
 
 
 # the engines that decode with the run's own model -> the step they take (make_steps' use_cache)

@@ -24,7 +24,9 @@ def load_model(path, compile=False):
     import keras
 
     import transformerkit.layers  # noqa: F401  (registers the classes a .keras file names)
-    import transformerkit.models  # noqa: F401
+    import transformerkit.models.encoder  # noqa: F401
+    import transformerkit.models.gpt  # noqa: F401
+    import transformerkit.models.transformer  # noqa: F401
 
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -582,7 +582,7 @@ def stopping_and_caps_checks():
     from reference_search import SOURCES as MIXED
     from reference_search import check_against_reference, mixed_length_model
 
-    from transformerkit.decoding.common import length_caps
+    from transformerkit.decoding.texts import length_caps
 
     model = mixed_length_model(3, 1.5)
     results = {}

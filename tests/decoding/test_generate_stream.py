@@ -29,7 +29,8 @@ from transformerkit.config import resolve
 from transformerkit.data.tokenizers import CharTokenizer, SubwordTokenizer
 from transformerkit.decoding import sampling, streaming
 from transformerkit.decoding.compiled import is_eager_loop
-from transformerkit.decoding.streaming import stream_ids, text_pieces
+from transformerkit.decoding.streaming import stream_ids
+from transformerkit.decoding.texts import text_pieces
 from transformerkit.models import GPT
 
 TOKENIZER = CharTokenizer.train(["abcdefghijklmnopqrstuvwxyz ."])

@@ -35,8 +35,9 @@ from reference_search import (
 )
 
 from transformerkit.decoding import beam_translate, greedy_translate, translate_texts
-from transformerkit.decoding.common import length_caps, length_penalty
+from transformerkit.decoding.common import length_penalty
 from transformerkit.decoding.options import SearchOptions
+from transformerkit.decoding.texts import length_caps
 from transformerkit.models import Transformer
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 

@@ -13,7 +13,11 @@ are the same except at a near-tie of the Keras model's logits (the helpers of
 ``tests/support/near_ties.py``); two CTranslate2 runs through the same kernels are exact.
 """
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -34,7 +38,7 @@ import transformerkit  # noqa: E402
 from transformerkit import cli  # noqa: E402
 from transformerkit.api import Run  # noqa: E402
 from transformerkit.config import resolve  # noqa: E402
-from transformerkit.data.pipeline import pad_batch  # noqa: E402
+from transformerkit.data.padding import pad_batch  # noqa: E402
 from transformerkit.data.tokenizers import CharTokenizer  # noqa: E402
 from transformerkit.decoding import greedy_translate  # noqa: E402
 from transformerkit.decoding.sampling import generate_ids  # noqa: E402
@@ -45,7 +49,9 @@ from transformerkit.export.ctranslate2 import (  # noqa: E402
     export_model,
     export_run,
 )
+from transformerkit.export.ctranslate2_folders import METADATA_FILE, read_metadata  # noqa: E402
 from transformerkit.export.runtime import CTranslate2Engine, ensure_export  # noqa: E402
+from transformerkit.files import atomic_write_text, file_sha256  # noqa: E402
 from transformerkit.models import GPT, Encoder, Transformer  # noqa: E402
 
 TOKENIZER = CharTokenizer.train(["abcdefghijklmnopqrstuvwxyz ."])
@@ -300,8 +306,6 @@ def test_min_new_tokens_is_ours_with_greedy_search(trained):
 
 
 def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
-    import shutil
-
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
     run = transformerkit.load(run_dir)
@@ -313,9 +317,25 @@ def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
     stamp = os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns
     ensure_export(run)  # current: kept
     assert os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns == stamp
+    # the export records the file its weights came from (a later load answers from it
+    # without loading the model): on an export made before it did, the record is added
+    assert run.weights_file() == str(run_dir / "model.keras")
+    record = {"model_file": "model.keras", "model_file_sha256": file_sha256(run.weights_file())}
+    assert read_metadata(model_dir).items() >= record.items()
+    atomic_write_text(os.path.join(model_dir, METADATA_FILE), json.dumps(
+        {k: v for k, v in read_metadata(model_dir).items() if k not in record}))
+    ensure_export(run)
+    assert read_metadata(model_dir).items() >= record.items()
+    assert os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns == stamp
     weight = run.model.weights[0]
     weight.assign(keras.ops.convert_to_numpy(weight) + 1.0)  # other weights: re-exported
+    assert run.weights_file() is None  # no longer the file's: an export records no file
     ensure_export(run)
+    assert "model_file_sha256" not in read_metadata(model_dir)
+    fresh = transformerkit.load(run_dir, engine="ctranslate2")  # the file's weights again
+    assert ensure_export(fresh) == model_dir
+    assert read_metadata(model_dir).items() >= record.items()
+    ensure_export(run)  # back to the changed weights for the checks below
     engine = CTranslate2Engine(run, threads=1)
     assert engine.threads == 1
     assert CTranslate2Engine(run).threads == len(os.sched_getaffinity(0))  # not CT2's 4
@@ -466,3 +486,58 @@ def test_cli_export_and_translate_with_ctranslate2(trained, capsys, monkeypatch)
     assert_same_texts_or_near_tie(transformerkit.load(trained), texts,  # near-ties allowed
                                   results["keras"].splitlines(),
                                   results["ctranslate2"].splitlines())
+
+
+# -- a current export answers without Keras ------------------------------------------------------
+CLI_PROCESS = """
+import json, sys
+from transformerkit.cli import main
+code = main(sys.argv[1:])
+print(json.dumps([code, sorted(m for m in ("keras", "torch", "jax", "tensorflow")
+                               if m in sys.modules)]))
+"""
+
+
+def cli_process(*argv, code=0):
+    """``transformerkit ARGV`` in a new process (PyTorch the backend, whose weights tell when
+    they were written), which exits with ``code``: ``(its output lines, the frameworks it
+    imported, its stderr)``."""
+    child = subprocess.run([sys.executable, "-c", CLI_PROCESS, *argv], capture_output=True,
+                           text=True, check=True, env=dict(
+                               os.environ, KERAS_BACKEND="torch", TRANSFORMERKIT_MALLOC="system"))
+    *lines, last = child.stdout.splitlines()
+    exited, imported = json.loads(last)
+    assert exited == code, child.stderr
+    return lines, imported, child.stderr
+
+
+def test_a_current_export_translates_without_keras_or_the_model_file(trained, tmp_path):
+    """``translate --engine ctranslate2`` with a current export imports neither Keras nor
+    PyTorch, with or without the ``.keras`` file; a changed ``.keras`` file is loaded and
+    exported again."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
+    texts = sentences(4, seed=5)
+    argv = ["translate", str(run_dir), "--beam", "1", "--engine", "ctranslate2",
+            "--threads", "1", *texts]
+    first, imported, _ = cli_process(*argv)  # the first use exports: the model is loaded
+    assert "keras" in imported and len(first) == len(texts)
+    assert read_metadata(default_export_dir(run_dir))["model_file_sha256"] == \
+        file_sha256(run_dir / "model.keras")
+    assert cli_process(*argv)[:2] == (first, [])
+    os.rename(run_dir / "model.keras", tmp_path / "kept.keras")  # the export kept alone
+    assert cli_process(*argv)[:2] == (first, [])
+    # another checkpoint is not what the export stands for: loaded, here a clear error
+    *_, error = cli_process(*argv, "--checkpoint", "epoch-0099.keras", code=2)
+    assert "epoch-0099.keras" in error and "Traceback" not in error
+    model = transformerkit.load(run_dir.parent / "run", checkpoint=str(tmp_path / "kept.keras"),
+                                engine="keras").model
+    weight = model.weights[0]
+    weight.assign(keras.ops.convert_to_numpy(weight) * 1.5)
+    model.save(run_dir / "model.keras")  # other weights under the same name: exported again
+    changed, imported, _ = cli_process(*argv)
+    assert "keras" in imported
+    assert read_metadata(default_export_dir(run_dir))["model_file_sha256"] == \
+        file_sha256(run_dir / "model.keras")
+    run = transformerkit.load(run_dir)
+    assert_same_texts_or_near_tie(run, texts, run.translate(texts, beam_size=1), changed)

@@ -14,7 +14,8 @@ import sys
 import keras
 import numpy as np
 
-from transformerkit.data.pipeline import pad_batch, teacher_forcing
+from transformerkit.data.padding import pad_batch
+from transformerkit.data.pipeline import teacher_forcing
 from transformerkit.models.factory import build_model
 from transformerkit.training.accumulation import UpdateBatches
 from transformerkit.training.losses import MaskedAccuracy, MaskedCrossEntropy

@@ -9,7 +9,8 @@ from keras import ops
 from near_ties import assert_same_hypotheses_or_near_tie, score_bound
 
 from transformerkit.decoding import beam_translate
-from transformerkit.decoding.common import length_caps, length_penalty
+from transformerkit.decoding.common import length_penalty
+from transformerkit.decoding.texts import length_caps
 from transformerkit.models import Transformer
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 

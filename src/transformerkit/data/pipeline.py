@@ -18,7 +18,7 @@ import dataclasses
 import keras
 import numpy as np
 
-from transformerkit.special_tokens import PAD_ID
+from transformerkit.data.padding import pad_batch
 
 
 @dataclasses.dataclass
@@ -66,16 +66,6 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer, max_lengt
             kept_source.append(np.asarray(s, dtype="int32"))
             kept_target.append(np.asarray(t, dtype="int32"))
     return EncodedPairs(kept_source, kept_target, dropped=len(sources) - len(kept_source))
-
-
-def pad_batch(sequences, length=None):
-    """Right-pad 1-D int sequences (arrays or lists) with PAD -> int32 ``(batch, length or
-    longest)``."""
-    length = max(len(s) for s in sequences) if length is None else length
-    out = np.full((len(sequences), length), PAD_ID, dtype="int32")
-    for row, seq in enumerate(sequences):
-        out[row, :len(seq)] = seq
-    return out
 
 
 def teacher_forcing(target_batch):

@@ -10,10 +10,9 @@ PyTorch, compiled per shape on JAX and TensorFlow), and returned in the input or
 import numpy as np
 from keras import ops
 
-from transformerkit.data.pipeline import pad_batch
-from transformerkit.decoding.common import check_count
+from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.compiled import run_decoder
-from transformerkit.decoding.translate import encode_sources
+from transformerkit.decoding.texts import check_count, encode_sources
 from transformerkit.layers.masks import padding_mask
 from transformerkit.models.encoder import Encoder, mean_pool
 

@@ -1,69 +1,22 @@
 """Pieces every decoder shares: input checks and bucketing, length caps, token rules, output
 cleanup."""
 
-import math
-import warnings
 
 import numpy as np
 from keras import ops
 
 from transformerkit import fastpath
 from transformerkit.decoding.compiled import batch_bucket, bucket
+from transformerkit.decoding.texts import (  # noqa: F401 (named here too)
+    check_count,
+    check_max_new_tokens,
+    check_number,
+    length_caps,
+)
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
 SOURCE_BUCKET = 8  # source lengths are rounded up to a multiple of this on JAX/TensorFlow
-
-
-def check_count(value, name, minimum=1):
-    """``value`` as an int if it is one (a Python or NumPy integer, not a bool) of at least
-    ``minimum``; else a ``TypeError`` / ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
-def check_number(value, name, minimum=0.0):
-    """``value`` as a float if it is a finite real number (not a bool) of at least
-    ``minimum``; else a ``TypeError`` / ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
-    if not (math.isfinite(value) and value >= minimum):  # NaN and infinities too
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value}")
-    return float(value)
-
-
-def check_max_new_tokens(max_new_tokens, limit, what="max_new_tokens"):
-    """``max_new_tokens`` as an int in ``[1, limit]``; larger values are cut with a warning."""
-    if max_new_tokens is None:
-        return int(limit)
-    max_new_tokens = check_count(max_new_tokens, what)
-    if max_new_tokens > limit:
-        warnings.warn(f"{what}={max_new_tokens} is more than this model can produce; "
-                      f"decoding at most {limit} tokens (the model's max_length)", stacklevel=3)
-        return int(limit)
-    return max_new_tokens
-
-
-def length_caps(source, max_new, max_len_a=None, max_len_b=None):
-    """``(rows,)`` int32: the most tokens (EOS included) each sentence of ``(rows, len)``
-    source ids may produce: ``min(max_new, floor(max_len_a * source_len + max_len_b))`` with
-    ``source_len`` its real tokens (EOS included), as fairseq's ``--max-len-a/--max-len-b``;
-    just ``max_new`` when both are None, and either one None counts as 0. The values are
-    those of a :class:`~transformerkit.decoding.options.SearchOptions`, which checks them (a
-    finite ``max_len_a >= 0``, an int ``max_len_b >= 0``, a cap of at least one token)."""
-    source = np.asarray(source)
-    rows = source.shape[0]
-    if max_len_a is None and max_len_b is None:
-        return np.full((rows,), max_new, dtype="int32")
-    # a and b as large as they may be (1e308, 10**400): above max_new they cap at max_new
-    a = 0.0 if max_len_a is None else min(float(max_len_a), max_new)
-    b = 0 if max_len_b is None else min(int(max_len_b), max_new)
-    lengths = (source != PAD_ID).sum(axis=1)
-    caps = np.floor(a * lengths + b + 1e-9).astype("int64")
-    return np.clip(caps, 1, max_new).astype("int32")
 
 
 def prepare_sources(model, source_ids):

@@ -12,18 +12,17 @@ import warnings
 import numpy as np
 from keras import ops
 
-from transformerkit.data.pipeline import pad_batch
+from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.common import (
     NEG_INF,
     argmax_ids,
-    check_count,
     check_max_new_tokens,
-    check_number,
 )
 from transformerkit.decoding.compiled import UniformNoise, bucket, run_decoder
 from transformerkit.decoding.greedy import argmax_choice, token_search, translate_ids
 from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps
+from transformerkit.decoding.texts import check_sampling
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -60,21 +59,6 @@ def sampling_choice(seed, temperature, top_k, top_p):
         return argmax_ids(x + ops.cast(gumbel, x.dtype))
 
     return choose
-
-
-def check_sampling(temperature, top_k, top_p, seed):
-    """``(top_k, top_p, seed)`` checked and normalised (clear errors for bad values): a
-    ``temperature`` >= 0, ``top_k`` an int >= 1, ``top_p`` in (0, 1], ``seed`` an int (taken
-    modulo 2**31; None draws one)."""
-    check_number(temperature, "temperature")
-    if top_k is not None:
-        top_k = check_count(top_k, "top_k")
-    if top_p is not None and not 0.0 < check_number(top_p, "top_p") <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2 ** 31))
-    check_count(seed, "seed", minimum=-(2 ** 63))
-    return top_k, (None if top_p in (None, 1.0) else top_p), np.int32(int(seed) % (2 ** 31))
 
 
 def _choice_args(temperature, top_k, top_p, seed):

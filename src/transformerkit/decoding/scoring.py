@@ -3,7 +3,7 @@
 import numpy as np
 from keras import ops
 
-from transformerkit.data.pipeline import pad_batch
+from transformerkit.data.padding import pad_batch
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 

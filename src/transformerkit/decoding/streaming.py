@@ -32,13 +32,13 @@ import threading
 from transformerkit.decoding.compiled import is_eager_loop
 from transformerkit.decoding.options import GenerationOptions
 from transformerkit.decoding.sampling import (
-    check_sampling,
     crop_prompt,
     generate_ids,
     generate_once,
     window_context,
     window_seed,
 )
+from transformerkit.decoding.texts import check_sampling, text_pieces
 
 CHUNK_TOKENS = 8  # new tokens per compiled call when streaming on JAX / TensorFlow
 
@@ -134,46 +134,6 @@ def _chunked_ids(model, prompt, max_new_tokens, options, chunk_tokens):
                 return
         new.extend(made)
         window += 1
-
-
-def text_pieces(tokenizer, id_chunks):
-    """The new text of each list of ids from ``id_chunks`` (decoded with ``tokenizer``,
-    whose end token is left out as ``Run.generate`` leaves it out), as a generator of one
-    string per list (empty where the ids add no text yet); joined, ``tokenizer.decode`` of
-    all the ids.
-
-    A text that ends in U+FFFD (the start of a character whose other bytes are still to
-    come) is held back until it is whole; new text is handed out only when the text so far
-    extends what was handed out, so the tokenizer's decoding must be stable that way (it is
-    for transformerkit's character, BPE, WordPiece and Unigram tokenizers). What is still
-    held back at the end comes as one last string. Closing this generator closes
-    ``id_chunks``.
-    """
-    eos = tokenizer.eos_id
-
-    def decode(ids):
-        return tokenizer.decode([i for i in ids if i != eos])
-
-    new, said = [], ""
-    chunks = iter(id_chunks)
-    try:
-        for ids in chunks:
-            new.extend(ids)
-            text = decode(new).rstrip("\ufffd")
-            if len(text) > len(said) and text.startswith(said):
-                piece, said = text[len(said):], text
-            else:
-                piece = ""
-            yield piece
-    finally:
-        if hasattr(chunks, "close"):
-            chunks.close()
-    final = decode(new)
-    if final != said:
-        if not final.startswith(said):
-            raise RuntimeError(f"the tokenizer decodes the continuation as {final!r}, which "
-                               f"does not extend the text streamed so far, {said!r}")
-        yield final[len(said):]
 
 
 __all__ = ["CHUNK_TOKENS", "stream_ids", "text_pieces"]

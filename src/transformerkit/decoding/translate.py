@@ -1,75 +1,14 @@
 """Text in, text out: encode, batch by length, decode (greedy, beam or sampling), detokenize."""
 
-import warnings
 
 import numpy as np
 
-from transformerkit.data.pipeline import pad_batch
+from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.beam import beam_translate
 from transformerkit.decoding.greedy import greedy_translate
 from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.sampling import sample_translate
-
-
-def check_text(text, what, empty=None):
-    """Raise a clear ``ValueError`` naming ``what`` (``"text 3"``) if ``text`` holds lone
-    surrogates (U+D800..U+DFFF: not Unicode text; Python makes them from undecodable bytes),
-    which no tokenizer can take; with ``empty`` (what to tell the caller, ``"nothing to
-    translate"``), also if it is empty or only whitespace. The one check of both rules: the
-    decoders and the HTTP server call it."""
-    if empty is not None and not text.strip():
-        raise ValueError(f"{what} is empty: {empty}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[err.start]!r} at "
-                         f"character {err.start} (undecodable bytes? decode them with "
-                         "errors='replace')") from None
-
-
-def as_text_list(texts):
-    """``(list of texts, single)`` for an argument that is one text (a str: ``single``) or
-    an iterable of texts; anything else (None, a number, bytes) is a clear ``TypeError``.
-    Each item is checked by :func:`encode_sources`."""
-    if isinstance(texts, str):
-        return [texts], True
-    if isinstance(texts, (bytes, bytearray)):
-        raise TypeError("texts are bytes: decode them to str first (bytes.decode('utf-8'))")
-    try:
-        return list(texts), False
-    except TypeError:
-        raise TypeError(f"texts must be a str or a list of str, got "
-                        f"{type(texts).__name__}") from None
-
-
-def encode_sources(texts, tokenizer, max_length, add_bos=False, task="translate"):
-    """Source texts -> id lists ``pieces + [EOS]`` (how the model was trained; an encoder's
-    ``[BOS] + pieces + [EOS]`` with ``add_bos``).
-
-    Raises ``ValueError`` for an empty (or whitespace-only) text or one with lone
-    surrogates, naming its index; a text
-    longer than ``max_length`` tokens is cut to its first ``max_length - 1`` tokens + EOS,
-    with a warning (``task`` names what is done with it there).
-    """
-    if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings; wrap a single sentence in a list")
-    encoded, too_long = [], []
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.60}")
-        check_text(text, f"text {i}", empty=f"nothing to {task}")
-        ids = tokenizer.encode(text, add_bos=add_bos, add_eos=True)
-        if len(ids) > max_length:
-            too_long.append((i, len(ids)))
-            ids = ids[: max_length - 1] + [tokenizer.eos_id]
-        encoded.append(ids)
-    if too_long:  # one warning per call, not one per text
-        (first, length), more = too_long[0], len(too_long) - 1
-        warnings.warn(f"text {first} has {length} tokens, more than the model's max_length="
-                      f"{max_length}" + (f" (and {more} more texts)" if more else "") +
-                      f"; only the first {max_length - 1} tokens of each are used to {task}",
-                      stacklevel=3)
-    return encoded
+from transformerkit.decoding.texts import encode_sources
 
 
 def translate_batches(model, source_tokenizer, target_tokenizer, texts, options=None,

@@ -36,7 +36,6 @@ What CTranslate2 cannot express is refused with a ``ValueError`` naming the opti
 than ``Transformer`` and ``GPT``.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -44,12 +43,20 @@ import tempfile
 
 import numpy as np
 
+from transformerkit.export.ctranslate2_folders import (  # noqa: F401 (named here too)
+    EXPORT_FOLDER,
+    METADATA_FILE,
+    QUANTIZATIONS,
+    check_quantization,
+    default_export_dir,
+    file_record,
+    is_current,
+    read_metadata,
+    weights_fingerprint,
+)
 from transformerkit.extras import require
 from transformerkit.files import TEMPORARY_PREFIX
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                 "bfloat16", "float32")
-METADATA_FILE = "transformerkit.json"  # what the runtime needs beside CTranslate2's files
 TOKENIZER_FILES = {"source": "source_tokenizer.json", "target": "target_tokenizer.json"}
 
 ctranslate2 = require("ctranslate2", "the CTranslate2 export and engine")
@@ -243,12 +250,6 @@ class KerasConverter(ctranslate2.converters.Converter):
             special_tokens(self.target_tokenizer))
 
 
-def check_quantization(quantization):
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got "
-                         f"{quantization!r}")
-
-
 def export_model(model, source_tokenizer, target_tokenizer, out_dir, quantization=None,
                  force=False, tokenizer_files=None, extra_metadata=None):
     """Write ``model`` as a CTranslate2 model directory ``out_dir``, atomically: the model
@@ -307,17 +308,6 @@ def _replace_directory(new, target):
 
 
 # -- run directories --------------------------------------------------------------------------
-EXPORT_FOLDER = "ctranslate2"  # RUN/ctranslate2, RUN/ctranslate2-int8, ...
-
-
-def default_export_dir(run_dir, quantization=None):
-    """``RUN/ctranslate2`` (float32 weights) or ``RUN/ctranslate2-<quantization>``."""
-    check_quantization(quantization)
-    name = EXPORT_FOLDER if quantization in (None, "float32") else \
-        f"{EXPORT_FOLDER}-{quantization}"
-    return os.path.join(os.fspath(run_dir), name)
-
-
 def export_run(run, out_dir=None, quantization=None, force=False):
     """Export a loaded run (``transformerkit.api.Run``) to ``out_dir`` (default
     :func:`default_export_dir`), with its tokenizer files; returns ``out_dir``."""
@@ -329,34 +319,8 @@ def export_run(run, out_dir=None, quantization=None, force=False):
     out_dir = out_dir or default_export_dir(run.run_dir, quantization)
     source, target = directory.tokenizer_paths(shared=True if run.kind == "gpt" else None)
     files = {"source": source} if run.kind == "gpt" else {"source": source, "target": target}
+    model_file = run.weights_file()  # recorded while the weights are still the file's
     return export_model(run.model, run.source_tokenizer, run.target_tokenizer, out_dir,
-                        quantization=quantization, force=force, tokenizer_files=files)
-
-
-def read_metadata(model_dir):
-    """The :data:`METADATA_FILE` of an export, or None if there is none (not ours, or
-    not complete)."""
-    path = os.path.join(os.fspath(model_dir), METADATA_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def weights_fingerprint(model):
-    """sha256 of all of ``model``'s weights (names, shapes and values): an export made
-    from these weights records it (:func:`is_current`)."""
-    digest = hashlib.sha256()
-    for variable in model.weights:
-        value = _array(variable)
-        digest.update(f"{variable.path}{value.shape}".encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
-
-
-def is_current(model_dir, model):
-    """Whether ``model_dir`` is a complete export of ``model``'s weights as they are now."""
-    metadata = read_metadata(model_dir)
-    if metadata is None or not os.path.isfile(os.path.join(model_dir, "model.bin")):
-        return False
-    return metadata.get("weights_sha256") == weights_fingerprint(model)
+                        quantization=quantization, force=force, tokenizer_files=files,
+                        extra_metadata=file_record(run.run_dir, model_file) if model_file
+                        else None)

@@ -53,16 +53,22 @@ import weakref
 
 import numpy as np
 
-from transformerkit.data.pipeline import pad_batch
-from transformerkit.decoding.common import length_caps
+from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.options import GenerationOptions, resolve
-from transformerkit.decoding.sampling import check_sampling
-from transformerkit.decoding.streaming import text_pieces
-from transformerkit.decoding.translate import as_text_list, check_text, encode_sources
-from transformerkit.export.ctranslate2 import (
+from transformerkit.decoding.texts import (
+    as_text_list,
+    check_sampling,
+    check_text,
+    encode_sources,
+    length_caps,
+    text_pieces,
+)
+from transformerkit.export.ctranslate2_folders import (
     default_export_dir,
-    export_run,
     is_current,
+    read_metadata,
+    record_file,
+    stands_for_file,
 )
 from transformerkit.extras import require
 from transformerkit.threads import resolve_threads
@@ -84,16 +90,27 @@ def engine_for(run, threads=0):
 
 def ensure_export(run, quantization=None):
     """The run's export folder (:func:`default_export_dir`), written first if it is missing,
-    incomplete or made from other weights than ``run.model``'s. The export is atomic, so a
-    half-written one is never used; two processes exporting at once both end with a
-    complete folder."""
+    incomplete or made from other weights than ``run.model``'s. A run whose weights are still
+    those of its ``.keras`` file (:meth:`~transformerkit.api.Run.weights_file`) is checked
+    by that file's digest, without loading the model where :func:`~transformerkit.api.load`
+    left it unloaded. The export is atomic, so a half-written one is never used; two
+    processes exporting at once both end with a complete folder."""
     model_dir = default_export_dir(run.run_dir, quantization)
-    if not is_current(model_dir, run.model):
-        try:
-            export_run(run, model_dir, quantization=quantization, force=True)
-        except OSError:
-            if not is_current(model_dir, run.model):  # else another process exported it
-                raise
+    model_file = run.weights_file()
+    if model_file is not None and stands_for_file(model_dir, run.run_dir, model_file):
+        return model_dir
+    if is_current(model_dir, run.model):
+        model_file = run.weights_file()
+        if model_file is not None:  # an export that recorded no file, or another file
+            record_file(model_dir, run.run_dir, model_file)
+        return model_dir
+    from transformerkit.export.ctranslate2 import export_run
+
+    try:
+        export_run(run, model_dir, quantization=quantization, force=True)
+    except OSError:
+        if not is_current(model_dir, run.model):  # else another process exported it
+            raise
     return model_dir
 
 
@@ -114,7 +131,8 @@ class CTranslate2Engine:
     def __init__(self, run, threads=0, compute_type="default", model_dir=None):
         self.run = run
         self.model_dir = os.fspath(model_dir) if model_dir else ensure_export(run)
-        self.max_length = run.model.max_length
+        metadata = read_metadata(self.model_dir) or {}  # a folder of another tool has none
+        self.max_length = metadata.get("max_length") or run.model.max_length
         self.threads = resolve_threads(threads)  # CTranslate2's intra_threads
         self._open = lambda: (ctranslate2.Generator if run.kind == "gpt" else
                               ctranslate2.Translator)(self.model_dir, device="cpu",

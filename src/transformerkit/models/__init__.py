@@ -1,7 +1,23 @@
-"""The three models: encoder-decoder ``Transformer``, ``Encoder`` and ``GPT``."""
+"""The three models: encoder-decoder ``Transformer``, ``Encoder`` and ``GPT``.
 
-from transformerkit.models.encoder import Encoder
-from transformerkit.models.gpt import GPT
-from transformerkit.models.transformer import Transformer
+The names are resolved on first use, so that :mod:`transformerkit.models.options` (plain
+Python: the config schema reads it) can be imported without importing Keras. The first use
+imports all three, which registers them for ``keras.saving.load_model`` as before.
+"""
 
-__all__ = ["Encoder", "GPT", "Transformer"]
+import importlib
+
+_EXPORTS = {"Encoder": "encoder", "GPT": "gpt", "Transformer": "transformer"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        modules = {m: importlib.import_module(f"{__name__}.{m}") for m in _EXPORTS.values()}
+        return getattr(modules[_EXPORTS[name]], name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -12,7 +12,7 @@ refused, where the Python API would cut it with a warning.
 import dataclasses
 
 from transformerkit.decoding.options import GenerationOptions, SearchOptions
-from transformerkit.decoding.translate import check_text as decoders_check_text
+from transformerkit.decoding.texts import check_text as decoders_check_text
 from transformerkit.serving.errors import RequestError
 
 
