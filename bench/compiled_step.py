@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -43,22 +42,30 @@ def build_worker(spec):
             "seconds": round(aot_step.build_package(model, spec["bucket"], path), 1)}
 
 
+# runs the command and reports its wall seconds and peak memory: a fresh small process, so
+# the command's peak (ru_maxrss, which a forked child inherits from its parent and keeps
+# across exec) does not start from this bench's own memory
+LAUNCHER = """import json, resource, subprocess, sys, time
+started = time.perf_counter()
+child = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(json.dumps([time.perf_counter() - started, child.returncode, child.stdout, child.stderr,
+                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024]))
+"""
+
+
 def one_sentence(run, engine, cache):
     """``(wall seconds, peak resident MB, output)`` of ``transformerkit translate`` in a new
     process."""
     env = dict(os.environ, TRANSFORMERKIT_CACHE=cache, KERAS_BACKEND="torch")
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.perf_counter()
-        child = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "transformerkit"),
-                                  "translate", run, SENTENCE, "--beam", "1", "--engine", engine],
-                                 stdout=out, stderr=err, text=True, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        seconds = time.perf_counter() - started
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        if child.returncode != 0:
-            raise SystemExit(f"transformerkit translate failed: {err.read().strip()[-500:]}")
-        return seconds, usage.ru_maxrss / 1024, out.read().strip()
+    launched = subprocess.run(
+        [sys.executable, "-c", LAUNCHER,
+         os.path.join(os.path.dirname(sys.executable), "transformerkit"), "translate", run,
+         SENTENCE, "--beam", "1", "--engine", engine],
+        capture_output=True, text=True, env=env, check=True)
+    seconds, code, out, err, megabytes = json.loads(launched.stdout)
+    if code != 0:
+        raise SystemExit(f"transformerkit translate failed: {err.strip()[-500:]}")
+    return seconds, megabytes, out.strip()
 
 
 def copy_run(run, folder):
