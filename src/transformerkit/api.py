@@ -62,6 +62,8 @@ def load(run_dir, runtime=None, **keywords):
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
     loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime,
                  model_file=model_file)
+    if deferred:  # found current by the file's digest just now: not computed again
+        loaded._checked_export = _default_export(run.path)
     loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
     if runtime.engine in _MODEL_ENGINES:
         from transformerkit.threads import use_torch_threads
@@ -83,9 +85,15 @@ def _load_model(model_file):
 
 def _export_stands_for(run_dir, model_file):
     """Whether the run's CTranslate2 export is current for ``model_file`` (by its digest)."""
-    from transformerkit.export.ctranslate2_folders import default_export_dir, stands_for_file
+    from transformerkit.export.ctranslate2_folders import stands_for_file
 
-    return stands_for_file(default_export_dir(run_dir), run_dir, model_file)
+    return stands_for_file(_default_export(run_dir), run_dir, model_file)
+
+
+def _default_export(run_dir):
+    from transformerkit.export.ctranslate2_folders import default_export_dir
+
+    return default_export_dir(run_dir)
 
 
 class Run:
@@ -109,6 +117,7 @@ class Run:
 
         self._model = None
         self._source = None  # (the .keras file, its weights' versions when loaded)
+        self._checked_export = None  # the export load() found made from that file
         if model is not None:
             self.model = model
         if model_file is not None:
@@ -136,6 +145,13 @@ class Run:
     @model.setter
     def model(self, model):
         self._model, self._source = model, None  # another model: no file stands for it
+        self._checked_export = None
+
+    def checked_export(self):
+        """The CTranslate2 export folder :func:`load` found made from the weights file (by
+        its digest) while the model is still unloaded, so that the engine need not read
+        the file again; else None."""
+        return self._checked_export if self._model is None else None
 
     def weights_file(self):
         """The ``.keras`` file the model's weights were loaded from, while they are those of

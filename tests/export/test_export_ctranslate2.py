@@ -344,6 +344,38 @@ def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
                                   [run.translate(text, beam_size=1)])
 
 
+def test_a_deferred_load_reads_the_model_file_once_and_a_damaged_record_is_redone(
+        trained, tmp_path, monkeypatch):
+    """load(engine="ctranslate2") checks the export by the .keras file's digest; translating
+    then does not read the file again. A damaged transformerkit.json is not an error: the
+    model is loaded and exported again."""
+    import transformerkit.export.ctranslate2_folders as folders
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
+    text = sentences(1, seed=5)[0]
+    expected = transformerkit.load(run_dir).translate(text, beam_size=1, engine="ctranslate2")
+    model_dir = default_export_dir(run_dir)
+    hashed = []
+    monkeypatch.setattr(folders, "file_sha256",
+                        lambda path: hashed.append(path) or file_sha256(path))
+    deferred = transformerkit.load(run_dir, engine="ctranslate2")
+    assert deferred.checked_export() == model_dir
+    assert deferred.translate(text, beam_size=1) == expected
+    assert hashed == [str(run_dir / "model.keras")]
+    assert deferred._model is None  # answered without loading the model
+
+    for damage in ("{not json", "[1, 2]", b"\xff\xfe"):
+        path = os.path.join(model_dir, METADATA_FILE)
+        with open(path, "wb") as f:
+            f.write(damage if isinstance(damage, bytes) else damage.encode())
+        assert read_metadata(model_dir) is None
+        again = transformerkit.load(run_dir, engine="ctranslate2")
+        assert again.checked_export() is None and again._model is not None
+        assert again.translate(text, beam_size=1) == expected
+        assert read_metadata(model_dir)["model_file"] == "model.keras"
+
+
 # oneDNN's caps that keep its 8-bit dot products (VNNI) on an AVX-512 VNNI CPU ("CPU
 # dispatcher control"; AVX512_CORE and AVX2 drop them); None: no cap
 ONEDNN_CAPS_WITH_VNNI = (None, "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX10_1_512",

@@ -39,12 +39,16 @@ def default_export_dir(run_dir, quantization=None):
 
 def read_metadata(model_dir):
     """The :data:`METADATA_FILE` of an export, or None if there is none (not ours, or
-    not complete)."""
+    not complete) or it is not a JSON object (damaged: the export is then made again)."""
     path = os.path.join(os.fspath(model_dir), METADATA_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 def weights_fingerprint(model):

@@ -97,7 +97,8 @@ def ensure_export(run, quantization=None):
     processes exporting at once both end with a complete folder."""
     model_dir = default_export_dir(run.run_dir, quantization)
     model_file = run.weights_file()
-    if model_file is not None and stands_for_file(model_dir, run.run_dir, model_file):
+    if model_file is not None and (run.checked_export() == model_dir
+                                   or stands_for_file(model_dir, run.run_dir, model_file)):
         return model_dir
     if is_current(model_dir, run.model):
         model_file = run.weights_file()
