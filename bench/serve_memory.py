@@ -1,13 +1,16 @@
-"""Memory of ``transformerkit serve --workers N``: the resident memory (RSS) of the server
-process and of each worker process, once every worker answers ``/health`` "ready".
+"""Memory and start of ``transformerkit serve --workers N --engine E``: the resident memory
+(RSS) of the server process and of each worker process once every worker answers
+``/health`` "ready", and the seconds from starting the command to that.
 
-For each N of ``--workers``, starts ``transformerkit serve RUN --workers N`` on 127.0.0.1
-(a free port), asks ``/health`` on new connections until each of the N workers has
-answered "ready" (its ``pid``), reads ``VmRSS`` from ``/proc/PID/status`` (Linux) of the
-server and of each worker, and stops the server with SIGTERM. With one worker the server
-process is the worker.
+For each engine of ``--engines`` and each N of ``--workers``, starts ``transformerkit
+serve RUN --workers N --engine E`` on 127.0.0.1 (a free port), asks ``/health`` on new
+connections until each of the N workers has answered "ready" (its ``pid``), reads
+``VmRSS`` from ``/proc/PID/status`` (Linux) of the server and of each worker, and stops the
+server with SIGTERM. With one worker the server process is the worker. The ctranslate2
+engine's export is written first (by a ``translate``), so that its servers start from a
+current export, as a deployment's do.
 
-    python bench/serve_memory.py --run runs/multi30k_de_en --workers 1 2
+    python bench/serve_memory.py --run runs/multi30k_de_en --workers 1 2 --engines keras ctranslate2
 
 writes ``bench/results/serve_memory.FAMILY.{json,md}``.
 """
@@ -54,21 +57,26 @@ def ready_workers(url, workers, seconds):
     return sorted(pids)
 
 
-def measure(run, workers, timeout):
-    """``{"workers", "server_mib", "worker_mib": [...], "total_mib"}`` of one server."""
+def measure(run, workers, engine, timeout):
+    """``{"engine", "workers", "ready_seconds", "server_mib", "worker_mib": [...],
+    "total_mib"}`` of one server."""
     with socket.socket() as s:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
+    start = time.perf_counter()
     server = subprocess.Popen([sys.executable, "-m", "transformerkit.cli", "serve", run,
-                               "--host", HOST, "--port", str(port), "--workers", str(workers)])
+                               "--host", HOST, "--port", str(port), "--workers", str(workers),
+                               "--engine", engine])
     try:
         pids = ready_workers(f"http://{HOST}:{port}", workers, timeout)
+        ready = time.perf_counter() - start
         server_mib = rss_mib(server.pid)
         worker_mib = [rss_mib(pid) for pid in pids if pid != server.pid]
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
-    return {"workers": workers, "server_mib": round(server_mib),
+    return {"engine": engine, "workers": workers, "ready_seconds": round(ready, 2),
+            "server_mib": round(server_mib),
             "worker_mib": [round(m) for m in worker_mib],
             "total_mib": round(server_mib + sum(worker_mib))}
 
@@ -77,18 +85,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="the run directory to serve")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--engines", nargs="+", default=["keras"],
+                        choices=["keras", "compiled", "ctranslate2"])
     parser.add_argument("--timeout", type=float, default=600, help="seconds to get ready")
     parser.add_argument("--name", default="serve_memory", help="results file name")
     args = parser.parse_args()
     import transformerkit
 
-    parameters = int(transformerkit.load(args.run).model.count_params())
-    rows = [measure(args.run, n, args.timeout) for n in args.workers]
+    run = transformerkit.load(args.run)
+    parameters = int(run.count_params())
+    if "ctranslate2" in args.engines:
+        run.translate("a", engine="ctranslate2")  # the export, current before the servers
+    rows = [measure(args.run, n, engine, args.timeout)
+            for engine in args.engines for n in args.workers]
     table = "\n".join([
         f"`transformerkit serve` of `{os.path.basename(os.path.normpath(args.run))}` "
-        f"({parameters:,} parameters), ready and idle: resident memory (MiB)", "",
-        "| workers | server process | each worker | total |", "|---|---|---|---|",
-        *(f"| {r['workers']} | {r['server_mib']} | "
+        f"({parameters:,} parameters), ready and idle: seconds from the command to ready, "
+        "resident memory (MiB)", "",
+        "| engine | workers | seconds to ready | server process | each worker | total |",
+        "|---|---|---:|---:|---|---:|",
+        *(f"| {r['engine']} | {r['workers']} | {r['ready_seconds']:.1f} | {r['server_mib']} | "
           f"{', '.join(map(str, r['worker_mib'])) or '(the server is the worker)'} | "
           f"{r['total_mib']} |" for r in rows)])
     common.write_results(args.name, {"run": args.run, "parameters": parameters,

@@ -118,6 +118,7 @@ class Run:
         self._model = None
         self._source = None  # (the .keras file, its weights' versions when loaded)
         self._checked_export = None  # the export load() found made from that file
+        self._export_record = None  # (that folder, its metadata)
         if model is not None:
             self.model = model
         if model_file is not None:
@@ -153,6 +154,27 @@ class Run:
         the file again; else None."""
         return self._checked_export if self._model is None else None
 
+    @property
+    def max_length(self):
+        """The longest sequence the model reads (``model.max_length``): while the model is
+        unloaded, what its current export recorded (the model is not loaded for it)."""
+        return self._exported("max_length") or self.model.max_length
+
+    def count_params(self):
+        """The model's number of weights (``model.count_params()``), from its current
+        export's record while the model is unloaded."""
+        return self._exported("parameters") or self.model.count_params()
+
+    def _exported(self, key):
+        folder = self.checked_export()
+        if folder is None:
+            return None
+        if self._export_record is None or self._export_record[0] != folder:
+            from transformerkit.export.ctranslate2_folders import read_metadata
+
+            self._export_record = (folder, read_metadata(folder) or {})
+        return self._export_record[1].get(key)
+
     def weights_file(self):
         """The ``.keras`` file the model's weights were loaded from, while they are those of
         the file: none written since (their in-place version counters, PyTorch's, as at
@@ -174,8 +196,8 @@ class Run:
         return self.runtime.precision
 
     def __repr__(self):
-        return (f"Run({self.run_dir!r}, {type(self.model).__name__}, "
-                f"{self.model.count_params():,} parameters)")
+        return (f"Run({self.run_dir!r}, {self.config.model.type}, "
+                f"{self.count_params():,} parameters)")
 
     def _require(self, kind, method):
         if self.kind != kind:

@@ -320,11 +320,18 @@ def test_first_use_exports_and_stale_exports_are_replaced(trained, tmp_path):
     # the export records the file its weights came from (a later load answers from it
     # without loading the model): on an export made before it did, the record is added
     assert run.weights_file() == str(run_dir / "model.keras")
-    record = {"model_file": "model.keras", "model_file_sha256": file_sha256(run.weights_file())}
+    record = {"model_file": "model.keras", "model_file_sha256": file_sha256(run.weights_file()),
+              "parameters": run.model.count_params()}
     assert read_metadata(model_dir).items() >= record.items()
     atomic_write_text(os.path.join(model_dir, METADATA_FILE), json.dumps(
         {k: v for k, v in read_metadata(model_dir).items() if k not in record}))
     ensure_export(run)
+    assert read_metadata(model_dir).items() >= record.items()
+    assert os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns == stamp
+    atomic_write_text(os.path.join(model_dir, METADATA_FILE), json.dumps(  # a record of old
+        {k: v for k, v in read_metadata(model_dir).items() if k != "parameters"}))
+    assert transformerkit.load(run_dir, engine="ctranslate2").checked_export() is None
+    ensure_export(run)  # completed, not exported again
     assert read_metadata(model_dir).items() >= record.items()
     assert os.stat(os.path.join(model_dir, "model.bin")).st_mtime_ns == stamp
     weight = run.model.weights[0]
@@ -573,3 +580,44 @@ def test_a_current_export_translates_without_keras_or_the_model_file(trained, tm
         file_sha256(run_dir / "model.keras")
     run = transformerkit.load(run_dir)
     assert_same_texts_or_near_tie(run, texts, run.translate(texts, beam_size=1), changed)
+
+
+SERVE_PROCESS = """
+import json, sys, time
+from fastapi.testclient import TestClient
+from transformerkit.decoding.options import RuntimeOptions
+from transformerkit.serving.server import build_app
+app = build_app([sys.argv[1]], RuntimeOptions(engine="ctranslate2", threads=1))
+with TestClient(app) as client:
+    deadline = time.monotonic() + 120
+    while client.get("/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    answer = client.post("/translate", json={"texts": sys.argv[2:], "beam_size": 1}).json()
+    models = client.get("/models").json()["models"]
+print(json.dumps([answer, models, sorted(m for m in ("keras", "torch", "jax", "tensorflow")
+                                       if m in sys.modules)]))
+"""
+
+
+def test_a_server_answers_from_a_current_export_without_keras(trained, tmp_path):
+    """``serve --engine ctranslate2`` with a current export loads, warms up, translates and
+    describes its model (``GET /models``: parameters, max_length) without importing Keras
+    or PyTorch, and says what the keras engine's server says."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
+    texts = sentences(3, seed=6)
+    run = transformerkit.load(run_dir)
+    ensure_export(run)  # the export, recording the file (as a first use makes it)
+
+    def serve(*argv):
+        child = subprocess.run([sys.executable, "-c", SERVE_PROCESS, *argv],
+                               capture_output=True, text=True, check=True,
+                               env=dict(os.environ, KERAS_BACKEND="torch"))
+        return json.loads(child.stdout.splitlines()[-1])
+
+    answer, models, imported = serve(str(run_dir), *texts)
+    assert imported == []
+    assert answer["translations"] == run.translate(texts, beam_size=1, engine="ctranslate2")
+    assert models[0]["parameters"] == run.model.count_params() > 0
+    assert models[0]["max_length"] == run.model.max_length
+    assert models[0]["engine"] == "ctranslate2"

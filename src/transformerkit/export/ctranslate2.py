@@ -279,6 +279,7 @@ def export_model(model, source_tokenizer, target_tokenizer, out_dir, quantizatio
         for side, path in (tokenizer_files or {}).items():
             shutil.copyfile(path, os.path.join(tmp, tokenizer_file_name(side, path)))
         metadata = {"model": type(model).__name__.lower(), "max_length": model.max_length,
+                    "parameters": int(model.count_params()),
                     "weights_sha256": weights_fingerprint(model),
                     "quantization": quantization or "float32",
                     "tokenizers": {side: tokenizer_file_name(side, path)

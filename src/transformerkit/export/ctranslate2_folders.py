@@ -80,11 +80,12 @@ def file_record(run_dir, model_file):
             "model_file_sha256": file_sha256(model_file)}
 
 
-def record_file(model_dir, run_dir, model_file):
-    """Add :func:`file_record` of ``model_file`` to the metadata of the export
-    ``model_dir`` (made from that file's weights), atomically."""
+def record_file(model_dir, run_dir, model_file, parameters):
+    """Add :func:`file_record` of ``model_file`` and the model's number of ``parameters``
+    (an export made before they were recorded) to the metadata of the export ``model_dir``
+    (made from that file's weights), atomically."""
     metadata = read_metadata(model_dir)
-    metadata.update(file_record(run_dir, model_file))
+    metadata.update(file_record(run_dir, model_file), parameters=int(parameters))
     atomic_write_text(os.path.join(model_dir, METADATA_FILE), json.dumps(metadata, indent=2))
 
 
@@ -92,12 +93,15 @@ def stands_for_file(model_dir, run_dir, model_file):
     """Whether ``model_dir`` is a complete export made from the weights of ``model_file``
     (a ``.keras`` file of the run ``run_dir``) as the file is now, told without loading it:
     the file's sha256 is the one the export recorded. A file that is gone counts as the one
-    recorded when the path is the same (a deployment may keep the export only)."""
+    recorded when the path is the same (a deployment may keep the export only). A record
+    without the model's parameter count (an older export's) does not count: the model is
+    loaded once more and the record completed (:func:`record_file`)."""
     metadata = read_metadata(model_dir)
     if metadata is None or not os.path.isfile(os.path.join(model_dir, "model.bin")):
         return False
     recorded = metadata.get("model_file_sha256")
-    if recorded is None or metadata.get("model_file") != _relative(run_dir, model_file):
+    if recorded is None or metadata.get("model_file") != _relative(run_dir, model_file) \
+            or "parameters" not in metadata:
         return False
     if not os.path.exists(model_file):
         return True

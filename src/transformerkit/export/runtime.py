@@ -103,7 +103,7 @@ def ensure_export(run, quantization=None):
     if is_current(model_dir, run.model):
         model_file = run.weights_file()
         if model_file is not None:  # an export that recorded no file, or another file
-            record_file(model_dir, run.run_dir, model_file)
+            record_file(model_dir, run.run_dir, model_file, run.model.count_params())
         return model_dir
     from transformerkit.export.ctranslate2 import export_run
 

@@ -76,7 +76,7 @@ def check_text(text, what, run, limits, target=False):
         return
     tokenizer = run.target_tokenizer if target else run.source_tokenizer
     tokens = len(tokenizer.encode(text)) + 1  # + the end (source) or start (target) token
-    if tokens > run.model.max_length:
+    if tokens > run.max_length:
         raise RequestError(422, f"{what} has {tokens} tokens (with the "
                                 f"{'start' if target else 'end'} token); the model takes "
-                                f"at most {run.model.max_length}: split it")
+                                f"at most {run.max_length}: split it")

@@ -25,8 +25,8 @@ def run_summary(name, run, engine):
                 metrics = json.load(f)
     data = run.config.data
     return {"name": name, "kind": run.kind, "engine": engine,
-            "parameters": int(run.model.count_params()),
-            "max_length": int(run.model.max_length),
+            "parameters": int(run.count_params()),
+            "max_length": int(run.max_length),
             "model": {k: v for k, v in run.config.model.items() if v is not None},
             "data": {k: getattr(data, k) for k in ("dataset", "source_lang", "target_lang",
                                                    "tokenizer", "vocab_size")},
