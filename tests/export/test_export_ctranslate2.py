@@ -621,3 +621,28 @@ def test_a_server_answers_from_a_current_export_without_keras(trained, tmp_path)
     assert models[0]["parameters"] == run.model.count_params() > 0
     assert models[0]["max_length"] == run.model.max_length
     assert models[0]["engine"] == "ctranslate2"
+
+
+def test_a_gpt_run_generates_from_a_current_export_without_keras(tmp_path):
+    """``generate --engine ctranslate2`` of a trained GPT run: the first use exports (the
+    model loaded), the next imports neither Keras nor PyTorch and continues the prompt
+    the same way."""
+    from transformerkit.training.trainer import train
+
+    text = tmp_path / "text.txt"
+    text.write_text((" ".join(GERMAN) + "\n") * 20)
+    run_dir = tmp_path / "gpt"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSFORMERKIT_MALLOC", "system")
+        train(resolve({
+            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
+                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
+            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
+                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 5},
+            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
+            run_dir)
+    argv = ["generate", str(run_dir), "--prompt", "ein zwei", "--max-new-tokens", "12",
+            "--temperature", "0", "--engine", "ctranslate2", "--threads", "1"]
+    first, imported, _ = cli_process(*argv)
+    assert "keras" in imported and first and first[0].startswith("ein zwei")
+    assert cli_process(*argv)[:2] == (first, [])
