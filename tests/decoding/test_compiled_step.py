@@ -59,7 +59,7 @@ def transformer():
     return model
 
 
-def test_compiled_steps_equal_the_eager_steps(transformer):
+def test_compiled_steps_equal_the_eager_steps(transformer, monkeypatch):
     """Teacher-forced on the same ids, every step's logits within two paths' bound of the
     eager step's (the compiled kernels sum in other orders): one row a sentence (greedy)
     and several (a beam search's ``copies`` rows, which share their sentence's memory), in
@@ -88,6 +88,29 @@ def test_compiled_steps_equal_the_eager_steps(transformer):
                 tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
                                   f"{rows} rows, {copies} a sentence, step {index}")
     assert compiled.runner() is not None  # compiled, not the eager fallback
+
+    # a beam search's first step (one row a sentence, copied to its beams): the package's
+    eager_calls = []
+    decode_step = type(transformer).decode_step
+    monkeypatch.setattr(type(transformer), "decode_step",
+                        lambda self, *a, **k: eager_calls.append(1) or decode_step(self, *a, **k))
+    for source, copies in ((SOURCE, 4), (np.tile(SOURCE, (3, 1)), 2)):
+        buffer = np.full((len(source) * copies, 9), 1, "int32")
+        with torch.no_grad():
+            state_c, static_c = compiled.start(source, 9, copies)
+            state_e, static_e = eager.start(source, 9, copies)
+            a, state_c = compiled.first_step_of_copies(buffer, state_c, static_c)
+            b, state_e = eager.first_step_of_copies(buffer, state_e, static_e)
+        b = b.numpy()
+        tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
+                          f"the first step, {copies} a sentence")
+        for pair_c, pair_e in zip(state_c, state_e, strict=True):
+            for t_c, t_e in zip(pair_c, pair_e, strict=True):
+                t_e = t_e[0].numpy()
+                tol.assert_within(t_c[0].numpy(), t_e, tol.chain_atol(roundings, t_e, paths=2),
+                                  "position 0 of the caches")
+        assert len(eager_calls) == 1  # the eager step's only
+        eager_calls.clear()
 
 
 def test_compiled_bfloat16_steps_stay_within_the_bfloat16_bound(transformer):

@@ -38,8 +38,9 @@ library that the loop calls once per step:
 Where AOTInductor or its C++ compiler is missing, or the model cannot be captured,
 :class:`CompiledSteps` says so once, in one line, and runs the eager step instead.
 
-The encoder pass, the search (log-softmax, arg-max, the beam's bookkeeping) and the beam's
-cache reordering stay eager (the encoder's products at the same precision). int8 has no
+Every step runs the package, a beam search's first step (one row per sentence, copied to
+its beams) included. The encoder pass, the search (log-softmax, arg-max, the beam's
+bookkeeping) and the beam's cache reordering stay eager (the encoder's products at the same precision). int8 has no
 compiled form: its per-row dynamic quantization is a packed library kernel the compiler
 cannot capture (the keras engine runs it).
 
@@ -243,20 +244,21 @@ class CompiledSteps(EagerSteps):
         self._memories = self._row_memories = None
         return state, (weights, memories, copies)
 
-    def step(self, buffer, index, state, static):
+    def _decode(self, tokens, index, caches, static):
+        """The package's step (the eager one where there is none): every step of a
+        search, the first of a beam search's copies included."""
         import torch
 
-        if self._run is None:
-            return super().step(buffer, index, state, static)
-        _, memories, copies = static
-        tokens = torch.as_tensor(buffer)[:, index].long()
-        bucket = self._run.bucket(tokens.shape[0])
-        package = self._run.get(bucket)
+        package = None
+        if self._run is not None:
+            bucket = self._run.bucket(tokens.shape[0])
+            package = self._run.get(bucket)
         if package is None:
-            return super().step(buffer, index, state, static)
+            return super()._decode(tokens, index, caches, static)
+        _, memories, copies = static
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
-        return package(tokens, torch.tensor(index), state, memories), state
+        return package(tokens, torch.tensor(index), caches, memories)
 
     def _per_row(self, memories, copies):
         """``memories`` (one per sentence) with each repeated for its ``copies`` rows, made

@@ -69,9 +69,14 @@ class EagerSteps:
         """Logits ``(rows, vocab)`` for position ``index + 1``; ``state`` updated in place."""
         import torch
 
-        weights, memories, copies = static
         tokens = torch.as_tensor(buffer)[:, index].long()
-        return self.model.decode_step(tokens, index, state, weights, memories, copies), state
+        return self._decode(tokens, index, state, static), state
+
+    def _decode(self, tokens, index, caches, static):
+        """The model's ``decode_step`` of ``tokens`` ``(rows,)`` at position ``index``:
+        logits ``(rows, vocab)``, ``caches`` written in place."""
+        weights, memories, copies = static
+        return self.model.decode_step(tokens, index, caches, weights, memories, copies)
 
     def first_step_of_copies(self, buffer, state, static):
         """:meth:`step` at position 0 when the ``copies`` adjacent rows of every sentence
@@ -83,9 +88,10 @@ class EagerSteps:
 
         weights, memories, copies = static
         tokens = torch.as_tensor(buffer)[::copies, 0].long()  # (sentences,)
-        first = [tuple(t.new_empty((1, tokens.shape[0]) + tuple(t.shape[2:])) for t in pair)
-                 for pair in state]  # position 0 of one row per sentence
-        logits = self.model.decode_step(tokens, 0, first, weights, memories, 1)
+        # position 0 of one row per sentence (2 positions: the compiled step's least)
+        first = [tuple(t.new_empty((2, tokens.shape[0]) + tuple(t.shape[2:])) for t in pair)
+                 for pair in state]
+        logits = self._decode(tokens, 0, first, (weights, memories, 1))
         for pair, first_pair in zip(state, first, strict=True):
             for t, t_first in zip(pair, first_pair, strict=True):
                 t[0] = t_first[0].repeat_interleave(copies, 0)
