@@ -40,9 +40,9 @@ Where AOTInductor or its C++ compiler is missing, or the model cannot be capture
 
 Every step runs the package, a beam search's first step (one row per sentence, copied to
 its beams) included. The encoder pass, the search (log-softmax, arg-max, the beam's
-bookkeeping) and the beam's cache reordering stay eager (the encoder's products at the same precision). int8 has no
-compiled form: its per-row dynamic quantization is a packed library kernel the compiler
-cannot capture (the keras engine runs it).
+bookkeeping) and the beam's cache reordering stay eager (the encoder's products at the
+same precision). int8 has no compiled form: its per-row dynamic quantization is a packed
+library kernel the compiler cannot capture (the keras engine runs it).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
 aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
