@@ -450,9 +450,11 @@ def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
         assert share_threads(1) is None and torch.get_num_threads() == before
         share = max(1, cores_available() // 3)
         assert share_threads(3) == share and torch.get_num_threads() == share
+        torch.set_num_threads(before)  # the ctranslate2 engine's: returned, torch's unset
+        assert share_threads(3, "ctranslate2") == share and torch.get_num_threads() == before
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's choice stands
-        torch.set_num_threads(before)
         assert share_threads(3) is None and torch.get_num_threads() == before
+        assert share_threads(3, "ctranslate2") is None
     finally:
         torch.set_num_threads(before)
 

@@ -87,11 +87,14 @@ def app_from_environment():
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = worker_settings()
-    threads = share_threads(settings.pop("workers"))
+    runtime = settings["runtime"]
+    threads = share_threads(settings.pop("workers"), runtime.get("engine"))
     if threads:
         log.info("worker %d: %d threads", os.getpid(), threads)
+        if runtime.get("engine") == "ctranslate2" and not runtime.get("threads"):
+            runtime["threads"] = threads  # CTranslate2's intra_threads (0: every core)
     settings["limits"] = Limits(**settings["limits"])
-    settings["runtime"] = RuntimeOptions(**settings["runtime"])
+    settings["runtime"] = RuntimeOptions(**runtime)
     return build_app(**settings)
 
 

@@ -13,10 +13,10 @@ runs a plain ``uvicorn.Server``. :class:`WorkerProcess` runs a
 :class:`Workers` is ``Multiprocess`` starting (and restarting) ``WorkerProcess`` es. uvicorn's
 SIGHUP (restart the workers) and SIGTTIN (one more) are not offered.
 
-Workers share the machine's cores: each sets torch's intra-op threads to its share
-(:func:`share_threads`). Metrics of several processes need a folder they all write
-(prometheus-client's multiprocess mode): a fresh one in ``PROMETHEUS_MULTIPROC_DIR`` unless
-the user set one (:func:`metrics_folder`).
+Workers share the machine's cores: each sets torch's intra-op threads (or, with the
+ctranslate2 engine, CTranslate2's) to its share (:func:`share_threads`). Metrics of several
+processes need a folder they all write (prometheus-client's multiprocess mode): a fresh one
+in ``PROMETHEUS_MULTIPROC_DIR`` unless the user set one (:func:`metrics_folder`).
 """
 
 import contextlib
@@ -49,18 +49,23 @@ def worker_settings():
                            "--workers") from None
 
 
-def share_threads(workers):
-    """Give this worker its share of the cores: torch's intra-op threads =
-    ``max(1, cores // workers)``. Nothing when ``OMP_NUM_THREADS`` is set (the user chose),
-    for one worker, or on another backend than torch. Returns the thread count set, or
-    None."""
+def share_threads(workers, engine="keras"):
+    """This worker's share of the cores, ``max(1, cores // workers)``: set as torch's
+    intra-op threads for the keras and compiled engines, returned for the ctranslate2
+    engine (its ``intra_threads``, which the caller passes on: PyTorch is not imported).
+    Nothing when ``OMP_NUM_THREADS`` is set (the user chose), for one worker, or on another
+    backend than torch. Returns the thread count, or None."""
     from transformerkit.backend import choose_default_backend
 
-    if workers <= 1 or "OMP_NUM_THREADS" in os.environ or choose_default_backend() != "torch":
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    threads = max(1, cores_available() // workers)
+    if engine == "ctranslate2":
+        return threads
+    if choose_default_backend() != "torch":
         return None
     import torch
 
-    threads = max(1, cores_available() // workers)
     torch.set_num_threads(threads)
     return threads
 
