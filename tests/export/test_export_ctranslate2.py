@@ -30,7 +30,7 @@ from near_ties import (
     score_atol,
     score_bound,
 )
-from tiny_run import GERMAN, tiny_config
+from tiny_run import GERMAN, tiny_config, tiny_gpt_config
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -629,18 +629,10 @@ def test_a_gpt_run_generates_from_a_current_export_without_keras(tmp_path):
     the same way."""
     from transformerkit.training.trainer import train
 
-    text = tmp_path / "text.txt"
-    text.write_text((" ".join(GERMAN) + "\n") * 20)
     run_dir = tmp_path / "gpt"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRANSFORMERKIT_MALLOC", "system")
-        train(resolve({
-            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
-                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
-            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
-                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 5},
-            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
-            run_dir)
+        train(tiny_gpt_config(tmp_path, steps=5), run_dir)
     argv = ["generate", str(run_dir), "--prompt", "ein zwei", "--max-new-tokens", "12",
             "--temperature", "0", "--engine", "ctranslate2", "--threads", "1"]
     first, imported, _ = cli_process(*argv)

@@ -4,13 +4,12 @@ same runs): a character de->en Transformer on number words, trained long enough 
 a few of them (the page draws the attention of its translation), and a character GPT."""
 
 import pytest
-from tiny_run import GERMAN, tiny_config
+from tiny_run import tiny_config, tiny_gpt_config
 
 
 def train_served_runs(folder):
     """``numbers`` (1 layer, d_model 32, 40 epochs) and ``poet`` (1 layer, d_model 16,
     10 steps) in ``folder``."""
-    from transformerkit.config import resolve
     from transformerkit.training.trainer import train
 
     with pytest.MonkeyPatch.context() as patch:
@@ -18,15 +17,7 @@ def train_served_runs(folder):
         # enough to translate a few number words
         config = tiny_config(folder, epochs=40).replace(model={"d_model": 32, "d_ff": 64})
         train(config, folder / "numbers")
-        text = folder / "text.txt"
-        text.write_text((" ".join(GERMAN) + "\n") * 40)
-        train(resolve({
-            "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
-                      "d_ff": 32, "dropout": 0.0, "max_length": 32},
-            "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
-                     "block_size": 16, "batch_size": 8, "steps_per_epoch": 10},
-            "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}}),
-            folder / "poet")
+        train(tiny_gpt_config(folder), folder / "poet")
 
 
 @pytest.fixture(scope="session")

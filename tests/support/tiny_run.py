@@ -29,3 +29,16 @@ def tiny_config(folder, **train):
         "data": {"dataset": "parallel", "train_source": source, "train_target": target,
                  "tokenizer": "char", "batch_size": 4},
         "train": {"epochs": 2, "learning_rate": 0.003, "verbose": 0, "samples": 0, **train}})
+
+
+def tiny_gpt_config(folder, steps=10):
+    """A resolved config: a 1-layer d_model 16 character GPT on the number words (written to
+    ``folder/text.txt``), one epoch of ``steps`` updates."""
+    text = folder / "text.txt"
+    text.write_text((" ".join(GERMAN) + "\n") * 40)
+    return resolve({
+        "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2,
+                  "d_ff": 32, "dropout": 0.0, "max_length": 32},
+        "data": {"dataset": "text", "text": str(text), "tokenizer": "char",
+                 "block_size": 16, "batch_size": 8, "steps_per_epoch": steps},
+        "train": {"epochs": 1, "learning_rate": 0.01, "verbose": 0, "samples": 0}})
