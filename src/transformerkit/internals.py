@@ -58,7 +58,7 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            count) and ``_get_variable_index``, to exchange gradients once
                            per update (without them each micro-batch's gradient is
                            all-reduced, with the same result)
-AOTInductor                ``decoding/aot_step.py``: ``torch._inductor.
+AOTInductor                ``decoding/aot_step.py``, ``aot_search.py``: ``torch._inductor.
                            aoti_compile_and_package`` compiles the exported decoder step
                            into a package and ``aoti_load_package`` loads it (PyTorch's
                            documented AOTInductor entry points, in a private module;

@@ -37,12 +37,14 @@ def package_directory(tmp_path_factory):
 def fresh_process(package_directory, monkeypatch):
     """As in a new process: no package loaded yet (they come from the module's folder)."""
     from transformerkit import fastpath
-    from transformerkit.decoding import aot_step
+    from transformerkit.decoding import aot_search, aot_step
 
     monkeypatch.setattr(fastpath, "ENABLED", True)
     aot_step._RUNNERS.clear()
+    aot_search._LOADED.clear()
     yield
     aot_step._RUNNERS.clear()
+    aot_search._LOADED.clear()
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +158,8 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
     """Greedy (3 rows: the small-rows package) and beam 3 (9 rows: the other) with the
     compiled step give the eager step's ids (or differ at a near-tie); the packages (one per
     row bucket) are loaded from disk in a new process, not built again; a corrupt package is
-    rebuilt."""
-    from transformerkit.decoding import aot_step, beam_translate, greedy_translate
+    rebuilt. The beam search's work has a package of its own, cached the same way."""
+    from transformerkit.decoding import aot_search, aot_step, beam_translate, greedy_translate
 
     def searches(use_cache):
         return (greedy_translate(transformer, SOURCE, max_new_tokens=10, use_cache=use_cache),
@@ -171,20 +173,89 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
         assert_same_ids_or_near_tie(a, b, next_logits, what)
     keys = [aot_step.package_key(transformer, bucket) for bucket in aot_step.BUCKETS]
     packages = [package_directory / f"step-{key}.pt2" for key in keys]
-    assert all(p.is_file() for p in packages), packages
+    packages += list(package_directory.glob("search-*.pt2"))  # the beam's search work
+    assert all(p.is_file() for p in packages) and len(packages) == 3, packages
     capfd.readouterr()
     written = {p: p.stat().st_mtime_ns for p in packages}
 
-    aot_step._RUNNERS.clear()  # a new process: the packages come from disk
+    def new_process():  # the packages come from disk
+        aot_step._RUNNERS.clear()
+        aot_search._LOADED.clear()
+
+    new_process()
     assert searches("compiled") == compiled
     assert "compiling" not in capfd.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in packages} == written
 
-    aot_step._RUNNERS.clear()
+    new_process()
     packages[0].write_bytes(b"not a package")
+    packages[2].write_bytes(b"not a package either")
     assert searches("compiled") == compiled
-    assert "rebuilding the compiled step" in capfd.readouterr().err
-    assert packages[0].stat().st_size > 1000
+    err = capfd.readouterr().err
+    assert "rebuilding the compiled step" in err and "rebuilding the compiled search" in err
+    assert packages[0].stat().st_size > 1000 and packages[2].stat().st_size > 1000
+
+
+@pytest.mark.parametrize("settings", [
+    dict(beam_size=3),
+    dict(beam_size=2, n_best=2, alpha=1.0, penalty="power", stopping="heuristic",
+         forced_eos=True, renormalize=True)], ids=["defaults", "transformers-rules"])
+def test_a_beam_search_runs_its_step_work_compiled_as_the_eager_work(transformer,
+                                                                    package_directory,
+                                                                    monkeypatch, settings):
+    """A compiled-engine beam search runs its search's work of every step (the candidates,
+    the finished hypotheses, the next beams, whose search is over) through its package:
+    at each step of a real search, from the same state and logits, the package gives the
+    eager function's result: the same ids, rows and flags, scores within float32 rounding.
+    The hypotheses equal the eager engine's. With ``min_new_tokens`` (a rule the package
+    cannot hold) the work runs eagerly, without a warning."""
+    from transformerkit.decoding import aot_search, beam_translate
+    from transformerkit.decoding.aot_step import CompiledSteps
+
+    calls = []
+    original = CompiledSteps.search_work
+
+    def checked(self, work, search_settings):
+        compiled = original(self, work, search_settings)
+        assert compiled is not work, "the compiled search work is unavailable"
+
+        def both(logits, s, index):
+            new, rows, done = compiled(logits, s, index)
+            want_new, want_rows, want_done = work(logits.clone(), s, index)
+            calls.append(index)
+            assert new["index"] == want_new["index"] == index + 1
+            for name in aot_search.CHANGED:
+                got, want = new[name].numpy(), want_new[name].numpy()
+                if got.dtype.kind == "f":
+                    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
+                else:
+                    np.testing.assert_array_equal(got, want, err_msg=name)
+            np.testing.assert_array_equal(rows.numpy(), want_rows.numpy())
+            np.testing.assert_array_equal(done.numpy(), want_done.numpy())
+            return new, rows, done
+
+        return both
+
+    eager = beam_translate(transformer, SOURCE, max_new_tokens=10, **settings)
+    with monkeypatch.context() as patch:
+        patch.setattr(CompiledSteps, "search_work", checked)
+        compiled = beam_translate(transformer, SOURCE, max_new_tokens=10,
+                                  use_cache="compiled", **settings)
+    assert len(calls) >= 3 and calls[0] == 0
+    assert [[h.ids for h in n] for n in compiled] == [[h.ids for h in n] for n in eager]
+    for got, want in zip(compiled, eager, strict=True):
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want],
+                                   rtol=1e-5)
+    assert len(list(package_directory.glob("search-*.pt2"))) >= 1
+
+    used = []
+    with monkeypatch.context() as patch:
+        patch.setattr(aot_search, "compiled_search_work", lambda *a: used.append(a))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ruled = beam_translate(transformer, SOURCE, max_new_tokens=10, min_new_tokens=2,
+                                   use_cache="compiled", **settings)
+    assert used == [] and all(len(h[0].ids) >= 2 for h in ruled)
 
 
 def test_changed_weights_get_a_package_of_their_own(transformer, package_directory):

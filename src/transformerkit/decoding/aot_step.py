@@ -39,9 +39,10 @@ Where AOTInductor or its C++ compiler is missing, or the model cannot be capture
 :class:`CompiledSteps` says so once, in one line, and runs the eager step instead.
 
 Every step runs the package, a beam search's first step (one row per sentence, copied to
-its beams) included. The encoder pass, the search (log-softmax, arg-max, the beam's
-bookkeeping) and the beam's cache reordering stay eager (the encoder's products at the
-same precision). int8 has no compiled form: its per-row dynamic quantization is a packed
+its beams) included; a beam search's own work of the step runs as a package too
+(:meth:`CompiledSteps.search_work`, :mod:`.aot_search`). The encoder pass, greedy search's
+arg-max and the beam's cache reordering stay eager (the encoder's products at the same
+precision). int8 has no compiled form: its per-row dynamic quantization is a packed
 library kernel the compiler cannot capture (the keras engine runs it).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
@@ -259,6 +260,16 @@ class CompiledSteps(EagerSteps):
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
         return package(tokens, torch.tensor(index), caches, memories)
+
+    def search_work(self, work, settings):
+        """A beam search's work of a step (``work``, for the search ``settings``) as one
+        native call: :func:`~.aot_search.compiled_search_work` (``work`` itself where this
+        batch's step runs eagerly)."""
+        if self._run is None:
+            return work
+        from transformerkit.decoding.aot_search import compiled_search_work
+
+        return compiled_search_work(work, settings, self.directory)
 
     def _per_row(self, memories, copies):
         """``memories`` (one per sentence) with each repeated for its ``copies`` rows, made

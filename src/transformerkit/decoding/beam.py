@@ -137,18 +137,12 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
                 scores = rules.force_eos(scores, prefix, xp.repeat(at_cap, beam, axis=0))
         return scores
 
-    def expand(s, static):
-        """One step of the ``n`` sentences of ``s``: the new fields, the parent row of each
-        new live beam ``(n * beam,)`` and the caches before reordering."""
-        index = s["index"]
+    def choose(logits, s, index):
+        """The search's work of one step of the ``n`` sentences of ``s`` after the model's:
+        from the logits ``(n * beam, vocab)`` of the step at ``index``, the new fields and
+        the parent row of each new live beam ``(n * beam,)``."""
         n = s["alive_logp"].shape[0]
         position = index + 1
-        if beam > 1 and isinstance(index, int) and index == 0 \
-                and hasattr(steps, "first_step_of_copies"):
-            # every beam of a sentence holds the same prefix (BOS): one row per sentence
-            logits, new_state = steps.first_step_of_copies(s["alive"], s["state"], static)
-        else:
-            logits, new_state = steps.step(s["alive"], index, s["state"], static)
         candidates = candidates_of(xp.cast(logits, "float32"), s, index)
         top_logp, top_ids = chunked_top_k(xp.reshape(candidates, (n, beam * vocab)), 2 * beam)
         parent, token = xp.floor_divide(top_ids, vocab), xp.mod(top_ids, vocab)
@@ -164,9 +158,10 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
         new_scores = xp.where(xp.logical_and(is_eos, in_beam), top_logp / penalty, NEG_INF)
         scores = xp.concatenate([s["finished_score"], new_scores], axis=1)
         finished_score, pick = xp.top_k(scores, beam)
-        pool = xp.concatenate([xp.reshape(s["finished"], (n, beam, width)),
-                                xp.reshape(grown, (n, 2 * beam, width))], axis=1)
-        pool = xp.reshape(pool, (n * 3 * beam, width))
+        length = s["alive"].shape[1]  # the buffers' width (a captured dimension)
+        pool = xp.concatenate([xp.reshape(s["finished"], (n, beam, length)),
+                                xp.reshape(grown, (n, 2 * beam, length))], axis=1)
+        pool = xp.reshape(pool, (n * 3 * beam, length))
         pick_rows = _flat_rows(xp, pick, 3 * beam)
         logps = xp.concatenate([s["finished_logp"], top_logp], axis=1)
         lengths = xp.concatenate(
@@ -186,7 +181,30 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
                        xp.take(xp.reshape(logps, (-1,)), pick_rows, axis=0), (n, beam)),
                    finished_length=xp.reshape(
                        xp.take(xp.reshape(lengths, (-1,)), pick_rows, axis=0), (n, beam)))
+        return new, parent_rows
+
+    def step(s, static):
+        """The model's step at ``s["index"]``: logits ``(n * beam, vocab)``, caches."""
+        index = s["index"]
+        if beam > 1 and isinstance(index, int) and index == 0 \
+                and hasattr(steps, "first_step_of_copies"):
+            # every beam of a sentence holds the same prefix (BOS): one row per sentence
+            return steps.first_step_of_copies(s["alive"], s["state"], static)
+        return steps.step(s["alive"], index, s["state"], static)
+
+    def expand(s, static):
+        """One step of the ``n`` sentences of ``s``: the new fields, the parent row of each
+        new live beam ``(n * beam,)`` and the caches before reordering."""
+        logits, new_state = step(s, static)
+        new, parent_rows = choose(logits, s, s["index"])
         return new, parent_rows, new_state
+
+    def advance(logits, s, index):
+        """:func:`choose`, and whose search is over after it ``(n,)`` bool: all of a step's
+        search work in the eager loop, which the compiled engine runs as one native call
+        (``steps.search_work``)."""
+        new, parent_rows = choose(logits, s, index)
+        return new, parent_rows, over(new, index + 1)
 
     rows = batch * beam
     caps = xp.convert_to_tensor(caps, "int32")
@@ -204,7 +222,13 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
                 cap=caps,
                 active=xp.convert_to_tensor(active, "bool"))
     if drop_finished and is_eager_loop():
-        return _live_sentences_loop(xp, steps, static, init, beam, width, over, expand)
+        work = advance
+        if hasattr(steps, "search_work") and int(min_new) == 0:  # the compiled engine's
+            work = steps.search_work(advance, {
+                "search": "beam", "vocab": vocab, "eos_id": eos_id, "beam": beam,
+                "alpha": alpha, "penalty": form, "stopping": stopping,
+                "forced_eos": options.forced_eos, "renormalize": options.renormalize})
+        return _live_sentences_loop(xp, steps, static, init, beam, width, step, work)
 
     def cond(s):
         return xp.logical_and(xp.less(s["index"] + 1, width),
@@ -230,10 +254,11 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
     return final
 
 
-def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
+def _live_sentences_loop(xp, steps, static, s, beam, width, step, work):
     """The eager loop of :func:`beam_search_loop` where a sentence whose search is over
     leaves the batch: its final fields are copied out (NumPy) and the next step runs on the
-    other sentences' beams only."""
+    other sentences' beams only. ``step(s, static)``: the model's logits and caches;
+    ``work(logits, s, index)``: the search's work of the step (``advance``)."""
     batch = s["alive_logp"].shape[0]
     out = {name: np.array(to_numpy(s[name])) for name in _SENTENCE_FIELDS + _ROW_FIELDS}
     live = np.arange(batch)
@@ -249,9 +274,10 @@ def _live_sentences_loop(xp, steps, static, s, beam, width, over, expand):
                  **{k: xp.take(s[k], rows, axis=0) for k in _ROW_FIELDS})
         live = kept
     while live.size and s["index"] + 1 < width:
-        s, parent_rows, new_state = expand(s, static)
+        logits, new_state = step(s, static)
+        s, parent_rows, done = work(logits, s, s["index"])
         index = s["index"]
-        done = np.asarray(to_numpy(over(s, index)), bool)
+        done = np.asarray(to_numpy(done), bool)
         if index + 1 >= width:
             done[:] = True
         if done.any():

@@ -51,6 +51,8 @@ class TorchLoopOps:
         return self.torch.as_tensor(x, dtype=self._dtype(dtype), device=self.device)
 
     def cast(self, x, dtype):
+        if isinstance(x, self.torch.SymInt):  # a captured step's index (aot_search)
+            return self.torch.full((), x, dtype=self._dtypes[dtype], device=self.device)
         return self.torch.as_tensor(x, device=self.device).to(self._dtypes[dtype])
 
     def full(self, shape, value, dtype):
@@ -99,6 +101,12 @@ class TorchLoopOps:
 
     def where(self, condition, x, y):
         return self.torch.where(condition, x, y)
+
+    def maximum(self, x, y):
+        if isinstance(x, self.torch.SymInt):  # a captured step's index (aot_search)
+            return self.torch.sym_max(x, y)
+        return self.torch.maximum(self.torch.as_tensor(x, device=self.device),
+                                  self.torch.as_tensor(y, device=self.device))
 
     def top_k(self, x, k):
         return self.torch.topk(x, k)

@@ -1,0 +1,198 @@
+"""A beam search's work of a step compiled ahead of time: one native call in place of ~60.
+
+After the model's step, a beam search scores every extension (log-softmax plus the
+prefix's log-probability, the token rules), keeps the best ``2 * beam`` (a chunked top-k),
+writes the new tokens, moves the candidates that end into the finished hypotheses, picks
+the next live beams and decides whose search is over (``advance`` in :mod:`.beam`): about
+sixty array calls on ``(sentences, 2 * beam)`` and ``(rows, width)`` arrays, each
+dispatched from Python, which at the few rows of a one-sentence search cost as much as the
+compiled step itself (``bench/results/decode_search_work.*``).
+
+:func:`compiled_search_work` captures that function, the very one the eager loop runs, with
+``torch.export`` (the step's index a 0-d tensor the graph reads as a symbolic int, the
+search's settings constants) and compiles it with AOTInductor into a package:
+
+- **dynamic shapes**: the sentences and the buffers' width vary (rows are ``beam``
+  sentences' worth); one package serves every batch of one set of settings;
+- **keyed** by the settings (beam, length penalty, stopping rule, token rules, vocabulary),
+  PyTorch's version, the CPU's flags and kernel caps, and the source of the modules the
+  function comes from (a changed search is a new package); built on first use (a line on
+  stderr with its time), cached in :func:`~.aot_step.cache_directory`, rebuilt when it fails
+  to load;
+- **weights-free**: any model of that vocabulary shares it.
+
+Where it cannot be built (no AOTInductor or compiler, a setting the capture cannot read
+statically such as ``min_new_tokens`` > 0, which :mod:`.beam` never asks for) the eager
+function runs, with a one-line warning.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+from transformerkit import internals, precisions
+
+FIELDS = ("alive", "alive_logp", "finished", "finished_score", "finished_logp",
+          "finished_length", "max_penalty", "cap", "active")  # the inputs after the logits
+CHANGED = FIELDS[:6]  # the fields the work returns, then the parent rows and the flags
+FORMAT = 1  # the layout of a package's inputs and outputs
+_LOADED = {}  # key -> the package's callable (or None where it cannot be had)
+
+
+def _sources_digest():
+    """The bytes of the modules the search's work is written in."""
+    from transformerkit.decoding import beam, common, loop_ops
+
+    digest = hashlib.sha256()
+    for module in (beam, common, loop_ops):
+        with open(module.__file__, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def package_key(settings):
+    """The hex digest naming the package of the search ``settings`` (a JSON-able dict)."""
+    import torch
+
+    from transformerkit.decoding.aot_step import KERNEL_CAPS
+
+    text = json.dumps({"format": FORMAT, "settings": settings, "torch": torch.__version__,
+                       "cpu": sorted(precisions.cpu_flags()),
+                       "vendor": precisions.cpu_vendor(),
+                       "caps": {k: os.environ.get(k) for k in KERNEL_CAPS},
+                       "sources": _sources_digest()}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _module(work, width_name="width"):
+    """``work(logits, s, index)`` as a ``torch.nn.Module`` of flat tensors."""
+    import torch
+
+    from transformerkit.models.base import _position
+
+    class SearchWork(torch.nn.Module):
+        def forward(self, logits, index, alive, alive_logp, finished, finished_score,
+                    finished_logp, finished_length, max_penalty, cap, active):
+            s = dict(alive=alive, alive_logp=alive_logp, finished=finished,
+                     finished_score=finished_score, finished_logp=finished_logp,
+                     finished_length=finished_length, max_penalty=max_penalty, cap=cap,
+                     active=active)
+            # the step's index: below the buffers' width less one (the loop's condition)
+            position = _position(index, s["alive"].shape[1] - 1)
+            new, parent_rows, done = work(logits, s, position)
+            return tuple(new[name] for name in CHANGED) + (parent_rows, done)
+
+    return SearchWork().eval()
+
+
+def _example(beam, vocab, sentences=2, width=6):
+    """Inputs of the work's signature (``sentences`` sentences of ``beam`` rows, buffers of
+    ``width`` positions, the step at index 1) and their dynamic dimensions."""
+    import torch
+
+    n = torch.export.Dim("sentences", min=1, max=4096)
+    w = torch.export.Dim("width", min=3, max=4096)
+    rows = sentences * beam
+    logits = torch.randn(rows, vocab)
+    alive_logp = torch.zeros(sentences, beam)
+    alive_logp[:, 1:] = float("-inf")
+    inputs = (logits, torch.tensor(1),
+              torch.ones(rows, width, dtype=torch.int32), alive_logp,
+              torch.zeros(rows, width, dtype=torch.int32),
+              torch.full((sentences, beam), float("-inf")),
+              torch.full((sentences, beam), float("-inf")),
+              torch.zeros(sentences, beam, dtype=torch.int32),
+              torch.ones(sentences), torch.full((sentences,), width - 1, dtype=torch.int32),
+              torch.ones(sentences, dtype=torch.bool))
+    rows_dim = n * beam if beam > 1 else n
+    dims = ({0: rows_dim}, None, {0: rows_dim, 1: w}, {0: n}, {0: rows_dim, 1: w},
+            {0: n}, {0: n}, {0: n}, {0: n}, {0: n}, {0: n})
+    return inputs, dims
+
+
+def build_package(work, settings, path):
+    """Capture ``work`` for ``settings`` (``beam`` and ``vocab`` read from it) and compile it
+    into the package ``path`` (written atomically). Returns the seconds it took."""
+    import torch
+
+    started = time.perf_counter()
+    inputs, dims = _example(settings["beam"], settings["vocab"])
+    with torch.no_grad():
+        program = torch.export.export(_module(work), inputs, dynamic_shapes=dims,
+                                      strict=False)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(path))
+        os.close(handle)
+        try:
+            internals.get("aoti_compile_and_package")(
+                program, package_path=partial, inductor_configs={})
+            os.chmod(partial, 0o644)
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+    return time.perf_counter() - started
+
+
+def compiled_search_work(work, settings, directory):
+    """``work`` (``advance`` of :mod:`.beam`: ``(logits, s, index) -> (new s, parent rows,
+    over)``) as its package's call, loaded from ``directory`` or built there once per
+    process and settings; ``work`` itself where the package cannot be had (warned once)."""
+    key = package_key(settings)
+    if key not in _LOADED:
+        _LOADED[key] = _load_or_build(work, settings, os.path.join(
+            directory, f"search-{key}.pt2"))
+    run = _LOADED[key]
+    return work if run is None else _flat_call(run)
+
+
+def _flat_call(run):
+    import torch
+
+    def work(logits, s, index):
+        flat = [logits.float(), torch.tensor(index)] + [s[name] for name in FIELDS]
+        out = run(flat)
+        new = dict(s, index=index + 1, **dict(zip(CHANGED, out, strict=False)))
+        return new, out[len(CHANGED)], out[len(CHANGED) + 1]
+
+    return work
+
+
+def _load_or_build(work, settings, path):
+    load = internals.get("aoti_load_package")
+    if load is None or internals.get("aoti_compile_and_package") is None:
+        return _fallback("this PyTorch has no AOTInductor")
+    if os.path.exists(path):
+        try:
+            return _boxed(load(path))
+        except Exception as error:  # a corrupt or foreign package: built again below
+            print(f"transformerkit: rebuilding the compiled search {path} "
+                  f"({type(error).__name__})", file=sys.stderr)
+    print("transformerkit: compiling the beam search's step work ...", file=sys.stderr,
+          flush=True)
+    try:
+        seconds = build_package(work, settings, path)
+        run = _boxed(load(path))
+    except Exception as error:  # no compiler, or a setting the capture cannot read
+        reason = str(error).strip().splitlines()
+        return _fallback(f"{type(error).__name__}: {reason[0] if reason else ''}"[:300])
+    print(f"transformerkit: compiled the beam search's step work in {seconds:.0f} s "
+          f"({path})", file=sys.stderr, flush=True)
+    return run
+
+
+def _boxed(package):
+    """The package's ``boxed_run`` over a flat list (its own call where the loader lacks
+    it: :mod:`transformerkit.internals`)."""
+    run = getattr(getattr(package, "loader", None), "boxed_run", None)
+    return run if run is not None else (lambda flat: package(*flat))
+
+
+def _fallback(reason):
+    warnings.warn(f"transformerkit: the compiled search is unavailable ({reason}); its work "
+                  "runs eagerly", RuntimeWarning, stacklevel=5)
+    return None
