@@ -164,7 +164,7 @@ def _decoding(stem, system, search, forced=False):
     return pick(result(stem)["results"], system=system, search=search, forced=forced)
 
 
-def row_decode_compiled(stem="decode_compiled.epyc-avx512bf16"):
+def row_decode_compiled(stem="decode_compiled_search.epyc-avx512bf16"):
     searches = ("greedy", "beam4")
     rate = {(system, search): _decoding(stem, system, search)["sentences_per_second"]
             for system in ("tk-compiled", "tk-compiled-bfloat16", "ct2-float32", "ct2-int8")
