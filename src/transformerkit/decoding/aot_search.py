@@ -5,8 +5,8 @@ prefix's log-probability, the token rules), keeps the best ``2 * beam`` (a chunk
 writes the new tokens, moves the candidates that end into the finished hypotheses, picks
 the next live beams and decides whose search is over (``advance`` in :mod:`.beam`): about
 sixty array calls on ``(sentences, 2 * beam)`` and ``(rows, width)`` arrays, each
-dispatched from Python, which in a profile of a one-sentence beam 4 search took about two
-thirds of the compiled step's own time (about 0.14 ms a step once compiled; the searches'
+dispatched from Python, which in a profile of a one-sentence beam 4 search took about three
+quarters of the compiled step's own time (about 0.14 ms a step once compiled; the searches'
 speed: ``bench/results/decode_compiled_search.*``, the server's:
 ``serve_latency_compiled_*``).
 
