@@ -70,7 +70,7 @@ def package_key(settings):
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _module(work, width_name="width"):
+def _module(work):
     """``work(logits, s, index)`` as a ``torch.nn.Module`` of flat tensors."""
     import torch
 
