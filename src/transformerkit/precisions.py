@@ -51,6 +51,11 @@ def check(precision, what="precision"):
 
 
 # the fields of /proc/cpuinfo that an environment variable may replace (module docstring)
+# the kernel caps in the environment that a compiled package's code depends on: Inductor
+# vectorizes its C++ for the ISA ATEN_CPU_CAPABILITY allows, and frozen weights are packed
+# for oneDNN's (decoding/aot_step.py, aot_search.py)
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+
 CPU_OVERRIDES = {"flags": "TRANSFORMERKIT_CPU_FLAGS", "vendor_id": "TRANSFORMERKIT_CPU_VENDOR"}
 
 

@@ -45,28 +45,28 @@ FORMAT = 1  # the layout of a package's inputs and outputs
 _LOADED = {}  # key -> the package's callable (or None where it cannot be had)
 
 
-def _sources_digest():
-    """The bytes of the modules the search's work is written in."""
-    from transformerkit.decoding import beam, common, loop_ops
+def _sources_digest(work):
+    """The bytes of the modules the search's ``work`` is written in: its own (``beam``) and
+    the helpers it calls (``common``, ``loop_ops``)."""
+    from transformerkit.decoding import common, loop_ops
 
     digest = hashlib.sha256()
-    for module in (beam, common, loop_ops):
-        with open(module.__file__, "rb") as f:
+    for path in (work.__code__.co_filename, common.__file__, loop_ops.__file__):
+        with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
 
 
-def package_key(settings):
-    """The hex digest naming the package of the search ``settings`` (a JSON-able dict)."""
+def package_key(work, settings):
+    """The hex digest naming the package of ``work`` for the search ``settings`` (a
+    JSON-able dict)."""
     import torch
-
-    from transformerkit.decoding.aot_step import KERNEL_CAPS
 
     text = json.dumps({"format": FORMAT, "settings": settings, "torch": torch.__version__,
                        "cpu": sorted(precisions.cpu_flags()),
                        "vendor": precisions.cpu_vendor(),
-                       "caps": {k: os.environ.get(k) for k in KERNEL_CAPS},
-                       "sources": _sources_digest()}, sort_keys=True, default=str)
+                       "caps": {k: os.environ.get(k) for k in precisions.KERNEL_CAPS},
+                       "sources": _sources_digest(work)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -144,7 +144,7 @@ def compiled_search_work(work, settings, directory):
     """``work`` (``advance`` of :mod:`.beam`: ``(logits, s, index) -> (new s, parent rows,
     over)``) as its package's call, loaded from ``directory`` or built there once per
     process and settings; ``work`` itself where the package cannot be had (warned once)."""
-    key = package_key(settings)
+    key = package_key(work, settings)
     if key not in _LOADED:
         _LOADED[key] = _load_or_build(work, settings, os.path.join(
             directory, f"search-{key}.pt2"))

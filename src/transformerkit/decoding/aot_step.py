@@ -73,9 +73,7 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
            "large": (64, {"freezing": True}, 2)}
 PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
 FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
-# the kernel caps a package's code depends on: Inductor vectorizes its C++ for the ISA
-# ATEN_CPU_CAPABILITY allows, and the frozen weights are packed for oneDNN's
-KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
 
 
 def cache_directory():
