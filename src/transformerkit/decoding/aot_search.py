@@ -28,6 +28,7 @@ statically such as ``min_new_tokens`` > 0, which :mod:`.beam` never asks for) th
 function runs, with a one-line warning.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -45,13 +46,15 @@ FORMAT = 1  # the layout of a package's inputs and outputs
 _LOADED = {}  # key -> the package's callable (or None where it cannot be had)
 
 
-def _sources_digest(work):
-    """The bytes of the modules the search's ``work`` is written in: its own (``beam``) and
-    the helpers it calls (``common``, ``loop_ops``)."""
+@functools.cache
+def _sources_digest(source):
+    """The bytes of the modules a search's work is written in: its own file ``source``
+    (``beam``) and the helpers it calls (``common``, ``loop_ops``); read once a process
+    (every batch of a search asks for its package)."""
     from transformerkit.decoding import common, loop_ops
 
     digest = hashlib.sha256()
-    for path in (work.__code__.co_filename, common.__file__, loop_ops.__file__):
+    for path in (source, common.__file__, loop_ops.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
@@ -66,7 +69,8 @@ def package_key(work, settings):
                        "cpu": sorted(precisions.cpu_flags()),
                        "vendor": precisions.cpu_vendor(),
                        "caps": {k: os.environ.get(k) for k in precisions.KERNEL_CAPS},
-                       "sources": _sources_digest(work)}, sort_keys=True, default=str)
+                       "sources": _sources_digest(work.__code__.co_filename)},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
