@@ -18,7 +18,9 @@ is a set of ``--set`` overrides of ``configs/multi30k_de_en.yaml``:
 - more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
 
 Every run trains in a process of its own (``transformerkit train``), then is scored on
-Multi30k val (the run's own final evaluation, greedy) and test2016 (beam 4, sacrebleu),
+Multi30k val (the run's own final evaluation, greedy) and test2016 (beam 4 with the paper's
+alpha 0.6 whatever the run's ``search:`` says, so that every row compares training alone;
+sacrebleu),
 with the share of test2016 outputs that repeat a word 4-gram (the loops of an
 under-trained model: "wearing a red vest is wearing a red vest").
 
@@ -87,7 +89,7 @@ def _score(run_dir):
     data = run.config.data
     sources, references = load_multi30k("test2016", data.source_lang, data.target_lang,
                                         data_dir=common.data_dir())
-    hypotheses = run.translate(sources, beam_size=4)
+    hypotheses = run.translate(sources, beam_size=4, alpha=0.6)
     scores = corpus_scores(hypotheses, references)
     with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as f:
         metrics = json.load(f)
