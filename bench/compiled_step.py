@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -38,8 +39,9 @@ def build_worker(spec):
 
     model = transformerkit.load(spec["run"]).model
     path = os.path.join(spec["directory"], f"step-{spec['bucket']}.pt2")
-    return {"bucket": spec["bucket"],
-            "seconds": round(aot_step.build_package(model, spec["bucket"], path), 1)}
+    started = time.perf_counter()
+    aot_step.build_package(model, spec["bucket"], path)
+    return {"bucket": spec["bucket"], "seconds": round(time.perf_counter() - started, 1)}
 
 
 # runs the command and reports its wall seconds and peak memory: a fresh small process, so

@@ -16,6 +16,7 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
     python bench/multi30k_bleu.py --minutes 10 --name multi30k_bleu_10m
     python bench/multi30k_bleu.py --updates 8250   # an update budget: load-insensitive
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
+    python bench/multi30k_bleu.py --skip-train --run RUN --alpha 1.4   # another length penalty
     python bench/multi30k_bleu.py --average 5   # also the last 5 epoch checkpoints averaged
     python bench/multi30k_bleu.py --average 5 --set model.dropout=0.1 \
         --name multi30k_bleu_dropout_0_1       # one setting changed, its own result file
@@ -67,8 +68,9 @@ def val_loss_line(history):
             f"after the last ({losses[-1][1]}). ")
 
 
-def score(run_dir, beams, max_sentences=None, checkpoint="model"):
-    """Translate test2016 with each beam size; return one result dict per beam size."""
+def score(run_dir, beams, max_sentences=None, checkpoint="model", alpha=None):
+    """Translate test2016 with each beam size (the run's own ``search:`` settings, its length
+    penalty ``alpha`` where given); return one result dict per beam size."""
     import transformerkit
     from transformerkit.data.corpora import load_multi30k
     from transformerkit.evaluation import corpus_scores
@@ -81,10 +83,12 @@ def score(run_dir, beams, max_sentences=None, checkpoint="model"):
     results = []
     for beam in beams:
         start = time.perf_counter()
-        hypotheses = run.translate(sources, beam_size=beam)
+        penalty = {} if alpha is None else {"alpha": alpha}
+        hypotheses = run.translate(sources, beam_size=beam, **penalty)
         seconds = time.perf_counter() - start
         scores = corpus_scores(hypotheses, references)
         results.append({"search": "greedy" if beam == 1 else f"beam {beam}", "beam_size": beam,
+                        "alpha": run.search_options(None, penalty).alpha,
                         "weights": checkpoint,
                         "sentences": len(sources), "decode_seconds": round(seconds, 1),
                         "sacrebleu": scores["bleu"], "chrf": scores["chrf"],
@@ -109,6 +113,9 @@ def main():
     parser.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     parser.add_argument("--skip-train", action="store_true", help="score an existing --run")
     parser.add_argument("--max-sentences", type=int, default=None)
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="beam search's length penalty (default: the run's search.alpha; "
+                             "to score a run trained before its config chose one)")
     parser.add_argument("--name", default="multi30k_bleu", help="results/NAME.{json,md}")
     parser.add_argument("--average", type=int, default=None, metavar="N",
                         help="also average the last N epoch checkpoints and score the average")
@@ -124,9 +131,10 @@ def main():
     history = read_history(args.run)
     epoch_seconds = [row["epoch_seconds"] for row in history if "epoch_seconds" in row]
     beams = [int(b) for b in args.beams.split(",")]
-    results = score(args.run, beams, args.max_sentences)
+    results = score(args.run, beams, args.max_sentences, alpha=args.alpha)
     if args.average:
-        results += score(args.run, beams, args.max_sentences, checkpoint="averaged")
+        results += score(args.run, beams, args.max_sentences, checkpoint="averaged",
+                         alpha=args.alpha)
 
     payload = {"machine": common.machine(), "config": os.path.relpath(args.config, ROOT),
                "overrides": args.set, "minutes": None if args.updates else args.minutes,
@@ -155,7 +163,8 @@ def main():
     for r in results:
         weights = ("final model" if r["weights"] == "model"
                    else f"average of the last {args.average} epochs")
-        lines.append(f"| {weights} | {r['search']} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
+        search = r["search"] + (f", alpha {r['alpha']:g}" if r["beam_size"] > 1 else "")
+        lines.append(f"| {weights} | {search} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
                      f"{r['tutorial_bleu']:.1f} | {r['decode_seconds']:.0f} s |")
     lines.append(
         f"\n{f'{args.updates} updates' if args.updates else f'{minutes} minutes'} of "

@@ -58,12 +58,13 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            count) and ``_get_variable_index``, to exchange gradients once
                            per update (without them each micro-batch's gradient is
                            all-reduced, with the same result)
-AOTInductor                ``decoding/aot_step.py``, ``aot_search.py``: ``torch._inductor.
-                           aoti_compile_and_package`` compiles the exported decoder step
-                           into a package and ``aoti_load_package`` loads it (PyTorch's
-                           documented AOTInductor entry points, in a private module;
-                           without them the eager step runs, with a warning); a loaded
-                           package's ``loader.boxed_run`` runs a step on its flat inputs
+AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_step`` and
+                           ``aot_search``): ``torch._inductor.aoti_compile_and_package``
+                           compiles an exported program (the decoder step, a beam
+                           search's work) into a package and ``aoti_load_package`` loads
+                           it (PyTorch's documented AOTInductor entry points, in a private
+                           module; without them the eager code runs, with a warning); a
+                           loaded package's ``loader.boxed_run`` runs it on its flat inputs
                            (without it, the package's own call, slower by its pytree work)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32

@@ -19,7 +19,7 @@ search's settings constants) and compiles it with AOTInductor into a package:
 - **keyed** by the settings (beam, length penalty, stopping rule, token rules, vocabulary),
   PyTorch's version, the CPU's flags and kernel caps, and the source of the modules the
   function comes from (a changed search is a new package); built on first use (a line on
-  stderr with its time), cached in :func:`~.aot_step.cache_directory`, rebuilt when it fails
+  stderr with its time), cached in :func:`~.aot_packages.cache_directory`, rebuilt when it fails
   to load;
 - **weights-free**: any model of that vocabulary shares it.
 
@@ -32,12 +32,9 @@ import functools
 import hashlib
 import json
 import os
-import sys
-import tempfile
-import time
-import warnings
 
-from transformerkit import internals, precisions
+from transformerkit import precisions
+from transformerkit.decoding import aot_packages
 
 FIELDS = ("alive", "alive_logp", "finished", "finished_score", "finished_logp",
           "finished_length", "max_penalty", "cap", "active")  # the inputs after the logits
@@ -122,26 +119,14 @@ def _example(beam, vocab, sentences=2, width=6):
 
 def build_package(work, settings, path):
     """Capture ``work`` for ``settings`` (``beam`` and ``vocab`` read from it) and compile it
-    into the package ``path`` (written atomically). Returns the seconds it took."""
+    into the package ``path`` (written atomically)."""
     import torch
 
-    started = time.perf_counter()
     inputs, dims = _example(settings["beam"], settings["vocab"])
     with torch.no_grad():
         program = torch.export.export(_module(work), inputs, dynamic_shapes=dims,
                                       strict=False)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle, partial = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(path))
-        os.close(handle)
-        try:
-            internals.get("aoti_compile_and_package")(
-                program, package_path=partial, inductor_configs={})
-            os.chmod(partial, 0o644)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
-    return time.perf_counter() - started
+        aot_packages.compile_program(program, path)
 
 
 def compiled_search_work(work, settings, directory):
@@ -150,8 +135,12 @@ def compiled_search_work(work, settings, directory):
     process and settings; ``work`` itself where the package cannot be had (warned once)."""
     key = package_key(work, settings)
     if key not in _LOADED:
-        _LOADED[key] = _load_or_build(work, settings, os.path.join(
-            directory, f"search-{key}.pt2"))
+        package = aot_packages.load_or_build(
+            os.path.join(directory, f"search-{key}.pt2"),
+            lambda path: build_package(work, settings, path), "the compiled search",
+            "the beam search's step work", "its work runs eagerly")
+        _LOADED[key] = None if package is None else (
+            aot_packages.boxed_run(package) or (lambda flat: package(*flat)))
     run = _LOADED[key]
     return work if run is None else _flat_call(run)
 
@@ -166,39 +155,3 @@ def _flat_call(run):
         return new, out[len(CHANGED)], out[len(CHANGED) + 1]
 
     return work
-
-
-def _load_or_build(work, settings, path):
-    load = internals.get("aoti_load_package")
-    if load is None or internals.get("aoti_compile_and_package") is None:
-        return _fallback("this PyTorch has no AOTInductor")
-    if os.path.exists(path):
-        try:
-            return _boxed(load(path))
-        except Exception as error:  # a corrupt or foreign package: built again below
-            print(f"transformerkit: rebuilding the compiled search {path} "
-                  f"({type(error).__name__})", file=sys.stderr)
-    print("transformerkit: compiling the beam search's step work ...", file=sys.stderr,
-          flush=True)
-    try:
-        seconds = build_package(work, settings, path)
-        run = _boxed(load(path))
-    except Exception as error:  # no compiler, or a setting the capture cannot read
-        reason = str(error).strip().splitlines()
-        return _fallback(f"{type(error).__name__}: {reason[0] if reason else ''}"[:300])
-    print(f"transformerkit: compiled the beam search's step work in {seconds:.0f} s "
-          f"({path})", file=sys.stderr, flush=True)
-    return run
-
-
-def _boxed(package):
-    """The package's ``boxed_run`` over a flat list (its own call where the loader lacks
-    it: :mod:`transformerkit.internals`)."""
-    run = getattr(getattr(package, "loader", None), "boxed_run", None)
-    return run if run is not None else (lambda flat: package(*flat))
-
-
-def _fallback(reason):
-    warnings.warn(f"transformerkit: the compiled search is unavailable ({reason}); its work "
-                  "runs eagerly", RuntimeWarning, stacklevel=5)
-    return None

@@ -54,12 +54,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
-import time
-import warnings
 import weakref
 
-from transformerkit import internals, precisions
+from transformerkit import precisions
+from transformerkit.decoding import aot_packages
+from transformerkit.decoding.aot_packages import cache_directory
 from transformerkit.decoding.eager_steps import EagerSteps
 from transformerkit.models.base import weight_versions
 
@@ -74,14 +73,6 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
 PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
 FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
-
-
-def cache_directory():
-    """Where packages are kept: ``$TRANSFORMERKIT_CACHE/compiled``, else
-    ``~/.cache/transformerkit/compiled``."""
-    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "transformerkit")
-    return os.path.join(root, "compiled")
 
 
 def package_key(model, bucket="small", precision="float32"):
@@ -178,30 +169,16 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
 
 def build_package(model, bucket, path, precision="float32"):
     """Capture ``model``'s step with its products at ``precision`` and compile it for the
-    row ``bucket`` into the package ``path`` (written atomically). Returns the seconds it
-    took."""
+    row ``bucket`` into the package ``path`` (written atomically)."""
     import torch
 
-    started = time.perf_counter()
     seq2seq = hasattr(model, "decoder_blocks")
     rows, configs, copies = BUCKETS[bucket]
     inputs, dims = _example_inputs(model, seq2seq, rows, copies)
     with torch.no_grad():
         program = torch.export.export(_step_module(model, precision), inputs,
                                       dynamic_shapes=dims, strict=False)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle, partial = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(path))
-        os.close(handle)
-        try:
-            internals.get("aoti_compile_and_package")(
-                program, package_path=partial,
-                inductor_configs=dict(configs))  # a copy: the compiler adds entries to it
-            os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
-    return time.perf_counter() - started
+        aot_packages.compile_program(program, path, configs)
 
 
 class CompiledSteps(EagerSteps):
@@ -309,7 +286,7 @@ def _flat_call(package):
     them: about a third of a one-row step): the tensors handed to its loader's
     ``boxed_run`` in ``torch.export``'s flattening order. The package's own call where the
     loader lacks it (:mod:`transformerkit.internals`)."""
-    run = getattr(getattr(package, "loader", None), "boxed_run", None)
+    run = aot_packages.boxed_run(package)
     if run is None:
         return package
 
@@ -327,32 +304,7 @@ def _flat_call(package):
 def _load_or_build(model, bucket, directory, precision="float32"):
     """The callable package of ``model``'s step for the row ``bucket``, loaded from
     ``directory`` or built there; None (with a warning) where it cannot be."""
-    import sys
-
-    load = internals.get("aoti_load_package")
-    if load is None or internals.get("aoti_compile_and_package") is None:
-        return _fallback("this PyTorch has no AOTInductor")
-    path = os.path.join(directory, f"step-{package_key(model, bucket, precision)}.pt2")
-    if os.path.exists(path):
-        try:
-            return load(path)
-        except Exception as error:  # a corrupt or foreign package: built again below
-            print(f"transformerkit: rebuilding the compiled step {path} "
-                  f"({type(error).__name__})", file=sys.stderr)
-    print(f"transformerkit: compiling the decoder step ({bucket} steps) ...",
-          file=sys.stderr, flush=True)
-    try:
-        seconds = build_package(model, bucket, path, precision)
-        run = load(path)
-    except Exception as error:  # no compiler, or a model torch.export cannot capture
-        reason = str(error).strip().splitlines()
-        return _fallback(f"{type(error).__name__}: {reason[0] if reason else ''}"[:300])
-    print(f"transformerkit: compiled the decoder step in {seconds:.0f} s ({path})",
-          file=sys.stderr, flush=True)
-    return run
-
-
-def _fallback(reason):
-    warnings.warn(f"transformerkit: the compiled step is unavailable ({reason}); decoding "
-                  "with the eager step", RuntimeWarning, stacklevel=4)
-    return None
+    return aot_packages.load_or_build(
+        os.path.join(directory, f"step-{package_key(model, bucket, precision)}.pt2"),
+        lambda path: build_package(model, bucket, path, precision), "the compiled step",
+        f"the decoder step ({bucket} steps)", "decoding with the eager step")

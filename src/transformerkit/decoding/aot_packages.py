@@ -1,0 +1,98 @@
+"""AOTInductor packages on disk: where they are kept, how one is written, loaded or rebuilt.
+
+The compiled decoder step (:mod:`.aot_step`) and a beam search's compiled work of a step
+(:mod:`.aot_search`) are both ``.pt2`` packages that AOTInductor compiles from a
+``torch.export`` program. Each module decides what its package holds and how it is keyed;
+this one does what they share:
+
+- :func:`cache_directory`: ``$TRANSFORMERKIT_CACHE/compiled``, else
+  ``~/.cache/transformerkit/compiled``;
+- :func:`compile_program`: the program compiled into its path atomically (a temporary file
+  in the same folder, then ``os.replace``), so a crash or a second process never leaves a
+  half-written package where a loader looks;
+- :func:`load_or_build`: the package loaded, or built first (a line on stderr before and one
+  with the seconds it took after), or built again where the file on disk fails to load; where
+  AOTInductor, its C++ compiler or the capture is missing, one warning saying why and None
+  (the caller runs its eager code);
+- :func:`boxed_run`: the loader's call over a flat list of tensors, which skips the
+  package's own parsing of its input and output specs on every call.
+
+The PyTorch functions used are listed in :mod:`transformerkit.internals`.
+"""
+
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+from transformerkit import internals
+
+
+def cache_directory():
+    """Where packages are kept: ``$TRANSFORMERKIT_CACHE/compiled``, else
+    ``~/.cache/transformerkit/compiled``."""
+    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "transformerkit")
+    return os.path.join(root, "compiled")
+
+
+def compile_program(program, path, configs=None):
+    """Compile the exported ``program`` with AOTInductor (its ``configs``, e.g.
+    ``{"freezing": True}``) into the package ``path``, written atomically."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".pt2", dir=folder)
+    os.close(handle)
+    try:
+        internals.get("aoti_compile_and_package")(
+            program, package_path=partial,
+            inductor_configs=dict(configs or {}))  # a copy: the compiler adds entries to it
+        os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def load_or_build(path, build, name, building, eager):
+    """The loaded package at ``path``; where there is none, or it fails to load, ``build(path)``
+    writes it first. ``name`` names the package in the rebuilding line and the warning ("the
+    compiled step"), ``building`` what is compiled in the lines around a build ("the decoder
+    step (small steps)"), ``eager`` what runs instead where it cannot be had ("decoding with
+    the eager step"): one warning then, and None."""
+    load = internals.get("aoti_load_package")
+    if load is None or internals.get("aoti_compile_and_package") is None:
+        return _unavailable(name, "this PyTorch has no AOTInductor", eager)
+    if os.path.exists(path):
+        try:
+            return load(path)
+        except Exception as error:  # a corrupt or foreign package: built again below
+            print(f"transformerkit: rebuilding {name} {path} ({type(error).__name__})",
+                  file=sys.stderr)
+    print(f"transformerkit: compiling {building} ...", file=sys.stderr, flush=True)
+    try:
+        started = time.perf_counter()
+        build(path)
+        seconds = time.perf_counter() - started
+        package = load(path)
+    except Exception as error:  # no compiler, or code torch.export cannot capture
+        reason = str(error).strip().splitlines()
+        return _unavailable(name, f"{type(error).__name__}: {reason[0] if reason else ''}"[:300],
+                            eager)
+    print(f"transformerkit: compiled {building} in {seconds:.0f} s ({path})", file=sys.stderr,
+          flush=True)
+    return package
+
+
+def boxed_run(package):
+    """The package's loader's ``boxed_run`` (a call over one flat list of tensors in
+    ``torch.export``'s flattening order); None where the loader lacks it (the package's own
+    call then)."""
+    return getattr(getattr(package, "loader", None), "boxed_run", None)
+
+
+def _unavailable(name, reason, eager):
+    warnings.warn(f"transformerkit: {name} is unavailable ({reason}); {eager}", RuntimeWarning,
+                  stacklevel=5)
+    return None
