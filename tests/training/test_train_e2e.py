@@ -69,6 +69,23 @@ def test_model_loads_and_matches_saved_config(trained_run):
     assert model.tie_embeddings == "all"
 
 
+def test_the_run_searches_as_its_training_config_says(trained_run):
+    """configs/multi30k_de_en.yaml's ``search:`` section (its length penalty, chosen on val)
+    travels into the run: translate and Run.translate use it unless told otherwise."""
+    import yaml
+
+    import transformerkit
+
+    out, _ = trained_run
+    shipped = yaml.safe_load(open("configs/multi30k_de_en.yaml", encoding="utf-8"))["search"]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["search"]["alpha"] == shipped["alpha"] != 0.6
+    run = transformerkit.load(out)
+    assert run.search.alpha == shipped["alpha"]
+    assert run.search_options(None, {"beam_size": 2}).alpha == shipped["alpha"]
+    assert run.search_options(None, {"alpha": 0.6}).alpha == 0.6
+
+
 def test_refuses_to_overwrite_a_run(trained_run, data_dir):
     out, _ = trained_run
     result = run_cli(["train", "configs/multi30k_de_en.yaml", "--out", str(out),
