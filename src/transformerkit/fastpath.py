@@ -54,6 +54,15 @@ def applies(x=None):
     return torch is not False and (x is None or isinstance(x, torch.Tensor))
 
 
+def exporting():
+    """Whether ``torch.export`` is capturing the code that asks (the compiled decoding of
+    :mod:`transformerkit.decoding.aot_step`): a shortcut that reads a tensor's values to
+    choose a branch (no padding, every row has keys) takes the branch that is right for any
+    values then, since the graph is traced once for all inputs."""
+    torch = _torch if _torch is not None else _find_torch()
+    return torch is not False and torch.compiler.is_exporting()
+
+
 _torch = None  # the torch module on the PyTorch backend, False on others, None: not known yet
 
 

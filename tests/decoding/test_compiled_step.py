@@ -157,8 +157,9 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
                                                                       capfd):
     """Greedy (3 rows: the small-rows package) and beam 3 (9 rows: the other) with the
     compiled step give the eager step's ids (or differ at a near-tie); the packages (one per
-    row bucket) are loaded from disk in a new process, not built again; a corrupt package is
-    rebuilt. The beam search's work has a package of its own, cached the same way."""
+    row bucket, and the encoder's) are loaded from disk in a new process, not built again; a
+    corrupt package is rebuilt. The beam search's work has a package of its own, cached the
+    same way."""
     from transformerkit.decoding import aot_search, aot_step, beam_translate, greedy_translate
 
     def searches(use_cache):
@@ -171,10 +172,11 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
     next_logits = next_logits_after(transformer, SOURCE)
     for a, b, what in zip(eager, compiled, ("greedy", "beam 3"), strict=True):
         assert_same_ids_or_near_tie(a, b, next_logits, what)
-    keys = [aot_step.package_key(transformer, bucket) for bucket in aot_step.BUCKETS]
+    keys = [aot_step.package_key(transformer, bucket)
+            for bucket in (*aot_step.BUCKETS, aot_step.ENCODER)]
     packages = [package_directory / f"step-{key}.pt2" for key in keys]
     packages += list(package_directory.glob("search-*.pt2"))  # the beam's search work
-    assert all(p.is_file() for p in packages) and len(packages) == 3, packages
+    assert all(p.is_file() for p in packages) and len(packages) == 4, packages
     capfd.readouterr()
     written = {p: p.stat().st_mtime_ns for p in packages}
 
@@ -189,11 +191,50 @@ def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transfor
 
     new_process()
     packages[0].write_bytes(b"not a package")
-    packages[2].write_bytes(b"not a package either")
+    packages[-1].write_bytes(b"not a package either")
     assert searches("compiled") == compiled
     err = capfd.readouterr().err
     assert "rebuilding the compiled step" in err and "rebuilding the compiled search" in err
-    assert packages[0].stat().st_size > 1000 and packages[2].stat().st_size > 1000
+    assert packages[0].stat().st_size > 1000 and packages[-1].stat().st_size > 1000
+
+
+def test_the_encoder_pass_runs_as_its_package(transformer, monkeypatch):
+    """The compiled engine's start: the encoder pass and every block's cross-attention
+    memory come from the encoder's package (the eager encoder does not run), within two
+    paths' bound of the eager memories, for padded and unpadded sources, one sentence and
+    several, and a source of nothing but padding (its output zeroed by ``keep``, as the
+    eager one's); out-of-range ids are the eager check's clear error."""
+    import torch
+
+    from transformerkit.decoding.steps import make_steps
+
+    compiled, eager = make_steps(transformer, "compiled"), make_steps(transformer, True)
+    with torch.no_grad():
+        compiled.start(SOURCE, 9, 1)  # loads or builds the packages (a build traces the code)
+    calls = []
+    encode = type(transformer).inference_encode
+    monkeypatch.setattr(type(transformer), "inference_encode",
+                        lambda self, *a, **k: calls.append(1) or encode(self, *a, **k))
+    sources = (SOURCE, SOURCE[:1, :3], np.tile(SOURCE, (5, 1)),
+               np.array([[5, 6, 2, 0], [0, 0, 0, 0]], "int32"))
+    for source in sources:
+        with torch.no_grad():
+            _, (_, memories_c, _) = compiled.start(source, 9, 2)
+            assert not calls, "the eager encoder ran"
+            _, (_, memories_e, _) = eager.start(source, 9, 2)
+        calls.clear()
+        bound = tol.model_roundings(transformer, source.shape[1], 1)
+        for memory_c, memory_e in zip(memories_c, memories_e, strict=True):
+            keys_c, values_c, bias_c, keep_c = (t.numpy() for t in memory_c)
+            keys_e, values_e, bias_e, keep_e = memory_e
+            for a, b in ((keys_c, keys_e.numpy()), (values_c, values_e.numpy())):
+                tol.assert_within(a, b, tol.chain_atol(bound, b, paths=2), str(source))
+            np.testing.assert_array_equal(bias_c, bias_e.numpy())
+            has_keys = (source != 0).any(axis=1).astype("float32").reshape(-1, 1, 1, 1)
+            np.testing.assert_array_equal(keep_c, has_keys)
+            assert keep_e is None or np.array_equal(keep_e.numpy(), has_keys)
+    with pytest.raises(ValueError, match="source_ids contains id 99, outside the vocabulary"):
+        compiled.start(np.array([[5, 99, 2]], "int32"), 9, 1)
 
 
 @pytest.mark.parametrize("settings", [

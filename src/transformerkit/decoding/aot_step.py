@@ -40,9 +40,14 @@ Where AOTInductor or its C++ compiler is missing, or the model cannot be capture
 
 Every step runs the package, a beam search's first step (one row per sentence, copied to
 its beams) included; a beam search's own work of the step runs as a package too
-(:meth:`CompiledSteps.search_work`, :mod:`.aot_search`). The encoder pass, greedy search's
-arg-max and the beam's cache reordering stay eager (the encoder's products at the same
-precision). int8 has no compiled form: its per-row dynamic quantization is a packed
+(:meth:`CompiledSteps.search_work`, :mod:`.aot_search`). An encoder-decoder's batch starts
+with a package of its own (:data:`ENCODER`): the encoder pass and every decoder block's
+cross-attention keys and values (:func:`~.eager_steps.source_memories`, the eager code,
+captured with the sentences and the source length dynamic; where that code would read the
+ids' values to skip the padding mask or the zeroing of sources without tokens, a captured
+graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporting`).
+Greedy search's arg-max and the beam's cache reordering stay eager. int8 has no compiled
+form: its per-row dynamic quantization is a packed
 library kernel the compiler cannot capture (the keras engine runs it).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
@@ -59,8 +64,9 @@ import weakref
 from transformerkit import precisions
 from transformerkit.decoding import aot_packages
 from transformerkit.decoding.aot_packages import cache_directory
-from transformerkit.decoding.eager_steps import EagerSteps
-from transformerkit.models.base import weight_versions
+from transformerkit.decoding.eager_steps import EagerSteps, source_memories
+from transformerkit.models.base import check_token_ids, weight_versions
+from transformerkit.special_tokens import PAD_ID
 
 _TENSOR = object()  # marks a weight leaf held as a buffer
 # model -> {directory: (the weights' versions, the compiled step or None)}
@@ -70,6 +76,8 @@ SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # sentence of the example: 1, the graph takes one memory per row; 2, one per sentence)
 BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
            "large": (64, {"freezing": True}, 2)}
+ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
+ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
 FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
@@ -85,7 +93,8 @@ def package_key(model, bucket="small", precision="float32"):
 
     model._ensure_built()  # a model built lazily lists its weights once built
     digest = hashlib.sha256()
-    digest.update(json.dumps({"format": FORMAT, "bucket": BUCKETS[bucket],
+    packaged = [ENCODER, ENCODER_CONFIGS] if bucket == ENCODER else BUCKETS[bucket]
+    digest.update(json.dumps({"format": FORMAT, "bucket": packaged,
                               "precision": precision,
                               "torch": torch.__version__,
                               "class": type(model).__name__,
@@ -105,18 +114,19 @@ def package_key(model, bucket="small", precision="float32"):
     return digest.hexdigest()[:32]
 
 
-def _step_module(model, precision="float32"):
-    """``model.decode_step`` as a ``torch.nn.Module`` for ``torch.export``: its weights
-    (at ``precision``, unpacked) as buffers, one memory for the ``rows // sentences``
-    adjacent rows of each sentence."""
+def _weights_module(model, precision, forward, encoder=False):
+    """A ``torch.nn.Module`` for ``torch.export`` calling ``forward(weights, *inputs)`` with
+    ``model``'s step weights (at ``precision``, unpacked: :meth:`step_weights`) held as
+    buffers; the encoder's only where ``encoder``."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     weights = dict(model.step_weights(precision, packed=False))
-    weights.pop("encoder", None)  # the encoder pass runs eagerly
+    if not encoder:
+        weights.pop("encoder", None)
     leaves, spec = tree_flatten(weights)
 
-    class DecodeStep(torch.nn.Module):
+    class Captured(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self._constants = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf
@@ -125,15 +135,47 @@ def _step_module(model, precision="float32"):
                 if isinstance(leaf, torch.Tensor):
                     self.register_buffer(f"weight_{i}", leaf.detach(), persistent=False)
 
-        def forward(self, tokens, index, caches, memories):
+        def forward(self, *inputs):
             values = [getattr(self, f"weight_{i}") if constant is _TENSOR else constant
                       for i, constant in enumerate(self._constants)]
-            # a symbolic int: the beams of a sentence, from the rows and the sentences
-            copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
-            return model.decode_step(tokens, index, caches, tree_unflatten(values, spec),
-                                     memories, copies)
+            return forward(tree_unflatten(values, spec), *inputs)
 
-    return DecodeStep().eval()
+    return Captured().eval()
+
+
+def _step_module(model, precision="float32"):
+    """``model.decode_step`` as a module for ``torch.export`` (:func:`_weights_module`), one
+    memory for the ``rows // sentences`` adjacent rows of each sentence."""
+
+    def step(weights, tokens, index, caches, memories):
+        # a symbolic int: the beams of a sentence, from the rows and the sentences
+        copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
+        return model.decode_step(tokens, index, caches, weights, memories, copies)
+
+    return _weights_module(model, precision, step)
+
+
+def _encoder_module(model, precision="float32"):
+    """The encoder pass and the cross-attention memories of a batch
+    (:func:`~.eager_steps.source_memories`, the eager code) as a module for
+    ``torch.export``: ``(sentences, source_len)`` ids -> one ``(keys, values, bias, keep)``
+    per decoder block."""
+
+    def encode(weights, source_ids):
+        return source_memories(model, source_ids, weights)
+
+    return _weights_module(model, precision, encode, encoder=True)
+
+
+def _encoder_inputs(model):
+    """Source ids of 2 sentences of 3 positions, one padded, and their dynamic dimensions."""
+    import torch
+
+    ids = torch.tensor([[4, 5, 3], [6, 3, PAD_ID]], dtype=torch.long)
+    ids = ids.clamp(max=model.source_vocab_size - 1)
+    sentences = torch.export.Dim("sentences", min=1, max=4096)
+    source = torch.export.Dim("source_len", min=1, max=model.max_length)
+    return (ids,), ({0: sentences, 1: source},)
 
 
 def _example_inputs(model, seq2seq, rows=2, copies=1):
@@ -172,12 +214,16 @@ def build_package(model, bucket, path, precision="float32"):
     row ``bucket`` into the package ``path`` (written atomically)."""
     import torch
 
-    seq2seq = hasattr(model, "decoder_blocks")
-    rows, configs, copies = BUCKETS[bucket]
-    inputs, dims = _example_inputs(model, seq2seq, rows, copies)
+    if bucket == ENCODER:
+        module, configs = _encoder_module(model, precision), ENCODER_CONFIGS
+        inputs, dims = _encoder_inputs(model)
+    else:
+        rows, configs, copies = BUCKETS[bucket]
+        module = _step_module(model, precision)
+        inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies)
     with torch.no_grad():
-        program = torch.export.export(_step_module(model, precision), inputs,
-                                      dynamic_shapes=dims, strict=False)
+        # the module's forward takes *inputs: one tuple, whose dimensions are ``dims``
+        program = torch.export.export(module, inputs, dynamic_shapes=(dims,), strict=False)
         aot_packages.compile_program(program, path, configs)
 
 
@@ -211,13 +257,30 @@ class CompiledSteps(EagerSteps):
     def start(self, *args, **kwargs):
         """:meth:`EagerSteps.start`, with every memory's ``keep`` a tensor (the package's
         inputs have one fixed form) and the package looked up once per batch."""
+        self._run = self.runner()
         state, (weights, memories, copies) = super().start(*args, **kwargs)
         if memories is not None:
             memories = [memory if memory[3] is not None
                         else (*memory[:3], memory[0].new_ones((memory[0].shape[0], 1, 1, 1)))
                         for memory in memories]
-        self._run = self.runner()
         self._memories = self._row_memories = None
+        return state, (weights, memories, copies)
+
+    def _start_seq2seq(self, source_ids, max_len, copies=1):
+        """:meth:`EagerSteps._start_seq2seq` with the encoder pass and the memories computed
+        by the encoder's package (the eager code where there is none)."""
+        encode = None if self._run is None else self._run.get(ENCODER)
+        if encode is None:
+            return super()._start_seq2seq(source_ids, max_len, copies)
+        import torch
+
+        model = self.model
+        weights = model.step_weights(self.precision)
+        ids = torch.as_tensor(check_token_ids(source_ids, model.source_vocab_size,
+                                              model.max_length, "source_ids"),
+                              device=weights["embedding"].device).long()
+        memories = encode(ids)
+        state = self._empty_caches(ids.shape[0] * copies, max_len, memories[0][2])
         return state, (weights, memories, copies)
 
     def _decode(self, tokens, index, caches, static):
@@ -271,7 +334,8 @@ class Packages:
         cannot be had)."""
         if bucket not in self._loaded:
             package = _load_or_build(self.model, bucket, self.directory, self.precision)
-            self._loaded[bucket] = None if package is None else _flat_call(package)
+            call = _encoder_call if bucket == ENCODER else _flat_call
+            self._loaded[bucket] = None if package is None else call(package)
         return self._loaded[bucket]
 
     @staticmethod
@@ -301,10 +365,25 @@ def _flat_call(package):
     return step
 
 
+def _encoder_call(package):
+    """``package(source_ids)``: the memories, one ``(keys, values, bias, keep)`` per decoder
+    block (through the loader's ``boxed_run`` where it has one, as :func:`_flat_call`)."""
+    run = aot_packages.boxed_run(package)
+
+    def encode(source_ids):
+        if run is None:
+            return [tuple(memory) for memory in package(source_ids)]
+        flat = run([source_ids])
+        return [tuple(flat[i:i + 4]) for i in range(0, len(flat), 4)]
+
+    return encode
+
+
 def _load_or_build(model, bucket, directory, precision="float32"):
     """The callable package of ``model``'s step for the row ``bucket``, loaded from
     ``directory`` or built there; None (with a warning) where it cannot be."""
     return aot_packages.load_or_build(
         os.path.join(directory, f"step-{package_key(model, bucket, precision)}.pt2"),
         lambda path: build_package(model, bucket, path, precision), "the compiled step",
-        f"the decoder step ({bucket} steps)", "decoding with the eager step")
+        "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
+        "decoding with the eager step")

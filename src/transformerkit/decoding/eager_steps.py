@@ -5,6 +5,15 @@ from transformerkit import fastpath
 from transformerkit.layers.masks import padding_mask
 
 
+def source_memories(model, source_ids, weights):
+    """The encoder pass of a batch and every decoder block's cross-attention keys and values
+    of its output (``model.decode_step_memory``): ``(batch, source_len)`` ids -> one
+    ``(keys, values, bias, keep)`` per block, what :meth:`EagerSteps.step` attends over.
+    The compiled engine captures this function too (:mod:`.aot_step`)."""
+    memory = model.inference_encode(source_ids, weights)  # (batch, source_len, d_model)
+    return model.decode_step_memory(memory, padding_mask(source_ids), weights)
+
+
 class EagerSteps:
     """Steps through the models' ``decode_step`` on eager PyTorch (see the module docstring).
 
@@ -45,9 +54,8 @@ class EagerSteps:
 
     def _start_seq2seq(self, source_ids, max_len, copies=1):
         weights = self.model.step_weights(self.precision)
-        memory = self.model.inference_encode(source_ids, weights)  # (batch, source_len, d)
-        memories = self.model.decode_step_memory(memory, padding_mask(source_ids), weights)
-        state = self._empty_caches(memory.shape[0] * copies, max_len, memory)
+        memories = source_memories(self.model, source_ids, weights)
+        state = self._empty_caches(memories[0][0].shape[0] * copies, max_len, memories[0][2])
         return state, (weights, memories, copies)
 
     def _start_language_model(self, buffer, prefill, max_len):

@@ -81,7 +81,8 @@ def _every_row_has_keys(rows_with_keys):
     without tracing: on eager PyTorch (a :mod:`transformerkit.fastpath` shortcut, where the
     zeroing of such rows would be two passes over the output for nothing, forward and
     backward); elsewhere False (the zeroing runs, a no-op on rows with keys)."""
-    return fastpath.applies(rows_with_keys) and bool(rows_with_keys.all())
+    return (fastpath.applies(rows_with_keys) and not fastpath.exporting()
+            and bool(rows_with_keys.all()))
 
 
 def layer_outputs(output, scores=None, cache=None):
@@ -102,8 +103,10 @@ EXPLICIT_MAX_KEYS = 64
 def _explicit_is_faster(key):
     """Whether attention over ``key`` ``(batch, key_len, heads, dim)`` runs the explicit
     formula rather than the fused kernel: on eager PyTorch (a :mod:`transformerkit.fastpath`
-    shortcut) for at most :data:`EXPLICIT_MAX_KEYS` keys. Both compute equation 1."""
-    return fastpath.applies(key) and key.shape[1] <= EXPLICIT_MAX_KEYS
+    shortcut) for at most :data:`EXPLICIT_MAX_KEYS` keys, and always in a graph that
+    ``torch.export`` captures (whose key length is symbolic; its compiler fuses the formula).
+    Both compute equation 1."""
+    return fastpath.applies(key) and (fastpath.exporting() or key.shape[1] <= EXPLICIT_MAX_KEYS)
 
 
 def _fused_attention(query, key, value, mask, scale, is_causal):
@@ -337,7 +340,8 @@ class MultiHeadAttention(keras.layers.Layer):
         dim)``, ``bias`` ``(batch, 1, 1, source_len)`` that is 0 at real tokens and a large
         finite negative number at padding (a row of scores is never all ``-inf``), and
         ``keep`` ``(batch, 1, 1, 1)`` that zeroes the output of a source without any real
-        token, as :func:`scaled_dot_product_attention` does (None when every source has one).
+        token, as :func:`scaled_dot_product_attention` does (None when every source has one,
+        except in a graph ``torch.export`` captures: :func:`transformerkit.fastpath.exporting`).
         """
         import torch
 
@@ -350,7 +354,8 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device)
         bias = bias.masked_fill(~mask, _MASKED_SCORE)
         has_keys = mask.any(-1, keepdim=True)  # (b, 1, 1, 1)
-        keep = None if bool(has_keys.all()) else has_keys.to(keys.dtype)
+        every = not fastpath.exporting() and bool(has_keys.all())  # a captured graph: any
+        keep = None if every else has_keys.to(keys.dtype)
         return (keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous(), bias,
                 keep)
 

@@ -4,6 +4,7 @@
 import keras
 from keras import ops
 
+from transformerkit import fastpath
 from transformerkit.layers.calls import call_sublayer, normalize
 from transformerkit.models.base import (
     TransformerBase,
@@ -183,14 +184,16 @@ class Transformer(TransformerBase):
         import torch
 
         encoder = weights["encoder"]
-        source_ids = torch.as_tensor(check_token_ids(source_ids, self.source_vocab_size,
-                                                     self.max_length, "source_ids"),
-                                     device=encoder["embedding"].device)
+        captured = fastpath.exporting()  # a graph for any ids: checked before its call
+        if not captured:
+            source_ids = torch.as_tensor(check_token_ids(source_ids, self.source_vocab_size,
+                                                         self.max_length, "source_ids"),
+                                         device=encoder["embedding"].device)
         length = source_ids.shape[1]
         x = encoder["embedding"][source_ids.long()] * encoder["embedding_scale"] + \
             encoder["positions"][:length]  # embedding dropout is off
         mask = source_ids != PAD_ID  # (batch, source_len), as padding_mask
-        mask = None if bool(mask.all()) else mask
+        mask = None if not captured and bool(mask.all()) else mask
         for block, block_weights in zip(self.encoder_blocks, encoder["blocks"], strict=True):
             x = block.inference_call(x, block_weights, mask)
         return x if encoder["final_norm"] is None else normalize(x, encoder["final_norm"])
