@@ -382,8 +382,9 @@ def _encoder_call(package):
 def _load_or_build(model, bucket, directory, precision="float32"):
     """The callable package of ``model``'s step for the row ``bucket``, loaded from
     ``directory`` or built there; None (with a warning) where it cannot be."""
+    kind = ENCODER if bucket == ENCODER else "step"
     return aot_packages.load_or_build(
-        os.path.join(directory, f"step-{package_key(model, bucket, precision)}.pt2"),
+        os.path.join(directory, f"{kind}-{package_key(model, bucket, precision)}.pt2"),
         lambda path: build_package(model, bucket, path, precision), "the compiled step",
         "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
         "decoding with the eager step")
