@@ -45,8 +45,8 @@ KERNELS_AVX512 := MKL_CBWR=AVX512 ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABI
 # float32 kernel), run again as each CPU family of tests/support/cpu_families.py that this CPU can
 # run (TRANSFORMERKIT_CPU_FLAGS/_VENDOR change the decisions, not the kernels)
 # the compiled step built under the AVX2 caps (Inductor's C++ vectorized for AVX2, oneDNN's
-# AVX2 kernels) equals the eager step there too
-COMPILED_EQUALS_EAGER := tests/decoding/test_compiled_step.py -k "steps_equal or searches_equal"
+# AVX2 kernels) equals the eager step there too, and so does the encoder's package
+COMPILED_EQUALS_EAGER := tests/decoding/test_compiled_step.py -k "steps_equal or searches_equal or encoder_pass"
 CPU_DECISIONS := tests/decoding/test_precision.py tests/training/test_precision_auto.py \
 	tests/layers/test_decode_steps.py tests/training/test_bfloat16_step.py
 FAMILIES := $(BIN)/python tests/support/cpu_families.py
