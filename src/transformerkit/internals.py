@@ -60,12 +60,13 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            all-reduced, with the same result)
 AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_step`` and
                            ``aot_search``): ``torch._inductor.aoti_compile_and_package``
-                           compiles an exported program (the decoder step, a beam
-                           search's work) into a package and ``aoti_load_package`` loads
-                           it (PyTorch's documented AOTInductor entry points, in a private
-                           module; without them the eager code runs, with a warning); a
-                           loaded package's ``loader.boxed_run`` runs it on its flat inputs
-                           (without it, the package's own call, slower by its pytree work)
+                           compiles an exported program (the decoder step, the encoder
+                           pass, a beam search's work) into a package and
+                           ``aoti_load_package`` loads it (PyTorch's documented AOTInductor
+                           entry points, in a private module; without them the eager code
+                           runs, with a warning); a loaded package's ``loader.boxed_run``
+                           runs it on its flat inputs (without it, the package's own call,
+                           slower by its pytree work)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training

@@ -83,15 +83,28 @@ FORMAT = 4  # the layout of a package's inputs; a change makes every cached pack
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
 
 
-def package_key(model, bucket="small", precision="float32"):
-    """The hex digest naming ``model``'s step package for the row ``bucket`` and the
-    products' ``precision``: its weights'
-    bytes, its options, the package format and options, PyTorch's
-    version, the CPU's flags and the kernel caps in the environment (:data:`KERNEL_CAPS`; a
-    package runs the kernels chosen for the CPU and caps it was built under)."""
+def weights_digest(model):
+    """The sha256 hex digest of ``model``'s weights: each one's shape, dtype and bytes, in the
+    model's structural order."""
+    model._ensure_built()  # a model built lazily lists its weights once built
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        value = variable.value.detach().cpu().contiguous()
+        digest.update(f"{tuple(value.shape)} {value.dtype}".encode())
+        digest.update(value.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def package_key(model, bucket="small", precision="float32", weights=None):
+    """The hex digest naming ``model``'s step package for the row ``bucket`` (or the
+    :data:`ENCODER`'s) and the products' ``precision``: its weights' bytes (``weights``: their
+    :func:`weights_digest` where already known, since a model's packages share it), its
+    options, the package format and options, PyTorch's version, the CPU's flags and the
+    kernel caps in the environment (:data:`KERNEL_CAPS`; a package runs the kernels chosen
+    for the CPU and caps it was built under)."""
     import torch
 
-    model._ensure_built()  # a model built lazily lists its weights once built
+    weights = weights or weights_digest(model)
     digest = hashlib.sha256()
     packaged = [ENCODER, ENCODER_CONFIGS] if bucket == ENCODER else BUCKETS[bucket]
     digest.update(json.dumps({"format": FORMAT, "bucket": packaged,
@@ -107,10 +120,7 @@ def package_key(model, bucket="small", precision="float32"):
                               "vendor": precisions.cpu_vendor(),
                               "caps": {k: os.environ.get(k) for k in KERNEL_CAPS}},
                              sort_keys=True, default=str).encode())
-    for variable in model.weights:  # in the model's structural order
-        value = variable.value.detach().cpu().contiguous()
-        digest.update(f"{tuple(value.shape)} {value.dtype}".encode())
-        digest.update(value.numpy().tobytes())
+    digest.update(weights.encode())
     return digest.hexdigest()[:32]
 
 
@@ -328,12 +338,15 @@ class Packages:
     def __init__(self, model, directory, precision="float32"):
         self.model, self.directory, self.precision = model, directory, precision
         self._loaded = {}
+        self._weights = None  # their digest, read once for every package's key
 
     def get(self, bucket):
         """The loaded package of ``bucket`` as a step function (None, warned once, where it
         cannot be had)."""
         if bucket not in self._loaded:
-            package = _load_or_build(self.model, bucket, self.directory, self.precision)
+            self._weights = self._weights or weights_digest(self.model)
+            package = _load_or_build(self.model, bucket, self.directory, self.precision,
+                                     self._weights)
             call = _encoder_call if bucket == ENCODER else _flat_call
             self._loaded[bucket] = None if package is None else call(package)
         return self._loaded[bucket]
@@ -379,12 +392,13 @@ def _encoder_call(package):
     return encode
 
 
-def _load_or_build(model, bucket, directory, precision="float32"):
-    """The callable package of ``model``'s step for the row ``bucket``, loaded from
-    ``directory`` or built there; None (with a warning) where it cannot be."""
+def _load_or_build(model, bucket, directory, precision="float32", weights=None):
+    """The callable package of ``model``'s step for the row ``bucket`` (or its encoder's),
+    loaded from ``directory`` or built there; None (with a warning) where it cannot be."""
     kind = ENCODER if bucket == ENCODER else "step"
+    key = package_key(model, bucket, precision, weights)
     return aot_packages.load_or_build(
-        os.path.join(directory, f"{kind}-{package_key(model, bucket, precision)}.pt2"),
+        os.path.join(directory, f"{kind}-{key}.pt2"),
         lambda path: build_package(model, bucket, path, precision), "the compiled step",
         "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
         "decoding with the eager step")
