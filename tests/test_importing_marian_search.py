@@ -8,7 +8,8 @@ The folders (``marian_runs.py``: tiny SentencePiece vocabularies, a random ``Mar
 saved by ``save_pretrained``) get an OPUS-MT ``generation_config.json``: ``num_beams``,
 ``max_length`` 16 (15 new tokens), ``forced_eos_token_id`` 0, ``renormalize_logits`` with
 ``bad_words_ids [[pad]]``, no ``length_penalty`` (transformers' 1.0) and no
-``early_stopping`` (transformers' heuristic rule). The ``</s>`` bias makes some outputs end
+``early_stopping`` (transformers' heuristic rule); two variants also set
+``no_repeat_ngram_size``. The ``</s>`` bias makes some outputs end
 early and others run to the limit, where the forced ``</s>`` decides; the beam folder's
 ``<pad>`` keeps some probability (logit bias 8), which only a search that rules it out before
 the softmax leaves out exactly. Each variant also shows that the setting it exercises
@@ -36,7 +37,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 MAX_LENGTH = 16  # transformers counts the decoder start: 15 new tokens, </s> included
 # generation settings of each folder, over the OPUS-MT ones of opus_mt_generation()
 VARIANTS = {"beam": dict(num_beams=4), "greedy": dict(num_beams=1),
-            "never-penalised": dict(num_beams=3, early_stopping="never", length_penalty=0.5)}
+            "never-penalised": dict(num_beams=3, early_stopping="never", length_penalty=0.5),
+            "no-repeat-beam": dict(num_beams=3, no_repeat_ngram_size=2),
+            "no-repeat-greedy": dict(num_beams=1, no_repeat_ngram_size=3)}
 # what the run's search section says for each, and a change of it that changes translations
 EXPECTED = {"beam": (dict(beam_size=4, alpha=1.0, penalty="power", stopping="heuristic",
                           forced_eos=True, renormalize=True), [dict(forced_eos=False),
@@ -45,7 +48,11 @@ EXPECTED = {"beam": (dict(beam_size=4, alpha=1.0, penalty="power", stopping="heu
                                                                dict(penalty="gnmt")]),
             "greedy": (dict(beam_size=1, forced_eos=True), [dict(forced_eos=False)]),
             "never-penalised": (dict(beam_size=3, alpha=0.5, stopping="exact"),
-                                [dict(forced_eos=False), dict(alpha=0.0)])}
+                                [dict(forced_eos=False), dict(alpha=0.0)]),
+            "no-repeat-beam": (dict(beam_size=3, no_repeat_ngram_size=2),
+                               [dict(no_repeat_ngram_size=0)]),
+            "no-repeat-greedy": (dict(beam_size=1, no_repeat_ngram_size=3),
+                                 [dict(no_repeat_ngram_size=0)])}
 
 
 def opus_mt_generation(pad, **changes):
@@ -161,7 +168,7 @@ def test_what_the_search_cannot_do_is_named_in_one_line(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "transformerkit"]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert "generation_config.json" in lines[0]
-    assert "no_repeat_ngram_size=3" in lines[0] and "repetition_penalty=1.2" in lines[0]
+    assert "repetition_penalty=1.2" in lines[0] and "no_repeat" not in lines[0]  # mapped
     assert "min_length" not in lines[0] and "use_cache" not in lines[0]  # change nothing
     assert transformerkit.load(tmp_path / "run").search.beam_size == 4  # mapped all the same
 

@@ -241,7 +241,8 @@ def test_the_encoder_pass_runs_as_its_package(transformer, monkeypatch):
 @pytest.mark.parametrize("settings", [
     dict(beam_size=3),
     dict(beam_size=2, n_best=2, alpha=1.0, penalty="power", stopping="heuristic",
-         forced_eos=True, renormalize=True)], ids=["defaults", "transformers-rules"])
+         forced_eos=True, renormalize=True, no_repeat_ngram_size=2)],
+    ids=["defaults", "transformers-rules"])
 def test_a_beam_search_runs_its_step_work_compiled_as_the_eager_work(transformer,
                                                                     package_directory,
                                                                     monkeypatch, settings):

@@ -592,6 +592,12 @@ def stopping_and_caps_checks():
             results[f"beam_{stopping}_capped_equals_reference"] = True
         except AssertionError as error:
             results[f"beam_{stopping}_capped_equals_reference"] = str(error)[:500]
+    try:  # no_repeat_ngram_size: the ban's keras.ops form inside the compiled loops
+        check_against_reference(mixed_length_model(3, -1.0), MIXED, 3, 0.6, "early", 10,
+                                no_repeat=2)
+        results["beam_no_repeat_equals_reference"] = True
+    except AssertionError as error:
+        results["beam_no_repeat_equals_reference"] = str(error)[:500]
     caps = length_caps(MIXED, 10, 0.5, 1)
     capped = greedy_translate(model, MIXED, max_new_tokens=10, max_len_a=0.5, max_len_b=1)
     full = greedy_translate(model, MIXED, max_new_tokens=10)

@@ -36,12 +36,24 @@ def mixed_length_model(seed, eos_bias, max_length=14, norm_position="post"):
     return model
 
 
-def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
+def repeated_ngram_bans(ids, n):
+    """The ids that would complete an ``n``-gram already in ``ids`` (a list, BOS first):
+    ``transformers``' ``NoRepeatNGramLogitsProcessor`` written with a dict."""
+    if n <= 0 or len(ids) < n:
+        return set()
+    seen = {}
+    for j in range(len(ids) - n + 1):
+        seen.setdefault(tuple(ids[j:j + n - 1]), set()).add(ids[j + n - 1])
+    return seen.get(tuple(ids[len(ids) - n + 1:]), set())
+
+
+def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1, no_repeat=0):
     """Beam search of one sentence ``source`` ``(len,)`` by full forward passes: the same
     rules as :func:`beam_translate` written plainly (candidates are the best ``2 * beam``
     extensions; an end token among the best ``beam`` finishes a hypothesis; ``exact``: stop
     when no live beam can beat the worst of ``beam`` finished ones, ``early``: stop once
-    ``beam`` have finished; at ``cap`` tokens the live beams join). Returns ``[(ids,
+    ``beam`` have finished; at ``cap`` tokens the live beams join; ``no_repeat``: no
+    n-gram of that size twice, :func:`repeated_ngram_bans`). Returns ``[(ids,
     score)]``, best first."""
     alive = [([], 0.0)]
     finished = []  # (ids, score, logp)
@@ -54,6 +66,8 @@ def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
         shifted = logits.astype("float64") - logits.max(1, keepdims=True)
         logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))  # log-softmax
         logp[:, [PAD_ID, BOS_ID]] = -np.inf
+        for row, (ids, _) in enumerate(alive):
+            logp[row, sorted(repeated_ngram_bans([BOS_ID] + ids, no_repeat))] = -np.inf
         total = logp + np.array([s for _, s in alive])[:, None]
         flat = total.reshape(-1)
         order = np.argsort(-flat, kind="stable")[: 2 * beam]
@@ -82,19 +96,22 @@ def reference_beam_search(model, source, beam, alpha, cap, stopping, n_best=1):
     return sorted(found, key=lambda f: -f[1])[:n_best]
 
 
-def check_against_reference(model, sources, beam, alpha, stopping, max_new, caps_ab=None):
+def check_against_reference(model, sources, beam, alpha, stopping, max_new, caps_ab=None,
+                            no_repeat=0):
     """Our beam search (live sentences leaving the batch) == the reference, per sentence:
     other kernels (cached steps against full passes), so scores within their bound and
     hypotheses equal except at a near-tie."""
     a, b = caps_ab or (None, None)
     ours = beam_translate(model, sources, beam_size=beam, alpha=alpha, stopping=stopping,
-                          max_new_tokens=max_new, max_len_a=a, max_len_b=b, n_best=2)
+                          max_new_tokens=max_new, max_len_a=a, max_len_b=b, n_best=2,
+                          no_repeat_ngram_size=no_repeat)
     caps = length_caps(sources, max_new, a, b)
     expected = []
     for row in range(len(ours)):
         source = sources[row][: int(np.count_nonzero(sources[row]))]
         expected.append(reference_beam_search(model, source, beam, alpha, int(caps[row]),
-                                              stopping, n_best=2))
+                                              stopping, n_best=2, no_repeat=no_repeat))
     atol = score_bound(model, sources, ours + expected)
     for row, (found, reference) in enumerate(zip(ours, expected, strict=True)):
         assert_same_hypotheses_or_near_tie(found, reference, atol, f"sentence {row}")
+    return ours

@@ -242,7 +242,8 @@ def _add_use_commands(command):
                                              "cache)")
     evaluate.add_argument("--output", help="also write the translations to this file")
     options_flags(evaluate, SearchOptions, ("beam_size", "alpha", "penalty", "max_new_tokens",
-                                           "min_new_tokens", "batch_size", "stopping",
+                                           "min_new_tokens", "no_repeat_ngram_size",
+                                           "batch_size", "stopping",
                                            "forced_eos", "renormalize", "max_len_a",
                                            "max_len_b"))
     engine_options(evaluate)

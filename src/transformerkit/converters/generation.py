@@ -20,16 +20,17 @@ early_stopping (False)                 stopping: heuristic (False), early (True)
                                        (``"never"``)
 forced_eos_token_id (none)             forced_eos: true when it is the end token
 renormalize_logits (False)             renormalize
+no_repeat_ngram_size (0)               no_repeat_ngram_size
 bad_words_ids (none)                   nothing: the search never picks the pad or the
                                        decoder start (ours PAD and BOS)
 do_sample (False), temperature (1.0),  temperature, top_k (0: none), top_p (1.0: none):
 top_k (50), top_p (1.0)                sampling, with one beam
 =====================================  ==================================================
 
-What else would change the tokens ``generate`` picks (``no_repeat_ngram_size``,
-``repetition_penalty``, ``min_length``, beam sampling, other bad words, ...) has no
-counterpart in our search: :func:`search_section` returns it as ``key=value`` texts, which
-the import logs in one line. Plain data in, plain data out: the config's ``search:``
+What else would change the tokens ``generate`` picks (``repetition_penalty``,
+``min_length``, beam sampling, other bad words, ...) has no counterpart in our search:
+:func:`search_section` returns it as ``key=value`` texts, which the import logs in one
+line. Plain data in, plain data out: the config's ``search:``
 section checks the values.
 """
 
@@ -41,13 +42,13 @@ from transformerkit.converters.hf_io import CheckpointError, read_json_object
 # transformers' defaults of the keys mapped above (GenerationConfig's global defaults)
 DEFAULTS = {"num_beams": 1, "max_length": 20, "max_new_tokens": None, "length_penalty": 1.0,
             "early_stopping": False, "forced_eos_token_id": None, "renormalize_logits": False,
-            "bad_words_ids": None, "do_sample": False, "temperature": 1.0, "top_k": 50,
-            "top_p": 1.0}
+            "bad_words_ids": None, "no_repeat_ngram_size": 0, "do_sample": False,
+            "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 STOPPING = {True: "early", False: "heuristic", "never": "exact"}
 # keys at the value where they change nothing: other values have no counterpart here
-NEUTRAL = {"min_length": 0, "min_new_tokens": None, "no_repeat_ngram_size": 0,
-           "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
-           "encoder_repetition_penalty": 1.0, "num_beam_groups": 1, "diversity_penalty": 0.0,
+NEUTRAL = {"min_length": 0, "min_new_tokens": None, "encoder_no_repeat_ngram_size": 0,
+           "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
+           "diversity_penalty": 0.0,
            "forced_bos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
            "sequence_bias": None, "exponential_decay_length_penalty": None,
            "remove_invalid_values": False, "constraints": None, "force_words_ids": None,
@@ -105,6 +106,7 @@ def search_section(settings, special_ids, max_positions, path="generation_config
                   forced_eos=_forces_eos(value("forced_eos_token_id"), special_ids,
                                          unsupported),
                   renormalize=bool(value("renormalize_logits")),
+                  no_repeat_ngram_size=value("no_repeat_ngram_size"),
                   max_new_tokens=_max_new_tokens(settings, max_positions, unsupported),
                   **_length_penalty(value("length_penalty"), unsupported))
     if value("do_sample") and not sampling:
@@ -118,6 +120,7 @@ def search_section(settings, special_ids, max_positions, path="generation_config
 
 
 NUMBERS = {"num_beams": int, "max_length": int, "max_new_tokens": int, "top_k": int,
+           "no_repeat_ngram_size": int,
            "length_penalty": float, "temperature": float, "top_p": float}
 
 

@@ -27,7 +27,8 @@ and in all cases when it reaches its length cap (``max_new_tokens``, or
 ``max_len_a * source_len + max_len_b``). With ``forced_eos`` the token at the cap can only
 be the end token, with log-probability 0 (``transformers``' ``forced_eos_token_id``); with
 ``renormalize`` PAD and BOS are ruled out before the softmax (``renormalize_logits``), else
-after it. In the eager PyTorch loop a sentence whose search
+after it, and so are, with ``no_repeat_ngram_size`` n, the ids that would give a hypothesis
+an n-gram twice (:func:`~.common.ban_repeated_ngrams`). In the eager PyTorch loop a sentence whose search
 is over leaves the batch: its beams' rows are dropped from the caches and its encoder
 memory with them, in the same row gather that reorders the surviving beams. The compiled
 JAX/TensorFlow loops keep fixed shapes (their while loops need loop-invariant shapes) and
@@ -41,6 +42,7 @@ import numpy as np
 from transformerkit.decoding.common import (
     NEG_INF,
     TokenRules,
+    ban_repeated_ngrams,
     check_max_new_tokens,
     chunked_top_k,
     cut_at_eos,
@@ -122,15 +124,21 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
 
     def candidates_of(logits, s, index):
         """``(n * beam, vocab)`` scores of every extension: log p(prefix) + log p(token),
-        the ruled-out ids -inf (before or after the softmax, ``renormalize``), only EOS
+        the ruled-out ids and those that would repeat an n-gram
+        (``no_repeat_ngram_size``) -inf (before or after the softmax, ``renormalize``), only EOS
         where a sentence reaches its cap (``forced_eos``)."""
         prefix = xp.reshape(s["alive_logp"], (-1,))
         forbid_eos = index < min_new
+
+        def ruled(x):  # the token rules, then the repeated n-grams
+            return ban_repeated_ngrams(xp, rules.apply(x, forbid_eos, owned=True), s["alive"],
+                                       index, options.no_repeat_ngram_size)
+
         # log p(prefix) + log softmax(logits) is one fused pass (logsumexp takes several)
         if options.renormalize:
-            scores = log_softmax_plus(rules.apply(logits, forbid_eos, owned=True), prefix)
+            scores = log_softmax_plus(ruled(logits), prefix)
         else:
-            scores = rules.apply(log_softmax_plus(logits, prefix), forbid_eos, owned=True)
+            scores = ruled(log_softmax_plus(logits, prefix))
         if options.forced_eos:
             at_cap = xp.greater_equal(index + 1, s["cap"])  # (n,)
             if not isinstance(index, int) or not bool(xp.all(xp.logical_not(at_cap))):
@@ -227,7 +235,8 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
             work = steps.search_work(advance, {
                 "search": "beam", "vocab": vocab, "eos_id": eos_id, "beam": beam,
                 "alpha": alpha, "penalty": form, "stopping": stopping,
-                "forced_eos": options.forced_eos, "renormalize": options.renormalize})
+                "forced_eos": options.forced_eos, "renormalize": options.renormalize,
+                "no_repeat_ngram_size": options.no_repeat_ngram_size})
         return _live_sentences_loop(xp, steps, static, init, beam, width, step, work)
 
     def cond(s):
@@ -319,7 +328,8 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
             ``max_new_tokens``, ``min_new_tokens``, ``max_len_a`` / ``max_len_b`` (each
             output has at most ``floor(max_len_a * source_len + max_len_b)`` tokens, EOS
             included, as fairseq;
-            both None: only ``max_new_tokens``), ``forced_eos``, ``renormalize`` and
+            both None: only ``max_new_tokens``), ``forced_eos``, ``renormalize``,
+            ``no_repeat_ngram_size`` (no n-gram of that many tokens twice in a hypothesis) and
             ``stopping``: ``"exact"`` (a sentence's search ends when no live beam can beat
             its finished hypotheses: the best result within the length cap), ``"early"``
             (it also ends once ``beam_size`` hypotheses have finished, as CTranslate2 and
@@ -349,9 +359,12 @@ def beam_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=EOS
                                 eos_id, active, caps, max_new + 1, drop_finished)
 
     key = ("beam", beam_size, options.alpha, options.penalty, options.stopping,
-           options.forced_eos, options.renormalize, max_new, eos_id, use_cache,
+           options.forced_eos, options.renormalize, options.no_repeat_ngram_size, max_new,
+           eos_id, use_cache,
            getattr(steps, "precision", "float32"))
-    out = run_decoder(model, key, decode, source, active, caps, np.int32(options.min_new_tokens))
+    # more than the cap is the cap (and an int32: huge values from a request fit)
+    least = np.int32(min(options.min_new_tokens, max_new + 1))
+    out = run_decoder(model, key, decode, source, active, caps, least)
     return [_n_best(out, row, options, eos_id) for row in range(batch)]
 
 

@@ -116,6 +116,56 @@ class TokenRules:
         return logits + ops.where(forbid_eos, self.without_eos, self.always)
 
 
+def ban_repeated_ngrams(xp, scores, tokens, index, n):
+    """``(rows, vocab)`` ``scores`` of the token after position ``index`` with -inf at every
+    id that would complete an ``n``-gram the row already holds: fairseq's
+    ``--no-repeat-ngram-size``, ``transformers``' ``NoRepeatNGramLogitsProcessor`` and
+    CTranslate2's ``no_repeat_ngram_size`` (token n-grams, the start token included).
+
+    Args:
+        xp: the loop's array functions (:func:`~.loop_ops.loop_ops`).
+        scores: ``(rows, vocab)`` float32 logits or log-probabilities (not written to).
+        tokens: ``(rows, width)`` int32, each row's tokens at positions ``0..index`` (BOS
+            first); later positions are ignored.
+        index: the last filled position: an int, or a scalar tensor in a compiled loop.
+        n: the n-gram size; 0 changes nothing, 1 bans every id the row holds.
+
+    The ids banned in row ``r`` are ``tokens[r, j + n - 1]`` for each ``j <= index - n + 1``
+    where ``tokens[r, j:j + n - 1]`` equals the row's last ``n - 1`` tokens. Fixed shapes:
+    every window of the buffer is compared (``n - 1`` comparisons of ``(rows, width - n +
+    1)``), those not yet complete masked out.
+    """
+    rows, width = tokens.shape
+    windows = width - n + 1
+    if n <= 0 or windows < 1 or (isinstance(index, int) and index < n - 1):
+        return scores
+    start = xp.cast(index, "int32") - (n - 2)  # where the last n - 1 tokens begin
+    last = xp.take(tokens, xp.maximum(xp.arange(n - 1, dtype="int32") + start, 0), axis=1)
+    starts = xp.expand_dims(xp.arange(windows, dtype="int32"), 0)
+    following = xp.slice(tokens, [0, n - 1], [rows, windows])  # the id after each window
+    match = xp.logical_and(xp.less(starts, start), xp.greater_equal(following, 0))
+    for k in range(n - 1):
+        window = xp.slice(tokens, [0, k], [rows, windows])
+        match = xp.logical_and(match, xp.equal(window, xp.slice(last, [0, k], [rows, 1])))
+    return ban_ids(scores, following, match)
+
+
+def ban_ids(scores, ids, banned):
+    """``scores`` ``(rows, vocab)`` with ``-inf`` at ``(r, ids[r, j])`` wherever
+    ``banned[r, j]`` (``ids``, ``banned``: ``(rows, m)``; an id may repeat). A fresh tensor."""
+    if fastpath.applies(scores):
+        import torch
+
+        cut = torch.where(banned, NEG_INF, float("inf"))
+        return scores.scatter_reduce(1, ids.long(), cut.to(scores.dtype), "amin")
+    rows, m = ids.shape
+    row_of = ops.broadcast_to(ops.expand_dims(ops.arange(rows, dtype="int32"), 1), (rows, m))
+    indices = ops.reshape(ops.stack([row_of, ops.cast(ids, "int32")], axis=-1), (-1, 2))
+    hits = ops.scatter(indices, ops.reshape(ops.cast(banned, "float32"), (-1,)),
+                       tuple(scores.shape))  # sums repeated ids
+    return ops.where(ops.greater(hits, 0), NEG_INF, scores)
+
+
 def length_penalty(length, alpha, form):
     """What a beam search divides a hypothesis' log-probability by, for ``length`` tokens
     (its end token included): ``form`` ``"gnmt"``, ``((5 + length) / 6) ** alpha`` (Wu et

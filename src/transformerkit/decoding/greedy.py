@@ -19,6 +19,7 @@ from keras import ops
 from transformerkit.decoding.common import (
     TokenRules,
     argmax_ids,
+    ban_repeated_ngrams,
     check_max_new_tokens,
     cut_at_eos,
     length_caps,
@@ -44,7 +45,7 @@ def argmax_choice(logits, index):
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
                  choose, eos_id, active, collect_logits=False, drop_finished=False,
-                 on_token=None, forced_eos=False):
+                 on_token=None, forced_eos=False, no_repeat_ngram_size=0):
     """Extend each row of ``buffer`` one token per step until EOS or ``max_new`` tokens.
 
     Args:
@@ -71,6 +72,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         forced_eos: a row's last allowed token (its ``max_new``-th) is ``eos_id`` whatever
             was chosen (``transformers``' ``forced_eos_token_id``; a sampled row draws its
             random numbers all the same).
+        no_repeat_ngram_size: no row gets an n-gram of this many tokens twice (0: off;
+            :func:`~.common.ban_repeated_ngrams`, the prompt's tokens included).
 
     Returns ``(buffer, logits or None)``; after a row's EOS it holds padding.
     """
@@ -80,7 +83,7 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
     if drop_finished and is_eager_loop():
         return _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
                                  max_new, min_new, choose, eos_id, active, collect_logits,
-                                 forced_eos)
+                                 forced_eos, no_repeat_ngram_size)
     rows, width = buffer.shape
     rules = TokenRules(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
@@ -95,7 +98,9 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
         logits = ops.cast(logits, "float32")
         position = index + 1
         made = position - prompt_lengths  # tokens generated before this one (per row)
-        token = choose(rules.apply(logits, made < min_new, owned=not collect_logits), index)
+        allowed = rules.apply(logits, made < min_new, owned=not collect_logits)
+        token = choose(ban_repeated_ngrams(ops, allowed, buf, index, no_repeat_ngram_size),
+                       index)
         if forced_eos:
             token = ops.where(made + 1 >= max_new, eos_id, token)
         if per_row_prompts:  # rows still inside their prompt copy it
@@ -126,7 +131,8 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
 
 
 def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths, max_new,
-                      min_new, choose, eos_id, active, collect_logits, forced_eos):
+                      min_new, choose, eos_id, active, collect_logits, forced_eos,
+                      no_repeat_ngram_size=0):
     """:func:`token_search` in the eager loop where finished rows leave the batch: the same
     steps on the live rows only (which rows are live is known on the host every step, as
     the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
@@ -162,7 +168,9 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         position = index + 1
         made = position - prompts[live]
         forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
-        token = choose(rules.apply(logits, forbid, owned=not collect_logits), index)
+        allowed = rules.apply(logits, forbid, owned=not collect_logits)
+        token = choose(ban_repeated_ngrams(xp, allowed, buf, index, no_repeat_ngram_size),
+                       index)
         if forced_eos and (made + 1 >= limits[live]).any():  # the last token a cap allows
             token = xp.where(xp.convert_to_tensor(made + 1 >= limits[live]), eos_id, token)
         in_prompt = position < prompts[live]
@@ -187,7 +195,8 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
 def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                   make_choose=None, bos_id=BOS_ID, eos_id=EOS_ID, min_new_tokens=0,
                   use_cache=True, return_logits=False, max_len_a=None, max_len_b=None,
-                  drop_finished=True, forced_eos=False, precision="float32"):
+                  drop_finished=True, forced_eos=False, precision="float32",
+                  no_repeat_ngram_size=0):
     """Run :func:`token_search` for a ``Transformer``; used by greedy and sampling.
     ``drop_finished`` applies to the greedy choice only (``make_choose`` None)."""
     max_new = check_max_new_tokens(max_new_tokens, model.max_length)
@@ -206,12 +215,13 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
                                   ops.zeros((rows, max_new), "int32")], axis=1)
         chooser = make_choose(*extra) if make_choose is not None else choose
         return token_search(steps, static, state, buffer, 0, 1, caps, min_new, chooser,
-                            eos_id, active, return_logits, drop, forced_eos=forced_eos)
+                            eos_id, active, return_logits, drop, forced_eos=forced_eos,
+                            no_repeat_ngram_size=no_repeat_ngram_size)
 
     full_key = (key, max_new, bos_id, eos_id, use_cache, return_logits, forced_eos,
-                getattr(steps, "precision", "float32"))
+                no_repeat_ngram_size, getattr(steps, "precision", "float32"))
     buffer, logits = run_decoder(model, full_key, decode, source, active, caps,
-                                 np.int32(min_new_tokens), *extra_args)
+                                 np.int32(min(min_new_tokens, max_new + 1)), *extra_args)
     ids = [cut_at_eos(row[1:], eos_id) for row in buffer[:batch]]
     if return_logits:
         return ids, logits[:batch]
@@ -234,8 +244,9 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
             ``max_len_a``, ``max_len_b`` (cap each output at ``floor(max_len_a * source_len +
             max_len_b)`` tokens, EOS included, ``source_len`` counting the source's real
             tokens and its EOS, as fairseq; both None: only ``max_new_tokens``),
-            ``min_new_tokens`` (EOS is not chosen before this many tokens) and
-            ``forced_eos`` (the last token a cap allows is EOS).
+            ``min_new_tokens`` (EOS is not chosen before this many tokens),
+            ``forced_eos`` (the last token a cap allows is EOS) and
+            ``no_repeat_ngram_size`` (no n-gram of that many tokens twice in an output).
         bos_id, eos_id: start and end ids of the target vocabulary (1 and 2).
         use_cache: True (the key/value cache, fastest path for the backend),
             ``"compiled"`` (that step compiled ahead of time, PyTorch:
@@ -267,4 +278,5 @@ def greedy_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                          use_cache=use_cache, return_logits=return_logits,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
                          drop_finished=drop_finished, forced_eos=options.forced_eos,
-                         precision=precision)
+                         precision=precision,
+                         no_repeat_ngram_size=options.no_repeat_ngram_size)

@@ -93,6 +93,11 @@ class TorchLoopOps:
         out[tuple(slice(s, s + n) for s, n in zip(start, update.shape, strict=True))] = update
         return out
 
+    @staticmethod
+    def slice(x, start, shape):
+        """``x[start[0]:start[0] + shape[0], ...]``: a view (static offsets)."""
+        return x[tuple(slice(s, s + n) for s, n in zip(start, shape, strict=True))]
+
     def repeat(self, x, repeats, axis):
         return self.torch.repeat_interleave(x, repeats, dim=axis)
 

@@ -94,6 +94,11 @@ class SearchOptions(_Checked):
                                  help="the end token is not chosen before this many tokens "
                                       "(transformers' min_new_tokens, CTranslate2's "
                                       "min_decoding_length)")
+    no_repeat_ngram_size: int = option(0, minimum=0,
+                                       help="no n-gram of this many tokens occurs twice in an "
+                                            "output (0: off; fairseq's --no-repeat-ngram-size, "
+                                            "transformers' and CTranslate2's "
+                                            "no_repeat_ngram_size)")
     batch_size: int = option(64, minimum=1, help="sentences decoded together")
     stopping: str = option("early", choices=STOPPING_RULES,
                            help="when a sentence's beam search ends: early = once beam_size "

@@ -86,7 +86,8 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
     :func:`~transformerkit.decoding.greedy.greedy_translate`; of the
     :class:`~transformerkit.decoding.options.SearchOptions` also ``temperature`` (0 = greedy;
     unset: 1.0, the model's own distribution), ``top_k``, ``top_p`` and ``seed``: the same
-    seed gives the same output on the same backend; and ``forced_eos``). Returns ``batch``
+    seed gives the same output on the same backend; and ``forced_eos`` and
+    ``no_repeat_ngram_size``). Returns ``batch``
     lists of ids."""
     options = resolve(SearchOptions, options, search, "sample_translate")
     # unset, the temperature is sampling's own default (GenerationOptions'): 1.0
@@ -97,7 +98,8 @@ def sample_translate(model, source_ids, options=None, *, bos_id=BOS_ID, eos_id=E
                          make_choose, bos_id=bos_id, eos_id=eos_id,
                          min_new_tokens=options.min_new_tokens, use_cache=use_cache,
                          max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                         forced_eos=options.forced_eos, precision=precision)
+                         forced_eos=options.forced_eos, precision=precision,
+                         no_repeat_ngram_size=options.no_repeat_ngram_size)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
@@ -235,7 +237,8 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
 
     out = run_decoder(model, ("generate", key, prefill, eos, use_cache,
                               getattr(steps, "precision", "float32")), decode, buffer,
-                      lengths, np.int32(max_new), np.int32(min_new_tokens), *args)
+                      lengths, np.int32(max_new),
+                      np.int32(min(min_new_tokens, max_new + 1)), *args)
     results = []
     for row, n in enumerate(lengths):
         new = [int(i) for i in out[row, n:total] if i != PAD_ID]

@@ -27,6 +27,8 @@ How our decoding options map onto CTranslate2's:
                           it) a beam's scores differ by the mass they had
     min_new_tokens        ``min_decoding_length`` / ``min_length`` (0 by default: ``</s>``
                           may come first, as in ours; CTranslate2's default 1 forbids it)
+    no_repeat_ngram_size  ``no_repeat_ngram_size`` (both ban each id that would
+                          complete an n-gram the output already holds)
     stop_at_eos=False     ``end_token=[]``
 
     max_len_a, max_len_b  the cap ``max_len_a * source_len + max_len_b`` per sentence:
@@ -185,6 +187,7 @@ class CTranslate2Engine:
                        length_penalty=search.alpha, return_scores=n_best > 1,
                        max_decoding_length=self._max_new(search.max_new_tokens),
                        min_decoding_length=search.min_new_tokens, max_input_length=0,
+                       no_repeat_ngram_size=search.no_repeat_ngram_size,
                        suppress_sequences=self._suppress)
         session = self.session
         if search.samples:
