@@ -29,6 +29,7 @@ NUMERICS := tests/layers/test_layers.py tests/layers/test_masks.py \
 	tests/layers/test_decode_steps.py tests/layers/test_fast_paths.py \
 	tests/models/test_models.py tests/models/test_gpt_options.py \
 	tests/decoding/test_decoding.py tests/decoding/test_search_stopping.py \
+	tests/decoding/test_no_repeat_ngrams.py \
 	tests/training/test_training_math.py tests/training/test_optimizers.py
 
 test: $(STAMP)

@@ -17,6 +17,7 @@ Also reported: seconds per training epoch, epochs and optimizer steps done in th
     python bench/multi30k_bleu.py --updates 8250   # an update budget: load-insensitive
     python bench/multi30k_bleu.py --skip-train --run runs/bench-multi30k   # score only
     python bench/multi30k_bleu.py --skip-train --run RUN --alpha 1.4   # another length penalty
+    python bench/multi30k_bleu.py --skip-train --run RUN --search no_repeat_ngram_size=4
     python bench/multi30k_bleu.py --average 5   # also the last 5 epoch checkpoints averaged
     python bench/multi30k_bleu.py --average 5 --set model.dropout=0.1 \
         --name multi30k_bleu_dropout_0_1       # one setting changed, its own result file
@@ -68,9 +69,10 @@ def val_loss_line(history):
             f"after the last ({losses[-1][1]}). ")
 
 
-def score(run_dir, beams, max_sentences=None, checkpoint="model", alpha=None):
-    """Translate test2016 with each beam size (the run's own ``search:`` settings, its length
-    penalty ``alpha`` where given); return one result dict per beam size."""
+def score(run_dir, beams, max_sentences=None, checkpoint="model", search=None):
+    """Translate test2016 with each beam size (the run's own ``search:`` settings, with the
+    options of ``search`` in their place, e.g. ``{"alpha": 1.4}``); return one result dict
+    per beam size."""
     import transformerkit
     from transformerkit.data.corpora import load_multi30k
     from transformerkit.evaluation import corpus_scores
@@ -83,12 +85,13 @@ def score(run_dir, beams, max_sentences=None, checkpoint="model", alpha=None):
     results = []
     for beam in beams:
         start = time.perf_counter()
-        penalty = {} if alpha is None else {"alpha": alpha}
-        hypotheses = run.translate(sources, beam_size=beam, **penalty)
+        options = run.search_options(None, dict(search or {}, beam_size=beam))
+        hypotheses = run.translate(sources, options)
         seconds = time.perf_counter() - start
         scores = corpus_scores(hypotheses, references)
         results.append({"search": "greedy" if beam == 1 else f"beam {beam}", "beam_size": beam,
-                        "alpha": run.search_options(None, penalty).alpha,
+                        "alpha": options.alpha,
+                        "no_repeat_ngram_size": options.no_repeat_ngram_size,
                         "weights": checkpoint,
                         "sentences": len(sources), "decode_seconds": round(seconds, 1),
                         "sacrebleu": scores["bleu"], "chrf": scores["chrf"],
@@ -116,6 +119,9 @@ def main():
     parser.add_argument("--alpha", type=float, default=None,
                         help="beam search's length penalty (default: the run's search.alpha; "
                              "to score a run trained before its config chose one)")
+    parser.add_argument("--search", action="append", default=[], metavar="OPTION=VALUE",
+                        help="another search option in place of the run's (repeat), e.g. "
+                             "no_repeat_ngram_size=4")
     parser.add_argument("--name", default="multi30k_bleu", help="results/NAME.{json,md}")
     parser.add_argument("--average", type=int, default=None, metavar="N",
                         help="also average the last N epoch checkpoints and score the average")
@@ -131,10 +137,16 @@ def main():
     history = read_history(args.run)
     epoch_seconds = [row["epoch_seconds"] for row in history if "epoch_seconds" in row]
     beams = [int(b) for b in args.beams.split(",")]
-    results = score(args.run, beams, args.max_sentences, alpha=args.alpha)
+    import yaml
+
+    search = {key: yaml.safe_load(value) for key, value in
+              (item.split("=", 1) for item in args.search)}
+    if args.alpha is not None:
+        search["alpha"] = args.alpha
+    results = score(args.run, beams, args.max_sentences, search=search)
     if args.average:
         results += score(args.run, beams, args.max_sentences, checkpoint="averaged",
-                         alpha=args.alpha)
+                         search=search)
 
     payload = {"machine": common.machine(), "config": os.path.relpath(args.config, ROOT),
                "overrides": args.set, "minutes": None if args.updates else args.minutes,
@@ -163,7 +175,9 @@ def main():
     for r in results:
         weights = ("final model" if r["weights"] == "model"
                    else f"average of the last {args.average} epochs")
-        search = r["search"] + (f", alpha {r['alpha']:g}" if r["beam_size"] > 1 else "")
+        search = r["search"] + (f", alpha {r['alpha']:g}" if r["beam_size"] > 1 else "") + (
+            f", no repeated {r['no_repeat_ngram_size']}-grams"
+            if r.get("no_repeat_ngram_size") else "")
         lines.append(f"| {weights} | {search} | {r['sacrebleu']:.1f} | {r['chrf']:.1f} | "
                      f"{r['tutorial_bleu']:.1f} | {r['decode_seconds']:.0f} s |")
     lines.append(

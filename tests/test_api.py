@@ -105,8 +105,9 @@ def test_loaded_run_translates(translation_run):
     one = run.translate(texts[0], max_new_tokens=10)
     assert isinstance(one, str)
     greedy = run.translate(texts, beam_size=1, max_new_tokens=10)
-    ids = greedy_translate(run.model, np.array(
-        [run.source_tokenizer.encode(texts[0], add_eos=True)]), max_new_tokens=10)
+    ids = greedy_translate(run.model, np.array(  # the run's search (its n-gram rule), greedy
+        [run.source_tokenizer.encode(texts[0], add_eos=True)]),
+        run.search.replace(beam_size=1, max_new_tokens=10))
     assert greedy[0] == run.target_tokenizer.decode(ids[0])
     n_best = run.translate(texts, beam_size=3, n_best=3, max_new_tokens=10)
     for found in n_best:

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from near_ties import assert_same_texts_or_near_tie
 
 TINY = [
     "data.train_limit=600", "data.val_limit=40", "data.vocab_size=600",
@@ -70,8 +71,9 @@ def test_model_loads_and_matches_saved_config(trained_run):
 
 
 def test_the_run_searches_as_its_training_config_says(trained_run):
-    """configs/multi30k_de_en.yaml's ``search:`` section (its length penalty, chosen on val)
-    travels into the run: translate and Run.translate use it unless told otherwise."""
+    """configs/multi30k_de_en.yaml's ``search:`` section (its length penalty and n-gram rule,
+    chosen on val) travels into the run: translate and Run.translate use it unless told
+    otherwise, and the run's own samples and validation scores were searched with it."""
     import yaml
 
     import transformerkit
@@ -84,6 +86,19 @@ def test_the_run_searches_as_its_training_config_says(trained_run):
     assert run.search.alpha == shipped["alpha"]
     assert run.search_options(None, {"beam_size": 2}).alpha == shipped["alpha"]
     assert run.search_options(None, {"alpha": 0.6}).alpha == 0.6
+    # the samples were searched as translate searches (greedy, the run's decode_max_length)
+    lines = (out / "samples.txt").read_text(encoding="utf-8").splitlines()
+    sources = [line.split(":", 1)[1].strip() for line in lines if line.startswith("SOURCE:")]
+    shown = [line.split(":", 1)[1].strip() for line in lines if line.startswith("MODEL:")]
+    assert len(sources) == len(shown) == 2
+    translated = run.translate(sources, beam_size=1, max_new_tokens=12)
+    assert_same_texts_or_near_tie(run, sources, shown, translated)
+    size = shipped.get("no_repeat_ngram_size", 0)
+    assert run.search.no_repeat_ngram_size == size
+    for text in shown + translated:
+        ids = run.target_tokenizer.encode(text)
+        grams = [tuple(ids[j:j + size]) for j in range(len(ids) - size + 1)]
+        assert not size or len(grams) == len(set(grams)), text
 
 
 def test_refuses_to_overwrite_a_run(trained_run, data_dir):

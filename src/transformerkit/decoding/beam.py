@@ -28,11 +28,11 @@ and in all cases when it reaches its length cap (``max_new_tokens``, or
 be the end token, with log-probability 0 (``transformers``' ``forced_eos_token_id``); with
 ``renormalize`` PAD and BOS are ruled out before the softmax (``renormalize_logits``), else
 after it, and so are, with ``no_repeat_ngram_size`` n, the ids that would give a hypothesis
-an n-gram twice (:func:`~.common.ban_repeated_ngrams`). In the eager PyTorch loop a sentence whose search
-is over leaves the batch: its beams' rows are dropped from the caches and its encoder
-memory with them, in the same row gather that reorders the surviving beams. The compiled
-JAX/TensorFlow loops keep fixed shapes (their while loops need loop-invariant shapes) and
-freeze a finished sentence's beams instead; both give the same hypotheses.
+an n-gram twice (:func:`~.common.ban_repeated_ngrams`). In the eager PyTorch loop a
+sentence whose search is over leaves the batch: its beams' rows are dropped from the caches
+and its encoder memory with them, in the same row gather that reorders the surviving beams.
+The compiled JAX/TensorFlow loops keep fixed shapes (their while loops need loop-invariant
+shapes) and freeze a finished sentence's beams instead; both give the same hypotheses.
 """
 
 from dataclasses import dataclass

@@ -124,10 +124,17 @@ def append_text(path, text):
     atomic_write_text(path, old + text)
 
 
-def evaluation_options(train):
-    """The :class:`SearchOptions` of the validation translations during and after training:
-    ``train.eval_beam_size`` and ``train.decode_max_length``, the rest as declared."""
-    return SearchOptions(beam_size=train.eval_beam_size, max_new_tokens=train.decode_max_length)
+def evaluation_options(config):
+    """The :class:`SearchOptions` of the validation translations and samples during and
+    after training: the run's ``search:`` section (what ``translate`` will search with: its
+    length penalty, ``no_repeat_ngram_size``, ...) with ``train.eval_beam_size`` beams, one
+    hypothesis, no sampling, and ``train.decode_max_length`` tokens when that is set."""
+    train = config.train
+    options = config.search.replace(beam_size=train.eval_beam_size, n_best=1, temperature=None,
+                                    top_k=None, top_p=None, seed=None)
+    if train.decode_max_length is not None:
+        options = options.replace(max_new_tokens=train.decode_max_length)
+    return options
 
 
 def sample_settings(config, data):
@@ -207,12 +214,11 @@ def build_monitors(config, data, run_dir=None):
             monitors.append(SampleMonitor(
                 data.source_tokenizer, data.target_tokenizer, sources=data.val_sources[:count],
                 references=data.val_targets[:count],
-                options=SearchOptions(beam_size=1, max_new_tokens=train.decode_max_length),
-                **common))
+                options=evaluation_options(config).replace(beam_size=1), **common))
     if train.bleu_every and config.model.type == "transformer" and data.val_sources:
         monitors.append(ValidationBLEU(data.val_sources, data.val_targets,
                                        data.source_tokenizer, data.target_tokenizer,
                                        every=train.bleu_every,
                                        max_sentences=train.bleu_max_sentences,
-                                       options=evaluation_options(train)))
+                                       options=evaluation_options(config)))
     return monitors

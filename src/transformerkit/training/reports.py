@@ -32,7 +32,7 @@ def write_final_reports(model, data, config, run_dir, summary, write=True):
             limit = train_cfg.eval_max_sentences or len(data.val_sources)
             sources, references = data.val_sources[:limit], data.val_targets[:limit]
             hypotheses = translate_texts(model, data.source_tokenizer, data.target_tokenizer,
-                                         sources, evaluation_options(train_cfg))
+                                         sources, evaluation_options(config))
             scores = corpus_scores(hypotheses, references)
             metrics.update({f"val_{k}": v for k, v in scores.items()})
             metrics["val_sentences_scored"] = len(sources)
