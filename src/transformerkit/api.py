@@ -320,10 +320,11 @@ class Run:
         ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: its
         defaults), or its fields as keywords: ``max_new_tokens`` (200), ``temperature`` (1.0;
         0 is greedy), ``top_k`` / ``top_p`` (restrict the draw), ``seed`` (the same seed gives
-        the same text), ``stop_at_eos``. An empty prompt raises ``ValueError``; a prompt
-        longer than the model's ``max_length`` keeps its end, with a warning. ``engine``: as
-        in :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only);
-        ``precision``: as in :meth:`translate`.
+        the same text), ``no_repeat_ngram_size`` (no token n-gram twice, the prompt's
+        counted), ``stop_at_eos``. An empty prompt raises ``ValueError``; a prompt longer
+        than the model's ``max_length`` keeps its end, with a warning. ``engine``: as in
+        :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only, and
+        without ``no_repeat_ngram_size``); ``precision``: as in :meth:`translate`.
         """
         options = self._generation_options(options, keywords, "generate")
         engine, precision = self._call_runtime(engine, precision)
@@ -337,7 +338,8 @@ class Run:
                            temperature=options.temperature, top_k=options.top_k,
                            top_p=options.top_p, seed=options.seed,
                            eos_id=eos_id if options.stop_at_eos else None, precision=precision,
-                           use_cache=_MODEL_ENGINES[engine])
+                           use_cache=_MODEL_ENGINES[engine],
+                           no_repeat_ngram_size=options.no_repeat_ngram_size)
         return prompt + self.source_tokenizer.decode([i for i in new if i != eos_id])
 
     def generate_stream(self, prompt, options=None, engine=None, precision=None,
@@ -373,7 +375,8 @@ class Run:
                              top_p=options.top_p, seed=options.seed,
                              eos_id=self.source_tokenizer.eos_id if options.stop_at_eos
                              else None, precision=precision,
-                             use_cache=_MODEL_ENGINES[engine])
+                             use_cache=_MODEL_ENGINES[engine],
+                             no_repeat_ngram_size=options.no_repeat_ngram_size)
         return text_pieces(self.source_tokenizer, new_ids)
 
     def _generation_options(self, options, keywords, method):

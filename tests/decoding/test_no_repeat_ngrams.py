@@ -135,3 +135,48 @@ def test_sizes_beyond_any_output_change_nothing_and_huge_values_are_no_error():
     assert all(len(h[0].ids) == 8 and not h[0].finished for h in beams)
     assert all(len(ids) == 8 for ids in greedy_translate(model, SOURCES, max_new_tokens=8,
                                                          min_new_tokens=2**31))
+
+
+def test_a_gpt_generates_without_repeats_as_the_reference_does():
+    """A GPT's continuation: no n-gram twice in the prompt and its continuation, the same
+    ids as a plain loop of full passes banning with the dict reference (except at a
+    near-tie); the cached, recomputing and streamed paths agree."""
+    import keras
+
+    from transformerkit.decoding.sampling import generate_ids
+    from transformerkit.decoding.streaming import stream_ids
+    from transformerkit.models import GPT
+    from transformerkit.special_tokens import PAD_ID
+
+    keras.utils.set_random_seed(2)
+    gpt = GPT(vocab_size=13, num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=24)
+    gpt(np.ones((1, 3), "int32"))
+    rng = np.random.default_rng(2)
+    for variable in gpt.trainable_weights:
+        value = ops.convert_to_numpy(variable)
+        variable.assign((value + rng.normal(0.0, 0.4, value.shape)).astype(value.dtype))
+    prompts, n, steps = [[5, 6, 7, 5, 6], [9, 10]], 2, 12
+    plain = generate_ids(gpt, prompts, steps, temperature=0)
+    assert any(has_repeat(p + new, n) for p, new in zip(prompts, plain, strict=True))
+    ours = generate_ids(gpt, prompts, steps, temperature=0, no_repeat_ngram_size=n)
+    expected = []
+    for prompt in prompts:
+        ids = list(prompt)
+        for _ in range(steps):
+            logits = ops.convert_to_numpy(gpt(np.array([ids], "int32")))[0, -1]
+            logits = logits.astype("float64")
+            logits[[PAD_ID, BOS_ID]] = -np.inf
+            logits[sorted(repeated_ngram_bans(ids, n))] = -np.inf
+            ids.append(int(np.argmax(logits)))
+        expected.append(ids[len(prompt):])
+    assert_same_ids_or_near_tie(ours, expected, next_logits_after(gpt, prompts=prompts))
+    # the prompt's own repeat (5 6 ... 5 6) stays; nothing new repeats a bigram
+    for prompt, new in zip(prompts, ours, strict=True):
+        grams = [tuple((prompt + new)[j:j + n]) for j in range(len(prompt + new) - n + 1)]
+        assert len(set(grams[len(prompt) - n + 1:])) == len(grams) - len(prompt) + n - 1
+        assert not set(grams[len(prompt) - n + 1:]) & set(grams[:len(prompt) - n + 1])
+    assert generate_ids(gpt, prompts, steps, temperature=0, no_repeat_ngram_size=n,
+                        use_cache=False) == ours
+    streamed = [i for piece in stream_ids(gpt, prompts[0], steps, temperature=0,
+                                          no_repeat_ngram_size=n) for i in piece]
+    assert streamed == ours[0]

@@ -526,6 +526,9 @@ def test_gpt_run_generates_with_ctranslate2(tmp_path):
                                 next_logits_after(model, prompts=[prompt]))
     with pytest.raises(ValueError, match="max_length=24"):
         run.generate("hello", max_new_tokens=30, engine="ctranslate2")
+    # ours counts the prompt's n-grams (as transformers does), CTranslate2's generator not
+    with pytest.raises(ValueError, match="counts the n-grams of the new tokens only"):
+        run.generate("hello", no_repeat_ngram_size=2, engine="ctranslate2", **options)
 
 
 def test_cli_export_and_translate_with_ctranslate2(trained, capsys, monkeypatch):

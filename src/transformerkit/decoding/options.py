@@ -170,6 +170,10 @@ class GenerationOptions(_Checked):
     top_p: float | None = option(None, above=0.0, maximum=1.0,
                                  help="draw from the smallest set of tokens of this "
                                       "probability mass (nucleus)")
+    no_repeat_ngram_size: int = option(0, minimum=0,
+                                       help="no n-gram of this many tokens occurs twice in the "
+                                            "text, prompt included (0: off; within the "
+                                            "context window when generating beyond it)")
     seed: int | None = option(None, help="the same seed gives the same text")
     stop_at_eos: bool = option(True, help="stop at the end-of-text token")
 

@@ -106,7 +106,8 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                  temperature=_GENERATION.temperature, top_k=_GENERATION.top_k,
                  top_p=_GENERATION.top_p, seed=_GENERATION.seed, eos_id=None,
                  min_new_tokens=_GENERATION.min_new_tokens, use_cache=True, on_token=None,
-                 precision="float32"):
+                 precision="float32",
+                 no_repeat_ngram_size=_GENERATION.no_repeat_ngram_size):
     """Continue prompts with a ``GPT``; returns the new ids of each prompt.
 
     Args:
@@ -118,7 +119,9 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
             not before ``min_new_tokens`` of them; ``temperature`` 0
             is greedy (arg-max), otherwise the softmax temperature; keep the ``top_k`` most
             likely ids / the smallest set of probability ``top_p``; the same ``seed`` gives
-            the same output (on the same backend).
+            the same output (on the same backend); with ``no_repeat_ngram_size`` n, no
+            token n-gram occurs twice in a prompt and its continuation (within the
+            context window, beyond it).
         eos_id: stop a prompt's continuation at this id (included in the result), or None.
         on_token: None, or (PyTorch's eager loop only) a function called with the ids
             ``(rows,)`` of each decoding step, as :func:`~.greedy.token_search`'s; what it
@@ -137,8 +140,8 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
     still gives the same text).
     """
     GenerationOptions(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                      temperature=temperature, top_k=top_k, top_p=top_p,
-                      seed=seed)  # checks each value
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      no_repeat_ngram_size=no_repeat_ngram_size)  # checks each value
     single = len(prompt_ids) > 0 and np.isscalar(prompt_ids[0])
     prompts = []
     for i, prompt in enumerate([prompt_ids] if single else prompt_ids):
@@ -147,7 +150,8 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
         raise ValueError("the prompt is empty: give at least one token")
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache,
-                   on_token=on_token, precision=precision)
+                   on_token=on_token, precision=precision,
+                   no_repeat_ngram_size=no_repeat_ngram_size)
     if max_new_tokens is not None and \
             max(map(len, prompts)) + int(max_new_tokens) > model.max_length:
         results = _generate_windowed(model, prompts, int(max_new_tokens), options)
@@ -214,7 +218,8 @@ def _generate_windowed(model, prompts, max_new_tokens, options):
 
 
 def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_id,
-                   min_new_tokens, use_cache, on_token=None, precision="float32"):
+                   min_new_tokens, use_cache, on_token=None, precision="float32",
+                   no_repeat_ngram_size=0):
     """One compiled decoding pass over prompts of at most ``max_length - 1`` tokens."""
     lengths = np.array([len(p) for p in prompts], dtype="int32")
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
@@ -233,9 +238,10 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
         chooser = make_choose(*extra) if make_choose is not None else argmax_choice
         active = ops.ones((buffer.shape[0],), "bool")
         return token_search(steps, static, state, buffer, prefill, lengths, max_new, min_new,
-                            chooser, eos, active, on_token=on_token)[0]
+                            chooser, eos, active, on_token=on_token,
+                            no_repeat_ngram_size=no_repeat_ngram_size)[0]
 
-    out = run_decoder(model, ("generate", key, prefill, eos, use_cache,
+    out = run_decoder(model, ("generate", key, prefill, eos, use_cache, no_repeat_ngram_size,
                               getattr(steps, "precision", "float32")), decode, buffer,
                       lengths, np.int32(max_new),
                       np.int32(min(min_new_tokens, max_new + 1)), *args)

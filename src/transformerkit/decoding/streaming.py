@@ -49,7 +49,8 @@ _GENERATION = GenerationOptions()  # the declared defaults, for the signature be
 def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
                temperature=_GENERATION.temperature, top_k=None, top_p=None, seed=None,
                eos_id=None, min_new_tokens=_GENERATION.min_new_tokens, use_cache=True,
-               chunk_tokens=CHUNK_TOKENS, precision="float32"):
+               chunk_tokens=CHUNK_TOKENS, precision="float32",
+               no_repeat_ngram_size=_GENERATION.no_repeat_ngram_size):
     """The new ids of one prompt's continuation, as a generator of lists of ids that,
     joined, equal ``generate_ids(model, prompt_ids, ...)`` with the same arguments (see the
     module docstring for what a list holds on each backend).
@@ -59,12 +60,12 @@ def stream_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
     warning), and ``chunk_tokens``: the most new tokens per compiled call.
     """
     GenerationOptions(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                      temperature=temperature, top_k=top_k, top_p=top_p,
-                      seed=seed)  # checks each value
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      no_repeat_ngram_size=no_repeat_ngram_size)  # checks each value
     prompt = crop_prompt(model, prompt_ids, stacklevel=2)
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    eos_id=eos_id, min_new_tokens=min_new_tokens, use_cache=use_cache,
-                   precision=precision)
+                   precision=precision, no_repeat_ngram_size=no_repeat_ngram_size)
     if is_eager_loop():
         return _stepped_ids(model, prompt, max_new_tokens, options)
     if int(chunk_tokens) < 1:

@@ -27,8 +27,10 @@ How our decoding options map onto CTranslate2's:
                           it) a beam's scores differ by the mass they had
     min_new_tokens        ``min_decoding_length`` / ``min_length`` (0 by default: ``</s>``
                           may come first, as in ours; CTranslate2's default 1 forbids it)
-    no_repeat_ngram_size  ``no_repeat_ngram_size`` (both ban each id that would
-                          complete an n-gram the output already holds)
+    no_repeat_ngram_size  translation: ``no_repeat_ngram_size`` (both ban each id that
+                          would complete an n-gram the output already holds); refused
+                          for a GPT, whose n-grams include the prompt's here and not in
+                          CTranslate2's generator
     stop_at_eos=False     ``end_token=[]``
 
     max_len_a, max_len_b  the cap ``max_len_a * source_len + max_len_b`` per sentence:
@@ -276,6 +278,11 @@ class CTranslate2Engine:
                 f"model's max_length={self.max_length}: CTranslate2 has no positions beyond "
                 "it (engine='keras' slides a window over the context); ask for at most "
                 f"{self.max_length - len(ids)} new tokens")
+        if options.no_repeat_ngram_size:
+            raise ValueError(
+                f"no_repeat_ngram_size={options.no_repeat_ngram_size}: CTranslate2's generator "
+                "counts the n-grams of the new tokens only, ours those of the prompt too; "
+                "generate with engine='keras' or 'compiled'")
         arguments = dict(max_length=max_new_tokens, min_length=options.min_new_tokens,
                          suppress_sequences=self._suppress,
                          **_sampling(options.temperature, options.top_k, options.top_p, seed))
