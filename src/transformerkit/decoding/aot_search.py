@@ -25,7 +25,9 @@ search's settings constants) and compiles it with AOTInductor into a package:
 
 Where it cannot be built (no AOTInductor or compiler, a setting the capture cannot read
 statically such as ``min_new_tokens`` > 0, which :mod:`.beam` never asks for) the eager
-function runs, with a one-line warning.
+function runs, with a one-line warning; so it does, silently, for buffers narrower than
+:func:`least_width` (``no_repeat_ngram_size`` + 1 positions, whose ban is a no-op or one
+window).
 """
 
 import functools
@@ -92,13 +94,24 @@ def _module(work):
     return SearchWork().eval()
 
 
-def _example(beam, vocab, sentences=2, width=6):
+def least_width(settings):
+    """The narrowest buffers a package of ``settings`` takes: 3 positions, and with
+    ``no_repeat_ngram_size`` n more than n (the ban's n-gram windows then number at least
+    two, so the captured graph needs no branch on the width; narrower buffers, which hold
+    at most one whole n-gram, run the work eagerly)."""
+    size = settings.get("no_repeat_ngram_size", 0)
+    return max(3, size + 1) if size else 3
+
+
+def _example(beam, vocab, sentences=2, width=6, least=3):
     """Inputs of the work's signature (``sentences`` sentences of ``beam`` rows, buffers of
-    ``width`` positions, the step at index 1) and their dynamic dimensions."""
+    ``width`` positions, at least ``least``, the step at index 1) and their dynamic
+    dimensions."""
     import torch
 
+    width = max(width, least + 1)
     n = torch.export.Dim("sentences", min=1, max=4096)
-    w = torch.export.Dim("width", min=3, max=4096)
+    w = torch.export.Dim("width", min=least, max=4096)
     rows = sentences * beam
     logits = torch.randn(rows, vocab)
     alive_logp = torch.zeros(sentences, beam)
@@ -122,7 +135,7 @@ def build_package(work, settings, path):
     into the package ``path`` (written atomically)."""
     import torch
 
-    inputs, dims = _example(settings["beam"], settings["vocab"])
+    inputs, dims = _example(settings["beam"], settings["vocab"], least=least_width(settings))
     with torch.no_grad():
         program = torch.export.export(_module(work), inputs, dynamic_shapes=dims,
                                       strict=False)
@@ -142,13 +155,17 @@ def compiled_search_work(work, settings, directory):
         _LOADED[key] = None if package is None else (
             aot_packages.boxed_run(package) or (lambda flat: package(*flat)))
     run = _LOADED[key]
-    return work if run is None else _flat_call(run)
+    return work if run is None else _flat_call(run, work, least_width(settings))
 
 
-def _flat_call(run):
+def _flat_call(run, eager, least):
+    """The package's call as the work's signature; ``eager`` for buffers narrower than
+    ``least`` positions (which the package does not take)."""
     import torch
 
     def work(logits, s, index):
+        if s["alive"].shape[1] < least:
+            return eager(logits, s, index)
         flat = [logits.float(), torch.tensor(index)] + [s[name] for name in FIELDS]
         out = run(flat)
         new = dict(s, index=index + 1, **dict(zip(CHANGED, out, strict=False)))
