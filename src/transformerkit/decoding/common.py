@@ -143,6 +143,7 @@ def ban_repeated_ngrams(xp, scores, tokens, index, n):
     last = xp.take(tokens, xp.maximum(xp.arange(n - 1, dtype="int32") + start, 0), axis=1)
     starts = xp.expand_dims(xp.arange(windows, dtype="int32"), 0)
     following = xp.slice(tokens, [0, n - 1], [rows, windows])  # the id after each window
+    # the windows complete before ``index`` (1, windows), as (rows, windows): ids are >= 0
     match = xp.logical_and(xp.less(starts, start), xp.greater_equal(following, 0))
     for k in range(n - 1):
         window = xp.slice(tokens, [0, k], [rows, windows])
