@@ -5,7 +5,8 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   each in a process of its own (``torch.export`` and AOTInductor with the C++ compiler), seconds;
 - **one sentence**: ``transformerkit translate RUN TEXT --beam 1`` as a user runs it from a
   shell, wall time and peak memory of the whole process, for ``--engine keras``,
-  ``--engine compiled`` with the packages already on disk (the cached load) and
+  ``--engine compiled`` with the packages already on disk (the cached load, which answers
+  from them without importing Keras: ``transformerkit/decoding/aot_files.py``) and
   ``--engine ctranslate2`` with the run's export current (which answers without importing
   Keras), alternating engines for ``--repeats`` rounds (the best kept; the first call of
   each, which builds the packages or writes the export, is reported apart). The run is
@@ -129,7 +130,7 @@ def main():
         what = "encoder" if bucket == aot_step.ENCODER else f"{bucket}-rows"
         lines.append(f"| build the {what} package | "
                      f"{build.get('seconds', build.get('error'))} | |")
-    cached = {"keras": "again", "compiled": "packages cached",
+    cached = {"keras": "again", "compiled": "packages cached: no Keras",
               "ctranslate2": "export current: no Keras"}
     for r in results:
         lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, first call | "

@@ -24,7 +24,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "transformerkit"
 
 LEAVES = {"allocator", "backend", "data", "declared", "evaluation", "extras", "fastpath", "files",
-          "internals", "plotting", "precisions", "run_directory", "special_tokens", "threads"}
+          "internals", "plotting", "precisions", "run_directory", "special_tokens", "threads",
+          "token_ids"}
 # declarations only (plain Python, importing only ``declared``): the run config's
 # ``search:`` section is a SearchOptions
 LEAF_MODULES = {"transformerkit.decoding.options"}

@@ -52,7 +52,16 @@ def load(run_dir, runtime=None, **keywords):
     # imported) only when something needs it
     deferred = runtime.engine == "ctranslate2" and config.model.type in ("transformer", "gpt") \
         and _export_stands_for(run.path, model_file)
+    # the compiled engine answers from the packages of the file's weights where they are
+    # built: the model is loaded (and Keras imported) only when a batch needs it
+    file_digest = _packages_file_digest(runtime, config, model_file)
+    packaged = None if file_digest is None else _packaged_model(file_digest, runtime.precision)
+    deferred = deferred or packaged is not None
     model = None if deferred else _load_model(model_file)
+    if file_digest is not None and model is not None:  # the packages' names, for next time
+        from transformerkit.decoding.aot_files import record
+
+        record(file_digest, model)
     source_path, target_path = run.tokenizer_paths(
         shared=True if config.model.type == "gpt" else None)
     source_tokenizer = load_tokenizer(source_path)
@@ -62,7 +71,9 @@ def load(run_dir, runtime=None, **keywords):
     labels = run.read_labels() if getattr(model, "classifier", None) is not None else None
     loaded = Run(model, config, source_tokenizer, target_tokenizer, run.path, labels, runtime,
                  model_file=model_file)
-    if deferred:  # found current by the file's digest just now: not computed again
+    if packaged is not None:
+        loaded.use_packages(packaged)
+    elif deferred:  # found current by the file's digest just now: not computed again
         loaded._checked_export = _default_export(run.path)
     loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
     if runtime.engine in _MODEL_ENGINES:
@@ -81,6 +92,28 @@ def _load_model(model_file):
     model = load_model(model_file, compile=False)
     compute_in_float32(model)
     return model
+
+
+def _packages_file_digest(runtime, config, model_file):
+    """The sha256 of the weights file, which names its compiled packages' record
+    (:mod:`transformerkit.decoding.aot_files`), where the compiled engine may decode a
+    translation run from them: PyTorch, a ``Transformer``, a file; else None."""
+    from transformerkit.decoding.compiled import backend
+    from transformerkit.files import file_sha256
+
+    if runtime.engine != "compiled" or config.model.type != "transformer" \
+            or backend() != "torch" or not os.path.isfile(model_file):
+        return None
+    return file_sha256(model_file)
+
+
+def _packaged_model(file_digest, precision):
+    """The compiled engine's stand-in for the model of the file of sha256 ``file_digest``
+    (:func:`~transformerkit.decoding.aot_files.packaged_model`), or None."""
+    from transformerkit.decoding.aot_files import packaged_model
+    from transformerkit.kernels.lowprec import resolve
+
+    return packaged_model(file_digest, resolve(precision)[0])
 
 
 def _export_stands_for(run_dir, model_file):
@@ -118,6 +151,7 @@ class Run:
         self._model = None
         self._source = None  # (the .keras file, its weights' versions when loaded)
         self._checked_export = None  # the export load() found made from that file
+        self._packaged = None  # the packages load() found made from that file's weights
         self._export_record = None  # (that folder, its metadata)
         if model is not None:
             self.model = model
@@ -146,7 +180,21 @@ class Run:
     @model.setter
     def model(self, model):
         self._model, self._source = model, None  # another model: no file stands for it
-        self._checked_export = None
+        self._checked_export = self._packaged = None
+
+    def use_packages(self, packaged):
+        """Translate with the compiled engine from ``packaged`` (a
+        :class:`~transformerkit.decoding.aot_files.PackagedModel` of the weights file) while
+        the model is unloaded; where a batch needs the model, it loads it (:attr:`model`)."""
+        self._packaged = packaged
+        packaged.load = lambda: self.model
+
+    def _decoding_model(self, engine):
+        """What decodes for ``engine``: for the compiled engine while the model is unloaded,
+        the packages its file stands for (:meth:`use_packages`); else the model."""
+        if engine == "compiled" and self._model is None and self._packaged is not None:
+            return self._packaged
+        return self.model
 
     def checked_export(self):
         """The CTranslate2 export folder :func:`load` found made from the weights file (by
@@ -158,12 +206,18 @@ class Run:
     def max_length(self):
         """The longest sequence the model reads (``model.max_length``): while the model is
         unloaded, what its current export recorded (the model is not loaded for it)."""
-        return self._exported("max_length") or self.model.max_length
+        return self._exported("max_length") or self._unloaded("max_length") \
+            or self.model.max_length
 
     def count_params(self):
         """The model's number of weights (``model.count_params()``), from its current
         export's record while the model is unloaded."""
-        return self._exported("parameters") or self.model.count_params()
+        return self._exported("parameters") or self._unloaded("parameters") \
+            or self.model.count_params()
+
+    def _unloaded(self, key):
+        """``key`` of the model from its packages' record while it is unloaded, else None."""
+        return getattr(self._packaged, key, None) if self._model is None else None
 
     def _exported(self, key):
         folder = self.checked_export()
@@ -251,7 +305,7 @@ class Run:
         else:
             from transformerkit.decoding.translate import translate_texts
 
-            results = translate_texts(self.model, self.source_tokenizer,
+            results = translate_texts(self._decoding_model(engine), self.source_tokenizer,
                                       self.target_tokenizer, texts, options, precision,
                                       _MODEL_ENGINES[engine])
         return results[0] if single else results
@@ -268,8 +322,9 @@ class Run:
             return engine.translate_batches(texts, options)
         from transformerkit.decoding.translate import translate_batches
 
-        return translate_batches(self.model, self.source_tokenizer, self.target_tokenizer,
-                                 texts, options, precision, _MODEL_ENGINES[engine])
+        return translate_batches(self._decoding_model(engine), self.source_tokenizer,
+                                 self.target_tokenizer, texts, options, precision,
+                                 _MODEL_ENGINES[engine])
 
     @property
     def search(self):

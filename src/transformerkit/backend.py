@@ -26,3 +26,19 @@ def choose_default_backend():
             os.environ["KERAS_BACKEND"] = name
             return name
     return "tensorflow"
+
+
+class _KerasOps:
+    """``keras.ops``, imported when first used: the decoding modules name it at their top,
+    and a run answered by compiled packages (:mod:`transformerkit.decoding.aot_files`) on
+    PyTorch never calls it, so never pays for importing Keras. Once imported, its functions
+    are plain attributes of this object (no lookup hook per call)."""
+
+    def __getattr__(self, name):
+        from keras import ops
+
+        self.__dict__.update(vars(ops))
+        return getattr(ops, name)
+
+
+keras_ops = _KerasOps()

@@ -70,8 +70,14 @@ def _find_torch():
     """Resolve :data:`_torch` once Keras has chosen its backend (it cannot change after)."""
     global _torch
     keras = sys.modules.get("keras")
-    if keras is None:  # Keras not imported yet: nothing can be a backend tensor
-        return False
+    if keras is None:  # not imported yet: the backend it will take, not kept (it may change)
+        from transformerkit.backend import choose_default_backend
+
+        if choose_default_backend() != "torch":
+            return False
+        import torch
+
+        return torch
     if keras.backend.backend() == "torch":
         import torch
 

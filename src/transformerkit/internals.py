@@ -64,9 +64,11 @@ AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_s
                            pass, a beam search's work) into a package and
                            ``aoti_load_package`` loads it (PyTorch's documented AOTInductor
                            entry points, in a private module; without them the eager code
-                           runs, with a warning); a loaded package's ``loader.boxed_run``
-                           runs it on its flat inputs (without it, the package's own call,
-                           slower by its pytree work)
+                           runs, with a warning); the loader those load with,
+                           ``torch._C._aoti.AOTIModelPackageLoader``, made directly (without
+                           importing Inductor: 2 s of a one-sentence translation; without
+                           it, ``aoti_load_package``), whose ``boxed_run`` runs a package
+                           on its flat inputs (without it the eager code runs)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training
@@ -97,6 +99,7 @@ _FUNCTIONS = {
     "int8_linear": ("torch", "ops.quantized.linear_dynamic"),
     "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),
     "aoti_load_package": ("torch._inductor", "aoti_load_package"),
+    "aoti_package_loader": ("torch", "_C._aoti.AOTIModelPackageLoader"),
 }
 # name -> (module, class, private members that our code overrides or reads)
 _MEMBERS = {

@@ -357,47 +357,23 @@ def test_a_compiled_gpt_generates_as_the_eager_one():
     assert_same_ids_or_near_tie(eager, compiled, next_logits_after(model, prompts=prompts))
 
 
-def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, monkeypatch):
+def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, monkeypatch,
+                                                                 tmp_path):
+    """Packages already built load without the compiler (a deployment may lack it); where
+    none is built and AOTInductor is missing, one warning and the eager step."""
     from transformerkit import internals
-    from transformerkit.decoding import greedy_translate
+    from transformerkit.decoding import aot_step, greedy_translate
 
-    monkeypatch.setitem(internals._found, "aoti_compile_and_package", None)
     expected = greedy_translate(transformer, SOURCE, max_new_tokens=6)
+    first = greedy_translate(transformer, SOURCE, max_new_tokens=6, use_cache="compiled")
+    monkeypatch.setitem(internals._found, "aoti_compile_and_package", None)
+    aot_step._RUNNERS.clear()  # as in a new process
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the packages just built: on disk, loaded
+        assert greedy_translate(transformer, SOURCE, max_new_tokens=6,
+                                use_cache="compiled") == first
+    monkeypatch.setenv("TRANSFORMERKIT_CACHE", str(tmp_path))  # an empty cache
+    aot_step._RUNNERS.clear()
     with pytest.warns(RuntimeWarning, match="the compiled step is unavailable .*AOTInductor"):
         got = greedy_translate(transformer, SOURCE, max_new_tokens=6, use_cache="compiled")
     assert got == expected
-
-
-def test_a_run_translates_with_the_compiled_engine(tmp_path, capsys):
-    """``transformerkit translate RUN TEXT --engine compiled``, ``Run.translate(engine=
-    "compiled")`` and the HTTP server with that engine, as users call them: the keras
-    engine's translations (a trained run's margins are far above float32's differences); a
-    precision the engine cannot run is a clear error."""
-    from tiny_run import tiny_config
-
-    import transformerkit
-    from transformerkit import cli
-    from transformerkit.training.trainer import train
-
-    train(tiny_config(tmp_path, epochs=1), tmp_path / "run")
-    run = transformerkit.load(tmp_path / "run")
-    texts = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun"]
-    expected = run.translate(texts, beam_size=1)  # greedy: the small-rows package only
-    assert run.translate(texts, beam_size=1, engine="compiled") == expected
-    assert transformerkit.load(tmp_path / "run", engine="compiled").translate(
-        texts[0], beam_size=1) == expected[0]
-    capsys.readouterr()
-    assert cli.main(["translate", str(tmp_path / "run"), texts[0], "--beam", "1",
-                     "--engine", "compiled"]) == 0
-    assert capsys.readouterr().out.splitlines() == [expected[0]]
-    with pytest.raises(ValueError, match="the compiled engine runs float32 or bfloat16"):
-        run.translate(texts[0], engine="compiled", precision="int8")
-    pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
-
-    from transformerkit.serving.app import create_app
-
-    with TestClient(create_app({"numbers": run}, engine="compiled")) as client:
-        answer = client.post("/translate", json={"texts": texts, "beam_size": 1}).json()
-        assert answer["translations"] == expected
-        assert client.get("/models").json()["models"][0]["engine"] == "compiled"

@@ -10,12 +10,16 @@ this one does what they share:
 - :func:`compile_program`: the program compiled into its path atomically (a temporary file
   in the same folder, then ``os.replace``), so a crash or a second process never leaves a
   half-written package where a loader looks;
-- :func:`load_or_build`: the package loaded, or built first (a line on stderr before and one
-  with the seconds it took after), or built again where the file on disk fails to load; where
-  AOTInductor, its C++ compiler or the capture is missing, one warning saying why and None
-  (the caller runs its eager code);
-- :func:`boxed_run`: the loader's call over a flat list of tensors, which skips the
-  package's own parsing of its input and output specs on every call.
+- :func:`load_or_build`: the package's call, loaded, or built first (a line on stderr
+  before and one with the seconds it took after), or built again where the file on disk
+  fails to load; where AOTInductor, its C++ compiler or the capture is missing, one warning
+  saying why and None (the caller runs its eager code);
+- :func:`load`: a package's call over one flat list of tensors in ``torch.export``'s
+  flattening order (its flat outputs): PyTorch's package loader's ``boxed_run``, which
+  skips the package's own parsing of its input and output specs on every call. The loader
+  is made directly (``torch._C._aoti.AOTIModelPackageLoader``): loading through
+  ``aoti_load_package`` first imports Inductor and the export archive modules, about 2 s of
+  a one-sentence ``translate`` that needs neither.
 
 The PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
@@ -56,40 +60,47 @@ def compile_program(program, path, configs=None):
 
 
 def load_or_build(path, build, name, building, eager):
-    """The loaded package at ``path``; where there is none, or it fails to load, ``build(path)``
-    writes it first. ``name`` names the package in the rebuilding line and the warning ("the
-    compiled step"), ``building`` what is compiled in the lines around a build ("the decoder
-    step (small steps)"), ``eager`` what runs instead where it cannot be had ("decoding with
-    the eager step"): one warning then, and None."""
-    load = internals.get("aoti_load_package")
-    if load is None or internals.get("aoti_compile_and_package") is None:
-        return _unavailable(name, "this PyTorch has no AOTInductor", eager)
+    """The call of the package at ``path`` (:func:`load`); where there is none, or it fails
+    to load, ``build(path)`` writes it first. ``name`` names the package in the rebuilding
+    line and the warning ("the compiled step"), ``building`` what is compiled in the lines
+    around a build ("the decoder step (small steps)"), ``eager`` what runs instead where it
+    cannot be had ("decoding with the eager step"): one warning then, and None."""
     if os.path.exists(path):
         try:
             return load(path)
         except Exception as error:  # a corrupt or foreign package: built again below
             print(f"transformerkit: rebuilding {name} {path} ({type(error).__name__})",
                   file=sys.stderr)
+    if internals.get("aoti_compile_and_package") is None:
+        return _unavailable(name, "this PyTorch has no AOTInductor", eager)
     print(f"transformerkit: compiling {building} ...", file=sys.stderr, flush=True)
     try:
         started = time.perf_counter()
         build(path)
         seconds = time.perf_counter() - started
-        package = load(path)
+        run = load(path)
     except Exception as error:  # no compiler, or code torch.export cannot capture
         reason = str(error).strip().splitlines()
         return _unavailable(name, f"{type(error).__name__}: {reason[0] if reason else ''}"[:300],
                             eager)
     print(f"transformerkit: compiled {building} in {seconds:.0f} s ({path})", file=sys.stderr,
           flush=True)
-    return package
+    return run
 
 
-def boxed_run(package):
-    """The package's loader's ``boxed_run`` (a call over one flat list of tensors in
-    ``torch.export``'s flattening order); None where the loader lacks it (the package's own
-    call then)."""
-    return getattr(getattr(package, "loader", None), "boxed_run", None)
+def load(path):
+    """The package at ``path`` as its call over a flat list of tensors, giving its flat
+    outputs (the loader's ``boxed_run``). Raises where the file is not a package this
+    PyTorch loads, or where neither loader is there (:mod:`transformerkit.internals`)."""
+    loader_class = internals.get("aoti_package_loader")
+    if loader_class is not None:  # (path, model name, single-threaded, runners, device index)
+        return loader_class(os.fspath(path), "model", False, 1, -1).boxed_run
+    load_package = internals.get("aoti_load_package")
+    run = getattr(getattr(load_package and load_package(path), "loader", None), "boxed_run",
+                  None)
+    if run is None:
+        raise RuntimeError("this PyTorch has no AOTInductor package loader")
+    return run
 
 
 def _unavailable(name, reason, eager):

@@ -152,8 +152,7 @@ def compiled_search_work(work, settings, directory):
             os.path.join(directory, f"search-{key}.pt2"),
             lambda path: build_package(work, settings, path), "the compiled search",
             "the beam search's step work", "its work runs eagerly")
-        _LOADED[key] = None if package is None else (
-            aot_packages.boxed_run(package) or (lambda flat: package(*flat)))
+        _LOADED[key] = package
     run = _LOADED[key]
     return work if run is None else _flat_call(run, work, least_width(settings))
 

@@ -65,12 +65,13 @@ from transformerkit import precisions
 from transformerkit.decoding import aot_packages
 from transformerkit.decoding.aot_packages import cache_directory
 from transformerkit.decoding.eager_steps import EagerSteps, source_memories
-from transformerkit.models.base import check_token_ids, weight_versions
 from transformerkit.special_tokens import PAD_ID
+from transformerkit.token_ids import check_token_ids
 
 _TENSOR = object()  # marks a weight leaf held as a buffer
 # model -> {directory: (the weights' versions, the compiled step or None)}
 _RUNNERS = weakref.WeakKeyDictionary()
+_DIGESTS = weakref.WeakKeyDictionary()  # model -> (its weights' versions, their digest)
 SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # bucket -> (rows of the example the products are chosen for, Inductor's options, rows a
 # sentence of the example: 1, the graph takes one memory per row; 2, one per sentence)
@@ -85,43 +86,65 @@ KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code 
 
 def weights_digest(model):
     """The sha256 hex digest of ``model``'s weights: each one's shape, dtype and bytes, in the
-    model's structural order."""
+    model's structural order; computed once while the weights are unchanged (their in-place
+    version counters)."""
+    from transformerkit.models.base import weight_versions
+
     model._ensure_built()  # a model built lazily lists its weights once built
+    versions = weight_versions(model)
+    known = _DIGESTS.get(model)
+    if known is not None and known[0] == versions and None not in versions:
+        return known[1]
     digest = hashlib.sha256()
     for variable in model.weights:
         value = variable.value.detach().cpu().contiguous()
         digest.update(f"{tuple(value.shape)} {value.dtype}".encode())
         digest.update(value.numpy().tobytes())
+    _DIGESTS[model] = (versions, digest.hexdigest())
     return digest.hexdigest()
 
 
-def package_key(model, bucket="small", precision="float32", weights=None):
+def model_description(model):
+    """What a package depends on of ``model`` besides its weights: its class and options (not
+    Keras' ``get_config``: that holds the object's name, and a second model "transformer_1"
+    of the same weights must share a package; its dtype policy's serialization imports
+    modules for seconds)."""
+    return {"class": type(model).__name__, "options": dataclasses.asdict(model.options)}
+
+
+def package_key(model, bucket="small", precision="float32", weights=None, description=None):
     """The hex digest naming ``model``'s step package for the row ``bucket`` (or the
     :data:`ENCODER`'s) and the products' ``precision``: its weights' bytes (``weights``: their
     :func:`weights_digest` where already known, since a model's packages share it), its
-    options, the package format and options, PyTorch's version, the CPU's flags and the
-    kernel caps in the environment (:data:`KERNEL_CAPS`; a package runs the kernels chosen
-    for the CPU and caps it was built under)."""
+    :func:`model_description` (``description``, where ``model`` is None: a model not loaded),
+    the package format and options, PyTorch's version, the CPU's flags and the kernel caps
+    in the environment (:data:`KERNEL_CAPS`; a package runs the kernels chosen for the CPU
+    and caps it was built under)."""
     import torch
 
     weights = weights or weights_digest(model)
+    description = description or model_description(model)
     digest = hashlib.sha256()
     packaged = [ENCODER, ENCODER_CONFIGS] if bucket == ENCODER else BUCKETS[bucket]
     digest.update(json.dumps({"format": FORMAT, "bucket": packaged,
                               "precision": precision,
                               "torch": torch.__version__,
-                              "class": type(model).__name__,
-                              # the model's options, not Keras' get_config: that holds the
-                              # object's name (a second model is "transformer_1": the same
-                              # weights must share a package) and its dtype policy's
-                              # serialization imports modules for seconds
-                              "options": dataclasses.asdict(model.options),
+                              "class": description["class"],
+                              "options": description["options"],
                               "cpu": sorted(precisions.cpu_flags()),
                               "vendor": precisions.cpu_vendor(),
                               "caps": {k: os.environ.get(k) for k in KERNEL_CAPS}},
                              sort_keys=True, default=str).encode())
     digest.update(weights.encode())
     return digest.hexdigest()[:32]
+
+
+def package_path(directory, bucket, precision, weights, description):
+    """Where the package of a model's ``bucket`` at ``precision`` is kept in ``directory``:
+    named by :func:`package_key` from its ``weights`` digest and ``description``."""
+    kind = ENCODER if bucket == ENCODER else "step"
+    key = package_key(None, bucket, precision, weights, description)
+    return os.path.join(directory, f"{kind}-{key}.pt2")
 
 
 def _weights_module(model, precision, forward, encoder=False):
@@ -256,6 +279,8 @@ class CompiledSteps(EagerSteps):
         """The model's :class:`Packages` (None where the small-rows one cannot be had: the
         eager step), kept for the model while its weights are unchanged (their in-place
         version counters)."""
+        from transformerkit.models.base import weight_versions
+
         versions = weight_versions(self.model)
         loaded = _RUNNERS.setdefault(self.model, {})
         where = (self.directory, self.precision)
@@ -338,17 +363,20 @@ class Packages:
     def __init__(self, model, directory, precision="float32"):
         self.model, self.directory, self.precision = model, directory, precision
         self._loaded = {}
-        self._weights = None  # their digest, read once for every package's key
 
     def get(self, bucket):
         """The loaded package of ``bucket`` as a step function (None, warned once, where it
         cannot be had)."""
         if bucket not in self._loaded:
-            self._weights = self._weights or weights_digest(self.model)
-            package = _load_or_build(self.model, bucket, self.directory, self.precision,
-                                     self._weights)
-            call = _encoder_call if bucket == ENCODER else _flat_call
-            self._loaded[bucket] = None if package is None else call(package)
+            model, precision = self.model, self.precision
+            path = package_path(self.directory, bucket, precision, weights_digest(model),
+                                model_description(model))
+            run = aot_packages.load_or_build(
+                path, lambda path: build_package(model, bucket, path, precision),
+                "the compiled step",
+                "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
+                "decoding with the eager step")
+            self._loaded[bucket] = None if run is None else package_call(bucket, run)
         return self._loaded[bucket]
 
     @staticmethod
@@ -357,15 +385,18 @@ class Packages:
         return "small" if rows <= SMALL_ROWS else "large"
 
 
-def _flat_call(package):
+def package_call(bucket, run):
+    """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
+    row ``bucket`` (``(tokens, index, caches, memories) -> logits``) or as the encoder pass
+    (``source_ids -> memories``)."""
+    return _encoder_call(run) if bucket == ENCODER else _flat_call(run)
+
+
+def _flat_call(run):
     """``package(tokens, index, caches, memories)``, its logits, without the package's own
     call's per-step work (parsing its input and output specs, flattening and unflattening
     them: about a third of a one-row step): the tensors handed to its loader's
-    ``boxed_run`` in ``torch.export``'s flattening order. The package's own call where the
-    loader lacks it (:mod:`transformerkit.internals`)."""
-    run = aot_packages.boxed_run(package)
-    if run is None:
-        return package
+    ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
 
     def step(tokens, index, caches, memories):
         flat = [tokens, index]
@@ -378,27 +409,12 @@ def _flat_call(package):
     return step
 
 
-def _encoder_call(package):
+def _encoder_call(run):
     """``package(source_ids)``: the memories, one ``(keys, values, bias, keep)`` per decoder
-    block (through the loader's ``boxed_run`` where it has one, as :func:`_flat_call`)."""
-    run = aot_packages.boxed_run(package)
+    block (through the loader's ``boxed_run``, ``run``, as :func:`_flat_call`)."""
 
     def encode(source_ids):
-        if run is None:
-            return [tuple(memory) for memory in package(source_ids)]
         flat = run([source_ids])
         return [tuple(flat[i:i + 4]) for i in range(0, len(flat), 4)]
 
     return encode
-
-
-def _load_or_build(model, bucket, directory, precision="float32", weights=None):
-    """The callable package of ``model``'s step for the row ``bucket`` (or its encoder's),
-    loaded from ``directory`` or built there; None (with a warning) where it cannot be."""
-    kind = ENCODER if bucket == ENCODER else "step"
-    key = package_key(model, bucket, precision, weights)
-    return aot_packages.load_or_build(
-        os.path.join(directory, f"{kind}-{key}.pt2"),
-        lambda path: build_package(model, bucket, path, precision), "the compiled step",
-        "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
-        "decoding with the eager step")

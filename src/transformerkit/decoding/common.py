@@ -3,10 +3,11 @@ cleanup."""
 
 
 import numpy as np
-from keras import ops
 
 from transformerkit import fastpath
+from transformerkit.backend import keras_ops as ops
 from transformerkit.decoding.compiled import batch_bucket, bucket
+from transformerkit.decoding.loop_ops import loop_ops
 from transformerkit.decoding.texts import (  # noqa: F401 (named here too)
     check_count,
     check_max_new_tokens,
@@ -80,9 +81,10 @@ class TokenRules:
         only_eos = np.full((1, vocab), NEG_INF, dtype="float32")
         if eos_id is not None and eos_id >= 0:
             only_eos[0, eos_id] = 0.0
-        self.always = ops.convert_to_tensor(always)
-        self.without_eos = ops.convert_to_tensor(without_eos)
-        self.only_eos = ops.convert_to_tensor(only_eos)
+        xp = self.xp = loop_ops()
+        self.always = xp.convert_to_tensor(always)
+        self.without_eos = xp.convert_to_tensor(without_eos)
+        self.only_eos = xp.convert_to_tensor(only_eos)
         self.columns = None  # the forbidden columns, for apply(..., owned=True) on PyTorch
         if fastpath.applies():
             import torch
@@ -97,8 +99,9 @@ class TokenRules:
         bool tensor) may only end: their end token scores ``row_scores`` (the prefix's
         log-probability plus 0, as ``transformers``' ``ForcedEOSTokenLogitsProcessor``
         sets it), every other id -inf."""
-        only_eos = ops.expand_dims(row_scores, 1) + self.only_eos
-        return ops.where(ops.expand_dims(rows, 1), only_eos, scores)
+        xp = self.xp
+        only_eos = xp.expand_dims(row_scores, 1) + self.only_eos
+        return xp.where(xp.expand_dims(rows, 1), only_eos, scores)
 
     def apply(self, logits, forbid_eos, owned=False):
         """``(rows, vocab)`` logits with the forbidden ids at -inf. ``forbid_eos`` is a
@@ -111,9 +114,10 @@ class TokenRules:
             return logits.index_fill_(1, self.columns[bool(forbid_eos)], NEG_INF)
         if isinstance(forbid_eos, (bool, np.bool_)):
             return logits + (self.without_eos if forbid_eos else self.always)
+        forbid_eos = self.xp.convert_to_tensor(forbid_eos)  # a NumPy array in eager loops
         if len(forbid_eos.shape) == 1:
-            forbid_eos = ops.expand_dims(forbid_eos, 1)
-        return logits + ops.where(forbid_eos, self.without_eos, self.always)
+            forbid_eos = self.xp.expand_dims(forbid_eos, 1)
+        return logits + self.xp.where(forbid_eos, self.without_eos, self.always)
 
 
 def ban_repeated_ngrams(xp, scores, tokens, index, n):

@@ -19,15 +19,22 @@ array shapes), so translating many batches compiles once per bucket; :func:`buck
 lengths and batch sizes up to keep the number of buckets small.
 """
 
-import keras
+import sys
+
 import numpy as np
-from keras import ops
+
+from transformerkit.backend import choose_default_backend
+from transformerkit.backend import keras_ops as ops
 
 _CACHE_ATTRIBUTE = "_transformerkit_compiled_decoders"
 
 
 def backend():
-    return keras.backend.backend()
+    """The Keras backend: Keras' own answer once it is imported, before that the one it will
+    take (``KERAS_BACKEND``, which :mod:`transformerkit.backend` sets where nobody chose
+    one), so that decoding from compiled packages needs no Keras import."""
+    keras = sys.modules.get("keras")
+    return keras.backend.backend() if keras is not None else choose_default_backend()
 
 
 def is_eager_loop():
@@ -58,14 +65,26 @@ def run_decoder(model, key, fn, *args):
             compiled = _compile_jax(model, fn) if backend() == "jax" else _compile_tf(fn)
             compiled_fns[full_key] = compiled
         out = compiled(*args)
-    return keras.tree.map_structure(to_numpy, out)
+    return _numpy_tree(out)
 
 
 def to_numpy(x):
     """NumPy value of a backend tensor (on PyTorch without NumPy 2's ``__array__`` warning)."""
-    if backend() == "torch" and hasattr(x, "detach"):
+    if isinstance(x, (np.ndarray, np.generic, int, float)):
+        return np.asarray(x)
+    if hasattr(x, "detach") and backend() == "torch":
         return x.detach().cpu().numpy()
     return ops.convert_to_numpy(x)
+
+
+def _numpy_tree(out):
+    """``out`` (tensors in dicts, lists and tuples; None kept) with every tensor as NumPy."""
+    if isinstance(out, dict):
+        return {k: _numpy_tree(v) for k, v in out.items()}
+    if isinstance(out, (list, tuple)):
+        values = [_numpy_tree(v) for v in out]
+        return type(out)(*values) if hasattr(out, "_fields") else type(out)(values)
+    return None if out is None else to_numpy(out)
 
 
 def _compiled_fns(model):
@@ -85,6 +104,7 @@ def _sync_jax_training_state(model):
 
 def _compile_jax(model, fn):
     import jax
+    import keras
 
     variables = list(model.variables)
 
@@ -140,8 +160,9 @@ class UniformNoise:
         if backend() == "torch":
             import torch
 
-            # the device Keras puts new tensors on
-            self._generator = torch.Generator(device=ops.convert_to_tensor(0.0).device)
+            from transformerkit.decoding.loop_ops import tensor_device
+
+            self._generator = torch.Generator(device=tensor_device())
             self._generator.manual_seed(int(seed))
 
     def __call__(self, step, shape):

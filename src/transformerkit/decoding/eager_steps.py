@@ -2,7 +2,6 @@
 over position-major caches (see :mod:`.steps` for the adapters' interface)."""
 
 from transformerkit import fastpath
-from transformerkit.layers.masks import padding_mask
 
 
 def source_memories(model, source_ids, weights):
@@ -10,6 +9,8 @@ def source_memories(model, source_ids, weights):
     of its output (``model.decode_step_memory``): ``(batch, source_len)`` ids -> one
     ``(keys, values, bias, keep)`` per block, what :meth:`EagerSteps.step` attends over.
     The compiled engine captures this function too (:mod:`.aot_step`)."""
+    from transformerkit.layers.masks import padding_mask
+
     memory = model.inference_encode(source_ids, weights)  # (batch, source_len, d_model)
     return model.decode_step_memory(memory, padding_mask(source_ids), weights)
 

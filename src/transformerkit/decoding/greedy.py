@@ -14,8 +14,8 @@ tokens. Sampling keeps every row too, so a seed draws the same random numbers ei
 """
 
 import numpy as np
-from keras import ops
 
+from transformerkit.backend import keras_ops as ops
 from transformerkit.decoding.common import (
     TokenRules,
     argmax_ids,
@@ -211,8 +211,9 @@ def translate_ids(model, source_ids, max_new_tokens, choose, key, extra_args=(),
     def decode(source, active, caps, min_new, *extra):
         state, static = steps.start(source, max_new)
         rows = source.shape[0]
-        buffer = ops.concatenate([ops.full((rows, 1), bos_id, "int32"),
-                                  ops.zeros((rows, max_new), "int32")], axis=1)
+        xp = loop_ops()
+        buffer = xp.concatenate([xp.full((rows, 1), bos_id, "int32"),
+                                 xp.zeros((rows, max_new), "int32")], axis=1)
         chooser = make_choose(*extra) if make_choose is not None else choose
         return token_search(steps, static, state, buffer, 0, 1, caps, min_new, chooser,
                             eos_id, active, return_logits, drop, forced_eos=forced_eos,

@@ -11,10 +11,10 @@ a loop computes with: ``keras.ops`` everywhere, and on eager PyTorch, where the
 with the same arguments and results, each one torch call. The loops are written once
 against this namespace.
 """
-
-from keras import ops
+import sys
 
 from transformerkit import fastpath
+from transformerkit.backend import keras_ops as ops
 
 
 def loop_ops():
@@ -30,6 +30,18 @@ def loop_ops():
 _TORCH_LOOP_OPS = None
 
 
+def tensor_device():
+    """The device Keras puts new tensors on (the CPU, or a GPU): Keras' answer where it is
+    imported or a GPU is present; else the CPU, which Keras would take (so a run decoding
+    from compiled packages needs no Keras import)."""
+    import torch
+
+    if "keras" not in sys.modules and not torch.cuda.is_available() \
+            and not torch.backends.mps.is_available():
+        return torch.device("cpu")
+    return ops.convert_to_tensor(0).device
+
+
 class TorchLoopOps:
     """The ``keras.ops`` functions the search loops use, as direct torch calls on torch
     tensors (NumPy arrays and Python numbers are converted, as ``keras.ops`` does). Dtypes
@@ -40,7 +52,7 @@ class TorchLoopOps:
         import torch
 
         self.torch = torch
-        self.device = ops.convert_to_tensor(0).device
+        self.device = tensor_device()
         self._dtypes = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32,
                         "bool": torch.bool}
 

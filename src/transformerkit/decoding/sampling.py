@@ -10,8 +10,8 @@ Translation (``sample_translate``, a ``Transformer``) and text generation
 import warnings
 
 import numpy as np
-from keras import ops
 
+from transformerkit.backend import keras_ops as ops
 from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.common import (
     NEG_INF,

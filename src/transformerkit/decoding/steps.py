@@ -26,12 +26,11 @@ and ``layers/``) over position-major caches ``(max_len, rows, heads, dim)``.
 
 import warnings
 
-from keras import ops
-
+from transformerkit.backend import keras_ops as ops
+from transformerkit.decoding.aot_files import PackagedModel, PackagedSteps
 from transformerkit.decoding.aot_step import CompiledSteps
 from transformerkit.decoding.compiled import is_eager_loop
 from transformerkit.decoding.eager_steps import EagerSteps
-from transformerkit.layers.masks import padding_mask
 
 __all__ = ["CACHE_MODES", "CompiledSteps", "EagerSteps", "make_steps", "token_at"]
 
@@ -50,7 +49,8 @@ def make_steps(model, use_cache=True, precision="float32"):
 
     ``use_cache``: True = the fastest cached step for this backend; ``"compiled"`` = the
     cached step compiled ahead of time (:class:`~.aot_step.CompiledSteps`, PyTorch; where
-    it cannot run, True's with a warning); ``"keras"`` = the model's own Keras cache path on
+    it cannot run, True's with a warning; for a :class:`~.aot_files.PackagedModel`, the
+    packages of its file); ``"keras"`` = the model's own Keras cache path on
     every backend; False = recompute the whole prefix (the last two are the references the
     cached steps are tested against).
     ``precision``: the products' precision (``float32``, ``bfloat16``, ``int8`` or ``auto``:
@@ -64,6 +64,10 @@ def make_steps(model, use_cache=True, precision="float32"):
         raise ValueError(f"use_cache must be True, 'compiled', 'keras' or False; got "
                          f"{use_cache!r}")
     precision = resolve(precision)[0]
+    if isinstance(model, PackagedModel):  # a model's compiled packages, the model unloaded
+        if use_cache == "compiled":
+            return PackagedSteps(model, precision)
+        model = model.loaded()
     if use_cache == "compiled":
         if is_eager_loop() and EagerSteps.supports(model):
             return CompiledSteps(model, precision)
@@ -122,6 +126,8 @@ class Seq2SeqSteps(_KerasSteps):
 
     def start(self, source_ids, max_len, copies=1):
         """Encode ``(batch, source_len)`` ids once; ``copies`` rows per sentence (beams)."""
+        from transformerkit.layers.masks import padding_mask
+
         memory = self.model.encode(source_ids)
         source_mask = padding_mask(source_ids)
         if not self.use_cache:

@@ -7,7 +7,6 @@ import math
 import weakref
 
 import keras
-import numpy as np
 
 from transformerkit import fastpath, internals
 from transformerkit.kernels.products import inference_linear, kernels_and_biases, linear
@@ -21,6 +20,7 @@ from transformerkit.layers import (
 from transformerkit.layers.attention import layer_outputs
 from transformerkit.layers.calls import call_sublayer, norm_weights, normalize
 from transformerkit.layers.dropout import apply_dropout
+from transformerkit.token_ids import check_token_ids, concrete_numpy  # noqa: F401 (models import it here)
 
 # model -> its weights' torch tensors, listed once (a Keras variable on PyTorch keeps its
 # tensor for life: ``assign`` copies into it)
@@ -40,38 +40,8 @@ def weight_versions(model):
     return tuple(internals.tensor_version(t) for t in tensors)
 
 
-_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 # The options a block takes: the arguments of EncoderBlock (DecoderBlock passes them on).
 _BLOCK_OPTIONS = frozenset(inspect.signature(EncoderBlock).parameters)
-
-
-def check_token_ids(ids, vocab_size, max_length, name="token_ids"):
-    """Validate ``(batch, length)`` token ids where they enter a model.
-
-    Always checks rank, integer dtype and length <= ``max_length``; checks that every id is
-    in ``[0, vocab_size)`` whenever the values are concrete (eager calls, NumPy input), i.e.
-    everywhere except inside a compiled graph. Raises ``TypeError``/``ValueError`` naming
-    the problem instead of failing deep inside a backend (or, on JAX, silently clipping).
-    """
-    if isinstance(ids, (list, tuple)):
-        ids = np.asarray(ids)
-    dtype = keras.backend.standardize_dtype(ids.dtype)
-    if dtype not in _INT_DTYPES:
-        raise TypeError(f"{name} must be integer token ids, got dtype {dtype}")
-    if len(ids.shape) != 2:
-        raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(ids.shape)}")
-    length = ids.shape[1]
-    if length is not None and length > max_length:
-        raise ValueError(f"{name} has length {length}, longer than max_length={max_length} of "
-                         "this model; truncate the input or build the model with a larger "
-                         "max_length")
-    values = _concrete_numpy(ids)
-    if values is not None and values.size:
-        low, high = int(values.min()), int(values.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"{name} contains id {bad}, outside the vocabulary [0, {vocab_size})")
-    return ids
 
 
 def stack_step_weights(embedding, positions, blocks, final_norm, precision, packed):
@@ -105,31 +75,6 @@ def select_positions(hidden, positions=None):
         return hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
     flat = keras.ops.reshape(hidden, (-1, hidden.shape[-1]))
     return keras.ops.take(flat, positions, axis=0)
-
-
-def _concrete_numpy(x):
-    """NumPy value of ``x`` if it is concrete (not symbolic or traced), else None."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, keras.KerasTensor):
-        return None
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        if isinstance(x, jax.core.Tracer):
-            return None
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        if not tf.executing_eagerly() or not hasattr(x, "numpy"):
-            return None
-    elif backend == "torch":
-        import torch
-
-        if torch.compiler.is_compiling():
-            return None
-    return keras.ops.convert_to_numpy(x)
 
 
 def compute_in_float32(model):
@@ -393,7 +338,7 @@ class TransformerBase(keras.Model):
         the ids are concrete (eager, not traced) and hold no padding, as language-model
         batches never do: attention then needs no mask (or only the causal flag, PyTorch's
         fused causal kernel) instead of building masks in every layer."""
-        values = _concrete_numpy(ids)
+        values = concrete_numpy(ids)
         if values is not None and values.size and values.all():
             return None
         return padding_mask(ids)

@@ -1,0 +1,249 @@
+"""The compiled engine answering from a weights file's packages without Keras
+(:mod:`transformerkit.decoding.aot_files`): ``transformerkit.load(RUN, engine="compiled")``
+and ``transformerkit translate RUN TEXT --engine compiled`` in a fresh process give the
+compiled engine's translations without importing Keras once the packages are built; a batch
+that needs a package not built loads the model then; a changed file, a missing record or a
+corrupt package never decodes with the wrong weights.
+
+The first tests check the record and the decision without compiling anything; the rest
+compile a tiny run's packages (tens of seconds), so they are slow tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="the compiled engine is PyTorch's (AOTInductor)")
+
+TEXTS = ["ein zwei drei", "vier fuenf", "sechs sieben acht neun"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """This module's ``$TRANSFORMERKIT_CACHE`` (its packages and records)."""
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("cache")
+        patch.setenv("TRANSFORMERKIT_CACHE", str(root))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, cache):
+    """A tiny trained translation run."""
+    from tiny_run import tiny_config
+
+    from transformerkit.training.trainer import train
+
+    folder = tmp_path_factory.mktemp("run")
+    train(tiny_config(folder, epochs=1), folder / "run")
+    return folder / "run"
+
+
+def _record_of(run_dir):
+    from transformerkit.decoding.aot_files import read_record
+    from transformerkit.files import file_sha256
+
+    return read_record(file_sha256(os.path.join(run_dir, "model.keras")))
+
+
+def test_loading_for_the_compiled_engine_records_the_file_and_needs_its_packages(trained,
+                                                                                 tmp_path):
+    """``load(engine="compiled")`` records what names the file's packages (the weights'
+    digest, the model's class, options and size); a stand-in needs that record and the
+    packages of a one-sentence translation at its precision on disk (the model is loaded
+    otherwise), and a record names one file's bytes only."""
+    import transformerkit
+    from transformerkit.decoding import aot_files, aot_step
+    from transformerkit.files import file_sha256
+
+    run = transformerkit.load(trained, engine="compiled")
+    found = _record_of(trained)
+    assert found["weights"] == aot_step.weights_digest(run.model)
+    assert found["options"]["target_vocab_size"] == run.model.target_vocab_size
+    assert found["parameters"] == run.model.count_params()
+    digest, directory = file_sha256(trained / "model.keras"), str(tmp_path)
+    assert aot_files.packaged_model(digest, "float32", directory) is None  # no record here
+    aot_files.record(digest, run.model, directory)
+    assert aot_files.read_record(digest, directory) == found
+    packaged = aot_files.PackagedModel(found, directory)
+    paths = [packaged.package_path(bucket, "float32") for bucket in (aot_step.ENCODER, "small")]
+    assert paths[0] == aot_step.package_path(directory, aot_step.ENCODER, "float32",
+                                             aot_step.weights_digest(run.model),
+                                             aot_step.model_description(run.model))
+    assert aot_files.packaged_model(digest, "float32", directory) is None  # none built
+    open(paths[0], "w").close()  # empty stand-ins: only whether they are there counts here
+    assert aot_files.packaged_model(digest, "float32", directory) is None
+    open(paths[1], "w").close()
+    stand_in = aot_files.packaged_model(digest, "float32", directory)
+    assert stand_in is not None and stand_in.max_length == run.model.max_length
+    assert stand_in.num_decoder_layers == run.model.num_decoder_layers
+    assert aot_files.packaged_model(digest, "bfloat16", directory) is None
+    assert aot_files.packaged_model("0" * 64, "float32", directory) is None
+
+
+def test_a_record_of_another_format_or_unreadable_is_not_read(tmp_path):
+    from transformerkit.decoding import aot_files
+
+    path = aot_files.record_path(str(tmp_path), "ab")
+    os.makedirs(os.path.dirname(path))
+    for text in ("{not json", json.dumps({"format": 0, "weights": "x", "class": "Transformer",
+                                          "options": {}}), "[1, 2]"):
+        with open(path, "w") as f:
+            f.write(text)
+        assert aot_files.read_record("ab", str(tmp_path)) is None
+
+
+@pytest.fixture(scope="module")
+def built(trained):
+    """The run's translations with the compiled engine in this process (which builds the
+    encoder's, the small-rows step's and the beam search's packages, and records the
+    file): greedy of each text, beam 4 of the first with its two best and their scores."""
+    import transformerkit
+
+    run = transformerkit.load(trained, engine="compiled")
+    greedy = run.translate(TEXTS, beam_size=1)
+    beams = run.translate(TEXTS[0], beam_size=4, n_best=2)
+    assert greedy == transformerkit.load(trained).translate(TEXTS, beam_size=1)
+    return {"greedy": greedy, "beams": [list(pair) for pair in beams]}
+
+
+FRESH = """
+import json, sys
+import transformerkit
+run = transformerkit.load(sys.argv[1], engine="compiled")
+unloaded = run._model is None
+out = {"greedy": run.translate(json.loads(sys.argv[2]), beam_size=1),
+       "beams": [list(p) for p in run.translate(json.loads(sys.argv[2])[0], beam_size=4,
+                                                n_best=2)],
+       "unloaded": unloaded, "keras": "keras" in sys.modules,
+       "max_length": run.max_length, "parameters": run.count_params()}
+print(json.dumps(out))
+"""
+
+
+def _fresh(*args, importtime=False):
+    """``python`` in a new process with this process' environment; its stdout and stderr."""
+    command = [sys.executable] + (["-X", "importtime"] if importtime else []) + list(args)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, done.stderr
+
+
+@pytest.mark.slow
+def test_a_fresh_process_translates_from_the_packages_without_keras(trained, built):
+    """In a new process, ``load(engine="compiled")`` of the run stands the packages in for
+    the model: the same greedy and beam translations and scores as the compiled engine
+    gave with the model loaded, the model's size from the record, and Keras never
+    imported."""
+    out, _ = _fresh("-c", FRESH, str(trained), json.dumps(TEXTS))
+    got = json.loads(out)
+    assert got["unloaded"] and not got["keras"]
+    assert got["greedy"] == built["greedy"]
+    assert [text for text, _ in got["beams"]] == [text for text, _ in built["beams"]]
+    assert [score for _, score in got["beams"]] == pytest.approx(
+        [score for _, score in built["beams"]], abs=1e-5)
+    import transformerkit
+
+    run = transformerkit.load(trained)
+    assert (got["max_length"], got["parameters"]) == (run.max_length, run.count_params())
+
+
+@pytest.mark.slow
+def test_the_translate_command_imports_no_keras_from_the_packages(trained, built):
+    """``transformerkit translate RUN TEXT --engine compiled --beam 1`` as a user types it,
+    in a new process: the compiled engine's translation, and no Keras module among those
+    the process imported (``python -X importtime``)."""
+    out, err = _fresh("-m", "transformerkit", "translate", str(trained), TEXTS[1],
+                      "--engine", "compiled", "--beam", "1", importtime=True)
+    assert out.splitlines() == [built["greedy"][1]]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
+                if line.startswith("import time:")]
+    assert "torch" in imported and not [m for m in imported if m.split(".")[0] == "keras"]
+
+
+@pytest.mark.slow
+def test_a_batch_needing_a_package_not_built_loads_the_model_once(trained, built, cache):
+    """Beam 4 over three sentences takes the many-rows package, which no earlier
+    translation built: the run loads its model then (once: it decodes with it from then
+    on), builds the package, and translates as the compiled engine with the model does."""
+    import transformerkit
+
+    run = transformerkit.load(trained, engine="compiled")
+    assert run._model is None
+    got = run.translate(TEXTS, beam_size=4)
+    assert run._model is not None
+    model = run.model
+    assert run.translate(TEXTS, beam_size=4) == got and run.model is model
+    assert got == transformerkit.load(trained).translate(TEXTS, beam_size=4, engine="compiled")
+
+
+@pytest.mark.slow
+def test_a_corrupt_package_is_rebuilt_and_another_file_loads_its_model(trained, built, cache,
+                                                                       tmp_path, capfd):
+    """A package file that fails to load is built again from the loaded model (and the
+    translation is the compiled engine's); a weights file of other bytes (another
+    checkpoint) has no record, so its own model is loaded at once."""
+    import shutil
+
+    import transformerkit
+    from transformerkit.decoding import aot_step
+
+    model = transformerkit.load(trained).model
+    encoder = cache / "compiled" / f"encoder-{aot_step.package_key(model, aot_step.ENCODER)}.pt2"
+    encoder.write_bytes(b"not a package")
+    run = transformerkit.load(trained, engine="compiled")
+    assert run._model is None  # the file is there: its failure shows when it is loaded
+    capfd.readouterr()
+    assert run.translate(TEXTS, beam_size=1) == built["greedy"]
+    assert "rebuilding the compiled step" in capfd.readouterr().err
+    assert encoder.stat().st_size > 1000
+    other = tmp_path / "other"
+    shutil.copytree(trained, other)
+    changed = transformerkit.load(other).model
+    weights = changed.get_weights()
+    changed.set_weights(weights[:-1] + [weights[-1] + 1.0])
+    changed.save(other / "model.keras")
+    assert transformerkit.load(other, engine="compiled")._model is not None
+
+
+@pytest.mark.slow
+def test_a_run_translates_with_the_compiled_engine_as_users_call_it(trained, built, capsys):
+    """``Run.translate(engine="compiled")`` of a run loaded for the keras engine,
+    ``transformerkit translate RUN TEXT --engine compiled`` and the HTTP server with that
+    engine over a run loaded either way: the keras engine's translations (a trained run's
+    margins are far above float32's differences); a precision the engine cannot run is a
+    clear error, from the packages' stand-in too."""
+    import transformerkit
+    from transformerkit import cli
+
+    run = transformerkit.load(trained)
+    expected = run.translate(TEXTS, beam_size=1)
+    assert run.translate(TEXTS, beam_size=1, engine="compiled") == expected
+    capsys.readouterr()
+    assert cli.main(["translate", str(trained), TEXTS[0], "--beam", "1",
+                     "--engine", "compiled"]) == 0
+    assert capsys.readouterr().out.splitlines() == [expected[0]]
+    stand_in = transformerkit.load(trained, engine="compiled")
+    assert stand_in._model is None
+    for served in (run, stand_in):
+        with pytest.raises(ValueError, match="the compiled engine runs float32 or bfloat16"):
+            served.translate(TEXTS[0], engine="compiled", precision="int8")
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformerkit.serving.app import create_app
+
+    for served in (run, stand_in):
+        with TestClient(create_app({"numbers": served}, engine="compiled")) as client:
+            answer = client.post("/translate", json={"texts": TEXTS, "beam_size": 1}).json()
+            assert answer["translations"] == expected
+            described = client.get("/models").json()["models"][0]
+            assert described["engine"] == "compiled"
+            assert described["parameters"] == run.count_params()
+    assert stand_in._model is None  # served from its packages throughout
