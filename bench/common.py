@@ -132,13 +132,13 @@ PACKAGES = ("keras", "keras-transformerkit", "ctranslate2", "transformers", "jax
             "tensorflow", "openvino")  # ours and the peers' a result may depend on
 
 
-def package_versions():
-    """The installed versions of :data:`PACKAGES` (those present), read from their
+def package_versions(names=PACKAGES):
+    """The installed versions of ``names`` (:data:`PACKAGES`; those present), read from their
     metadata without importing them."""
     from importlib import metadata
 
     found = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -1,6 +1,7 @@
 """Decoding precision: transformerkit in float32, bfloat16 and int8 (``--precision``) next
-to CTranslate2 float32 and int8 on the same weights (``transformerkit export``), greedy and
-beam 4, with BLEU, the share of sentences identical to our float32 output, and sentences/s.
+to CTranslate2 float32 and int8 on the same weights (``transformerkit export``) and
+OpenVINO float32 and int8 weights (optimum-intel), greedy and beam 4, with BLEU, the share
+of sentences identical to our float32 output, and sentences/s.
 
 Two workloads on Multi30k test2016 (German -> English), sorted by length, batches of
 ``--batch`` (64):
@@ -19,6 +20,30 @@ must not share a process); each configuration keeps its best of ``--repeats`` ro
 system uses ``--threads`` CPU threads (1).
 
     python bench/decode_precision.py RUN   # -> bench/results/decode_precision.FAMILY.{json,md}
+
+The OpenVINO systems (``ov-float32``, ``ov-int8``: optimum-intel's ``OVModelForSeq2SeqLM``
+and its ``generate``; named in ``--systems``, the default leaves them out) run in a venv of
+their own, ``.venv-openvino`` (OpenVINO and optimum-intel pin their own ``transformers``:
+the Marian export needs 4.57; PyPI's ``torchvision``, which optimum-intel requires, is
+built against CUDA's torch and breaks ``transformers``' imports beside the CPU one, and
+nothing here uses it), made once with:
+
+    python3.11 -m venv .venv-openvino
+    .venv-openvino/bin/pip install torch==2.13.0
+    .venv-openvino/bin/pip install "optimum-intel[openvino]==2.2.0" openvino==2026.4.1 \\
+        transformers==4.57.6 torch==2.13.0
+    .venv-openvino/bin/pip uninstall -y torchvision
+
+Their worker, ``bench/openvino_worker.py``, runs with that venv's Python and imports nothing
+from transformerkit (``bench/openvino_peer.py`` writes the run's ``MarianMTModel`` folder in
+``RUN/openvino``, has it converted to OpenVINO IR once, float32 and with NNCF's 8-bit weight
+compression, and maps our ids to Marian's and back): the same source ids in, ids out, the
+same warm-up batch, rounds and ``--threads`` (OpenVINO's ``INFERENCE_NUM_THREADS``, float32
+inference precision). What differs from our search: beam 4 ranks finished hypotheses by
+``log p / len^0.6`` (``transformers``' ``length_penalty``, as the CTranslate2 rows; ours is
+GNMT's ``((5+len)/6)^0.6``), both stop a sentence once 4 hypotheses have finished
+(``early_stopping=True``), and ``generate`` keeps finished sentences in the batch (and
+computes them) until the whole batch has finished, where ours drops them.
 
 ``--kernels`` times the products alone instead, on the Multi30k model's shapes (one
 thread, interleaved, best of ``--repeats`` rounds): float32 packed for oneDNN, bfloat16
@@ -46,10 +71,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import decode  # noqa: E402
+import openvino_peer  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "tk-compiled-bfloat16",
-           "ct2-float32", "ct2-int8")
+           "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if not s.startswith("ov-")]  # ov-*: a venv of its own
 # (search, output tokens, forced)
 WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
              ("beam4", 32, True)]
@@ -69,19 +96,38 @@ def decoder(run_dir, system, search, tokens, forced, threads):
                                          system.split("-")[1])
 
 
+def job_result(system, workload, count, seconds, outputs, references, target_tok):
+    """One workload's measurement of ``system``: its time, mean output length and, to
+    EOS, BLEU and the outputs (for the share identical to tk-float32's)."""
+    from transformerkit.evaluation import corpus_scores
+
+    search, tokens, forced = workload
+    job = dict(system=system, search=search, tokens=tokens, forced=forced, sentences=count,
+               seconds=round(seconds, 3),
+               mean_output_tokens=round(sum(map(len, outputs)) / count, 1))
+    if not forced:
+        job["bleu"] = corpus_scores([target_tok.decode(o) for o in outputs],
+                                    references[:count])["bleu"]
+        job["outputs"] = outputs
+    return job
+
+
+def workload_inputs(spec, forced):
+    """``(batches, references, target tokenizer, count)`` of a workload of ``spec``."""
+    count = spec["forced_sentences"] if forced else spec["sentences"]
+    batches, references, target_tok, _ = decode.load_inputs(spec["run"], count, spec["batch"])
+    return batches, references, target_tok, sum(len(chunk) for chunk, _ in batches)
+
+
 def worker(spec):
     """Every workload of one system once, after a warm-up batch each."""
     import transformerkit
-    from transformerkit.evaluation import corpus_scores
 
     transformerkit.keep_freed_memory()  # the CLI's malloc setting, for every system alike
     results = []
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     for search, tokens, forced in WORKLOADS:
-        count = spec["forced_sentences"] if forced else spec["sentences"]
-        batches, references, target_tok, _ = decode.load_inputs(spec["run"], count,
-                                                                 spec["batch"])
-        count = sum(len(chunk) for chunk, _ in batches)
+        batches, references, target_tok, count = workload_inputs(spec, forced)
         run = decoder(spec["run"], spec["system"], search, tokens, forced, threads)
         run(batches[-1][1])  # warm-up: packs the weights, builds the kernels
         outputs = [None] * count
@@ -89,17 +135,39 @@ def worker(spec):
         for chunk, ids in batches:
             for i, out in zip(chunk, run(ids), strict=True):
                 outputs[i] = [int(t) for t in out]
-        seconds = time.perf_counter() - started
-        job = dict(system=spec["system"], search=search, tokens=tokens, forced=forced,
-                   sentences=count, seconds=round(seconds, 3),
-                   mean_output_tokens=round(sum(map(len, outputs)) / count, 1))
-        if not forced:
-            job["bleu"] = corpus_scores([target_tok.decode(o) for o in outputs],
-                                        references[:count])["bleu"]
-            job["outputs"] = outputs
+        job = job_result(spec["system"], (search, tokens, forced), count,
+                         time.perf_counter() - started, outputs, references, target_tok)
         print(f"    {spec['system']} {search} {tokens}{' forced' if forced else ''}: "
               f"{job['seconds']} s", file=sys.stderr, flush=True)
         results.append(job)
+    return results
+
+
+def openvino_round(spec, threads):
+    """One round of an ``ov-*`` system: every workload decoded by
+    ``bench/openvino_worker.py`` in the OpenVINO venv (a process of its own: the warm-up
+    batch, then the timed batches, as :func:`worker`), scored here; the same list as
+    :func:`worker`, each result with the OpenVINO side's record, or ``{"error": ...}``."""
+    ir, ids, how = openvino_peer.translation_model(spec["run"], spec["system"], threads)
+    inputs = [workload_inputs(spec, forced) for _, _, forced in WORKLOADS]
+    workloads = [dict(search=search, tokens=tokens, forced=forced,
+                      batches=[batch for _, batch in inputs_of[0]])
+                 for (search, tokens, forced), inputs_of in zip(WORKLOADS, inputs, strict=True)]
+    found = openvino_peer.translate(spec["system"], ir, ids, workloads, threads)
+    if "error" in found:
+        return found
+    record = dict(export=how, ir=ir, versions=found["versions"],
+                  length_penalty=openvino_peer.LENGTH_PENALTY,
+                  **{k: v for k, v in found.items() if k not in ("results", "versions")})
+    results = []
+    for workload, (batches, references, target_tok, count), out in zip(
+            WORKLOADS, inputs, found["results"], strict=True):
+        outputs = [None] * count
+        for (chunk, _), decoded in zip(batches, out["outputs"], strict=True):
+            for i, row in zip(chunk, decoded, strict=True):
+                outputs[i] = row
+        results.append(dict(job_result(spec["system"], workload, count, out["seconds"],
+                                       outputs, references, target_tok), openvino=record))
     return results
 
 
@@ -112,7 +180,13 @@ def worker_rounds(args, flag, spec, failed):
         for system in systems:
             job = dict(spec, system=system, run=os.path.abspath(args.run), batch=args.batch)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
-            out = common.run_worker(HERE, [flag, json.dumps(job)], env, timeout=3600)
+            if system.startswith("ov-"):
+                try:
+                    out = openvino_round(job, args.threads)
+                except (RuntimeError, ValueError) as error:  # a conversion that failed
+                    out = {"error": f"{type(error).__name__}: {error}"}
+            else:
+                out = common.run_worker(HERE, [flag, json.dumps(job)], env, timeout=3600)
             if isinstance(out, dict) and "error" in out:
                 print("    failed:", out, flush=True)
                 failed.append(dict(system=system, **out))
@@ -123,10 +197,12 @@ def worker_rounds(args, flag, spec, failed):
 def run_all(args):
     import torch
 
-    timings, failed = {}, []
+    timings, failed, openvino = {}, [], {}
     spec = dict(sentences=args.sentences, forced_sentences=args.forced_sentences)
     for out in worker_rounds(args, "--worker", spec, failed):
         for r in out:
+            if "openvino" in r:  # per ov-* system: its IR, packages, CPU name, settings
+                openvino[r["system"]] = r.pop("openvino")
             timings.setdefault((r["system"], r["search"], r["tokens"], r["forced"]),
                                []).append(r)
     results = []
@@ -153,6 +229,8 @@ def run_all(args):
                "cpu_flags_all": flags, "auto": precisions.choose("auto"),
                "run": os.path.abspath(args.run), "batch": args.batch, "repeats": args.repeats,
                "results": results, "failed": failed}
+    if openvino:
+        payload["openvino"] = openvino
     common.write_results(args.name, payload, table(results))
 
 
@@ -174,6 +252,11 @@ def table(results):
                     f"{r['sentences_per_second']} "
                     f"| {ratio['float32']} | {ratio['int8']} | {r.get('bleu', '')} | "
                     f"{'' if identical is None else f'{100 * identical:.1f}%'} |")
+    if any(r["system"].startswith("ov-") for r in results):
+        rows.append("\nov-*: optimum-intel's `generate` on the OpenVINO IR (ov-int8: NNCF's "
+                    "8-bit weights, the CPU plugin's default dynamic quantization): beam 4 "
+                    "ranks by log p / len^0.6 as CTranslate2 (ours: GNMT's ((5+len)/6)^0.6), "
+                    "and finished sentences stay in the batch until it ends.")
     return "\n".join(rows)
 
 
@@ -358,9 +441,9 @@ def main():
                         help="the step's cost by live rows (-> results/NAME_rows)")
     parser.add_argument("--row-tokens", type=int, default=32,
                         help="forced output tokens of the --rows timings (32)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="comma-separated systems to run (default: all of "
-                             + ", ".join(SYSTEMS) + ")")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help="comma-separated systems to run, of " + ", ".join(SYSTEMS)
+                             + " (default: all but the ov-* ones, which need .venv-openvino)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--rows-worker", help=argparse.SUPPRESS)
     parser.add_argument("--kernel-worker", help=argparse.SUPPRESS)
@@ -370,6 +453,11 @@ def main():
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; the systems are "
                      f"{', '.join(SYSTEMS)}")
+    openvino = [s for s in args.systems if s.startswith("ov-")]
+    if openvino and (args.rows or args.kernels):
+        parser.error(f"--rows and --kernels do not cover {', '.join(openvino)}")
+    if openvino and not (args.worker or args.rows_worker or args.kernel_worker):
+        openvino_peer.require_venv()
     if args.kernel_worker:
         print(json.dumps(kernel_timings(int(args.kernel_worker), capped=True)))
         return

@@ -23,7 +23,14 @@ tokenization is outside the timings. Systems:
 - ``hf``: ``GPT2LMHeadModel.generate`` under ``torch.no_grad()`` (``do_sample=False``);
 - ``ct2-float32`` / ``ct2-int8``: the folder converted by CTranslate2's own
   ``TransformersConverter``, ``Generator.generate_batch`` (``sampling_topk=1``,
-  ``compute_type``, ``intra_threads``).
+  ``compute_type``, ``intra_threads``);
+- ``ov-float32`` / ``ov-int8``: the folder converted to OpenVINO IR by optimum-intel
+  (``--work``/openvino; int8: NNCF's 8-bit weight compression), ``OVModelForCausalLM``'s
+  ``generate`` (``do_sample=False``, ``INFERENCE_NUM_THREADS``, float32 inference
+  precision), run by ``bench/openvino_worker.py`` in the OpenVINO venv ``.venv-openvino``
+  (see ``bench/decode_precision.py``'s docstring for how to make it; named in
+  ``--systems``, the default leaves them out): the same prompt ids in, new ids out, the
+  same calls and medians.
 
 Every system runs in processes of its own, one per system and round, in the reverse order
 every other round; a round times ``--calls`` (3) calls of each batch size after a warm-up
@@ -45,10 +52,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import openvino_peer  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SYSTEMS = ("tk-keras", "tk-keras-bfloat16", "tk-compiled", "tk-compiled-bfloat16", "hf",
-           "ct2-float32", "ct2-int8")
+           "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if not s.startswith("ov-")]  # ov-*: a venv of its own
 END = "<|endoftext|>"
 GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
 
@@ -221,8 +230,36 @@ def worker(spec):
     return results
 
 
+def openvino_worker(spec):
+    """One round of an ``ov-*`` system: :func:`worker`'s results, measured by
+    ``bench/openvino_worker.py`` in the OpenVINO venv (the IR converted once, untimed), or
+    ``{"error": ...}``."""
+    folder = spec["paths"][0]
+    try:
+        ir = openvino_peer.converted(folder, os.path.join(spec["work"], "openvino"),
+                                     spec["system"].split("-", 1)[1],
+                                     "text-generation-with-past", spec["threads"])
+    except RuntimeError as error:
+        return {"error": str(error)}
+    batches = [prompts(folder, size, spec["prompt_tokens"]) for size in spec["batches"]]
+    found = openvino_peer.run_worker("causal", dict(model=ir, threads=spec["threads"],
+                                                    new_tokens=spec["new_tokens"],
+                                                    calls=spec["calls"], batches=batches),
+                                     spec["threads"])
+    if "error" in found:
+        return found
+    record = dict({k: v for k, v in found.items() if k != "results"}, ir=ir)
+    for r in found["results"]:
+        if any(len(o) != spec["new_tokens"] for o in r["outputs"]):
+            return {"error": f"{spec['system']}: not {spec['new_tokens']} new tokens per row"}
+        r.update(system=spec["system"], openvino=record)
+    return found["results"]
+
+
 def run_all(args, paths):
-    timings, failed = {}, []
+    """``(results, failed, openvino)``: :func:`summarize`'s rows, the failed rounds and each
+    ``ov-*`` system's record (its IR, the OpenVINO venv's packages, CPU name, settings)."""
+    timings, failed, openvino = {}, [], {}
     env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
     for round_index in range(args.repeats):
         order = list(args.systems) if round_index % 2 == 0 else list(reversed(args.systems))
@@ -231,15 +268,21 @@ def run_all(args, paths):
                         threads=args.threads, batches=args.batches, calls=args.calls,
                         new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
-            out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env, timeout=3600)
+            if system.startswith("ov-"):
+                out = openvino_worker(spec)
+            else:
+                out = common.run_worker(HERE, ["--worker", json.dumps(spec)], env,
+                                        timeout=3600)
             if isinstance(out, dict) and "error" in out:
                 print("    failed:", out, flush=True)
                 failed.append(dict(system=system, **out))
                 continue
             for r in out:
                 r["round"] = round_index
+                if "openvino" in r:
+                    openvino[r["system"]] = r.pop("openvino")
                 timings.setdefault((r["system"], r["batch"]), []).append(r)
-    return summarize(timings, args.new_tokens), failed
+    return summarize(timings, args.new_tokens), failed, openvino
 
 
 def summarize(timings, new_tokens):
@@ -295,7 +338,9 @@ def table(results, threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help="comma-separated, of " + ", ".join(SYSTEMS) + " (default: all "
+                             "but the ov-* ones, which need .venv-openvino)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=16)
@@ -313,12 +358,16 @@ def main():
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    if any(s.startswith("ov-") for s in args.systems):
+        openvino_peer.require_venv()
     args.batches = [int(b) for b in args.batches.split(",")]
     paths = setup(args.work)
-    results, failed = run_all(args, paths)
+    results, failed, openvino = run_all(args, paths)
     payload = {"machine": dict(common.machine(), threads_per_system=args.threads),
                "model": GPT2_SMALL, "new_tokens": args.new_tokens,
                "prompt_tokens": args.prompt_tokens, "results": results, "failed": failed}
+    if openvino:
+        payload["openvino"] = openvino
     common.write_results(args.name, payload, table(results, args.threads))
 
 
