@@ -224,7 +224,7 @@ def row_decode_precision():
 
 
 def row_gpt2():
-    stem = "gpt2_generate.epyc-avx512bf16"
+    stem = "gpt2_generate_openvino.epyc-avx512bf16"
     rows = result(stem)["results"]
 
     def ms(system, batch):
@@ -234,14 +234,30 @@ def row_gpt2():
     for batch in (1, 8):
         bf16, f32, hf = (ms(s, batch) for s in ("tk-compiled-bfloat16", "tk-compiled", "hf"))
         c32, c8 = ms("ct2-float32", batch), ms("ct2-int8", batch)
+        o32, o8 = ms("ov-float32", batch), ms("ov-int8", batch)
         ours.append(f"{bf16} / {f32}")
-        peers.append(f"{hf}, {c32} / {c8}")
+        peers.append(f"{hf}, {c32} / {c8}, {o32} / {o8}")
         ratios.append(f"{ratio(hf, bf16)} / {ratio(hf, f32)} `transformers`, bfloat16 "
-                      f"{ratio(c8, bf16)} CT2 int8, float32 {ratio(c32, f32)} CT2 float32")
+                      f"{ratio(c8, bf16)} CT2 int8 and {ratio(o8, bf16)} OpenVINO int8, "
+                      f"float32 {ratio(c32, f32)} CT2 float32 and {ratio(o32, f32)} OpenVINO "
+                      "float32")
     return ("GPT-2 124M (random weights), 16-token prompt + 64 new tokens, greedy, ms per new "
             "token, batch 1; batch 8: `--engine compiled` bfloat16 / float32", "; ".join(ours),
-            f"`transformers` generate, CTranslate2 float32 / int8: {'; '.join(peers)}",
-            "; ".join(ratios), "1", [stem])
+            "`transformers` generate, CTranslate2 float32 / int8, OpenVINO float32 / int8: "
+            f"{'; '.join(peers)}", "; ".join(ratios), "1", [stem])
+
+
+def row_one_sentence():
+    stem = "compiled_step.epyc-avx512bf16"
+    rows = result(stem)["results"]
+    compiled, keras, ct2 = (pick(rows, engine=e) for e in ("compiled", "keras", "ctranslate2"))
+    return ("one-sentence `transformerkit translate RUN TEXT --engine compiled` from a shell, "
+            "packages built (no Keras imported), wall s / peak MB",
+            f"{compiled['seconds']} / {compiled['peak_mb']}",
+            f"`--engine keras`: {keras['seconds']} / {keras['peak_mb']}; `--engine "
+            f"ctranslate2`, export current: {ct2['seconds']} / {ct2['peak_mb']}",
+            f"{compiled['seconds'] / keras['seconds']:.2f} of the keras engine's time", "2",
+            [stem])
 
 
 def row_serve_latency():
@@ -317,7 +333,7 @@ def row_data_scale():
 ROWS = [row_multi30k_hour, row_budgeted_training, row_train_step, row_train_step_bfloat16,
         row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled,
         row_decode_compiled_2threads, row_gpt2,
-        row_serve_latency, row_nanogpt, row_data_scale]
+        row_one_sentence, row_serve_latency, row_nanogpt, row_data_scale]
 
 
 def family_line(family, machine):
