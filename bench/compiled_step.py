@@ -11,9 +11,15 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   Keras), alternating engines for ``--repeats`` rounds (the best kept; the first call of
   each, which builds the packages or writes the export, is reported apart). The run is
   copied first (its config, tokenizers and ``model.keras``), so the first CTranslate2 call
-  does export.
+  does export;
+- **one generation** (``--gpt GPT_RUN``, e.g. the GPT-2 124M run ``bench/gpt2_generate.py``
+  imports into its ``--work``/run): ``transformerkit generate GPT_RUN --prompt TEXT
+  --max-new-tokens 64 --temperature 0`` from a shell, the same way, each engine's text
+  compared with the keras engine's (a random-weights model's logits have near-ties, so a
+  difference is reported, not raised).
 
-    python bench/compiled_step.py RUN   # -> bench/results/compiled_step.FAMILY.{json,md}
+    python bench/compiled_step.py RUN [--gpt GPT_RUN]
+    # -> bench/results/compiled_step.FAMILY.{json,md}
 """
 
 import argparse
@@ -30,6 +36,8 @@ import common  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SENTENCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
+PROMPT = "A man in an orange hat starring at something."
+NEW_TOKENS = 64
 ENGINES = ("keras", "compiled", "ctranslate2")
 
 
@@ -59,16 +67,49 @@ print(json.dumps([time.perf_counter() - started, child.returncode, child.stdout,
 def one_sentence(run, engine, cache):
     """``(wall seconds, peak resident MB, output)`` of ``transformerkit translate`` in a new
     process."""
+    return _command(["translate", run, SENTENCE, "--beam", "1", "--engine", engine], cache)
+
+
+def one_generation(run, engine, cache):
+    """``(wall seconds, peak resident MB, output)`` of ``transformerkit generate`` (greedy,
+    :data:`NEW_TOKENS` new tokens) in a new process."""
+    return _command(["generate", run, "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS),
+                     "--temperature", "0", "--engine", engine], cache)
+
+
+def _command(arguments, cache):
+    """``(wall seconds, peak resident MB, stdout)`` of ``transformerkit ARGUMENTS`` run by
+    :data:`LAUNCHER` with the packages' cache ``cache``."""
     env = dict(os.environ, TRANSFORMERKIT_CACHE=cache, KERAS_BACKEND="torch")
     launched = subprocess.run(
         [sys.executable, "-c", LAUNCHER,
-         os.path.join(os.path.dirname(sys.executable), "transformerkit"), "translate", run,
-         SENTENCE, "--beam", "1", "--engine", engine],
+         os.path.join(os.path.dirname(sys.executable), "transformerkit"), *arguments],
         capture_output=True, text=True, env=env, check=True)
     seconds, code, out, err, megabytes = json.loads(launched.stdout)
     if code != 0:
-        raise SystemExit(f"transformerkit translate failed: {err.strip()[-500:]}")
+        raise SystemExit(f"transformerkit {arguments[0]} failed: {err.strip()[-500:]}")
     return seconds, megabytes, out.strip()
+
+
+def timed_engines(run, command, repeats, cache, exact=True):
+    """Each engine's first call and best of ``repeats`` interleaved rounds of ``command``
+    (:func:`one_sentence` or :func:`one_generation`) on ``run``: a list of dicts. With
+    ``exact``, an output other than the keras engine's stops the bench; else it is
+    reported (``same_as_keras``)."""
+    first = {engine: command(run, engine, cache) for engine in ENGINES}
+    best = {engine: None for engine in ENGINES}
+    for round_index in range(repeats):
+        order = ENGINES if round_index % 2 == 0 else ENGINES[::-1]
+        for engine in order:
+            seconds, megabytes, text = command(run, engine, cache)
+            if best[engine] is None or seconds < best[engine][0]:
+                best[engine] = (seconds, megabytes)
+            if exact and text != first["keras"][2]:
+                raise SystemExit(f"{engine} gave {text!r}, keras {first['keras'][2]!r}")
+    return [dict(engine=engine, first_call_seconds=round(first[engine][0], 2),
+                 seconds=round(best[engine][0], 2), peak_mb=round(best[engine][1]),
+                 same_as_keras=first[engine][2] == first["keras"][2])
+            for engine in ENGINES]
 
 
 def copy_run(run, folder):
@@ -83,6 +124,7 @@ def copy_run(run, folder):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", nargs="?", help="run directory of a translation model")
+    parser.add_argument("--gpt", help="run directory of a GPT: also time a generation")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="compiled_step")
     parser.add_argument("--build-worker", help=argparse.SUPPRESS)
@@ -105,25 +147,16 @@ def main():
                 {"KERAS_BACKEND": "torch"}, timeout=3600)
             builds.append(out)
     with tempfile.TemporaryDirectory() as cache:
-        copy = copy_run(run, cache)
-        # the first calls build the packages and write the export
-        first = {engine: one_sentence(copy, engine, cache) for engine in ENGINES}
-        best = {engine: None for engine in ENGINES}
-        for round_index in range(args.repeats):
-            order = ENGINES if round_index % 2 == 0 else ENGINES[::-1]
-            for engine in order:
-                seconds, megabytes, text = one_sentence(copy, engine, cache)
-                if best[engine] is None or seconds < best[engine][0]:
-                    best[engine] = (seconds, megabytes)
-                if text != first["keras"][2]:
-                    raise SystemExit(f"{engine} translated {text!r}, keras "
-                                     f"{first['keras'][2]!r}")
-    results = [dict(engine=engine, first_call_seconds=round(first[engine][0], 2),
-                    seconds=round(best[engine][0], 2), peak_mb=round(best[engine][1]))
-               for engine in ENGINES]
+        results = timed_engines(copy_run(run, cache), one_sentence, args.repeats, cache)
+    generations = []
+    if args.gpt:
+        with tempfile.TemporaryDirectory() as cache:
+            generations = timed_engines(copy_run(os.path.abspath(args.gpt), cache),
+                                        one_generation, args.repeats, cache, exact=False)
     payload = {"machine": dict(common.machine(), torch_version=torch.__version__),
                "run": run, "sentence": SENTENCE, "repeats": args.repeats,
-               "builds": builds, "results": results}
+               "builds": builds, "results": results, "gpt_run": args.gpt, "prompt": PROMPT,
+               "new_tokens": NEW_TOKENS, "generations": generations}
     lines = ["| what | seconds | peak memory, MB |", "|---|---:|---:|"]
     for build in builds:
         bucket = build.get("bucket")
@@ -136,6 +169,14 @@ def main():
         lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, first call | "
                      f"{r['first_call_seconds']} | |")
         lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, {cached[r['engine']]} "
+                     f"(best of {args.repeats}) | {r['seconds']} | {r['peak_mb']} |")
+    generated = {"keras": "again", "compiled": "package cached: no Keras",
+                 "ctranslate2": "export current: no Keras"}
+    for r in generations:
+        same = "" if r["same_as_keras"] else " (text differs from keras')"
+        lines.append(f"| `generate GPT_RUN --engine {r['engine']}`, first call{same} | "
+                     f"{r['first_call_seconds']} | |")
+        lines.append(f"| `generate GPT_RUN --engine {r['engine']}`, {generated[r['engine']]} "
                      f"(best of {args.repeats}) | {r['seconds']} | {r['peak_mb']} |")
     common.write_results(args.name, payload, "\n".join(lines))
 

@@ -97,11 +97,12 @@ def _load_model(model_file):
 def _packages_file_digest(runtime, config, model_file):
     """The sha256 of the weights file, which names its compiled packages' record
     (:mod:`transformerkit.decoding.aot_files`), where the compiled engine may decode a
-    translation run from them: PyTorch, a ``Transformer``, a file; else None."""
+    translation or GPT run from them: PyTorch, a ``Transformer`` or ``GPT``, a file; else
+    None."""
     from transformerkit.decoding.compiled import backend
     from transformerkit.files import file_sha256
 
-    if runtime.engine != "compiled" or config.model.type != "transformer" \
+    if runtime.engine != "compiled" or config.model.type not in ("transformer", "gpt") \
             or backend() != "torch" or not os.path.isfile(model_file):
         return None
     return file_sha256(model_file)
@@ -183,7 +184,7 @@ class Run:
         self._checked_export = self._packaged = None
 
     def use_packages(self, packaged):
-        """Translate with the compiled engine from ``packaged`` (a
+        """Translate and generate with the compiled engine from ``packaged`` (a
         :class:`~transformerkit.decoding.aot_files.PackagedModel` of the weights file) while
         the model is unloaded; where a batch needs the model, it loads it (:attr:`model`)."""
         self._packaged = packaged
@@ -388,7 +389,7 @@ class Run:
         from transformerkit.decoding.sampling import generate_ids
 
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
-        new = generate_ids(self.model, ids, options.max_new_tokens,
+        new = generate_ids(self._decoding_model(engine), ids, options.max_new_tokens,
                            min_new_tokens=options.min_new_tokens,
                            temperature=options.temperature, top_k=options.top_k,
                            top_p=options.top_p, seed=options.seed,
@@ -424,7 +425,7 @@ class Run:
         from transformerkit.decoding.texts import text_pieces
 
         ids = self._prompt_ids(prompt)
-        new_ids = stream_ids(self.model, ids, options.max_new_tokens,
+        new_ids = stream_ids(self._decoding_model(engine), ids, options.max_new_tokens,
                              min_new_tokens=options.min_new_tokens,
                              temperature=options.temperature, top_k=options.top_k,
                              top_p=options.top_p, seed=options.seed,

@@ -247,3 +247,132 @@ def test_a_run_translates_with_the_compiled_engine_as_users_call_it(trained, bui
             assert described["engine"] == "compiled"
             assert described["parameters"] == run.count_params()
     assert stand_in._model is None  # served from its packages throughout
+
+
+# -- a GPT's generation from its packages -----------------------------------------------------
+
+PROMPT = "ein zwei"
+
+
+def test_a_gpt_stand_in_needs_its_small_rows_package_only(tmp_path):
+    """A GPT's record makes a stand-in with the model's shapes once its small-rows step
+    package is on disk (a GPT has no encoder package)."""
+    from transformerkit.decoding import aot_files, aot_step
+    from transformerkit.models import GPT
+
+    model = GPT(30, num_layers=3, d_model=16, num_heads=2, d_ff=32, max_length=12)
+    digest, directory = "c" * 64, str(tmp_path)
+    aot_files.record(digest, model, directory)
+    assert aot_files.packaged_model(digest, "float32", directory) is None
+    stand_in = aot_files.PackagedModel(aot_files.read_record(digest, directory), directory)
+    open(stand_in.package_path("small", "float32"), "w").close()
+    stand_in = aot_files.packaged_model(digest, "float32", directory)
+    assert not stand_in.seq2seq
+    assert (stand_in.vocab_size, stand_in.num_layers, stand_in.max_length,
+            stand_in.key_dim) == (30, 3, 12, model.key_dim)
+    assert stand_in.package_path("small", "float32") == aot_step.package_path(
+        directory, "small", "float32", aot_step.weights_digest(model),
+        aot_step.model_description(model))
+
+
+@pytest.fixture(scope="module")
+def gpt_trained(tmp_path_factory, cache):
+    """A tiny trained character GPT run."""
+    from tiny_run import tiny_gpt_config
+
+    from transformerkit.training.trainer import train
+
+    folder = tmp_path_factory.mktemp("gpt")
+    train(tiny_gpt_config(folder, steps=30), folder / "run")
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def gpt_built(gpt_trained):
+    """The GPT run's greedy generation with the compiled engine, the model loaded (which
+    builds its small-rows package and records the file)."""
+    import transformerkit
+
+    run = transformerkit.load(gpt_trained, engine="compiled")
+    assert run._model is not None
+    return run.generate(PROMPT, max_new_tokens=10, temperature=0)
+
+
+def _continuation_ids(run, text):
+    return run.source_tokenizer.encode(text[len(PROMPT):])
+
+
+def _assert_same_generation_or_near_tie(run, expected, got):
+    """``got`` (a generation of :data:`PROMPT`) is ``expected``, or apart from a step on
+    at a near-tie (the stand-in fills its caches through the step package, the loaded
+    model through its Keras call: float32 sums in other orders)."""
+    from near_ties import assert_same_ids_or_near_tie, next_logits_after
+
+    prompt = run.source_tokenizer.encode(PROMPT)
+    assert_same_ids_or_near_tie([_continuation_ids(run, expected)],
+                                [_continuation_ids(run, got)],
+                                next_logits_after(run.model, prompts=[prompt]))
+
+
+FRESH_GPT = """
+import json, sys
+import transformerkit
+run = transformerkit.load(sys.argv[1], engine="compiled")
+unloaded = run._model is None
+greedy = run.generate(sys.argv[2], max_new_tokens=10, temperature=0)
+pieces = list(run.generate_stream(sys.argv[2], max_new_tokens=10, temperature=0))
+sampled = [run.generate(sys.argv[2], max_new_tokens=10, seed=7) for _ in range(2)]
+print(json.dumps({"greedy": greedy, "streamed": sys.argv[2] + "".join(pieces),
+                  "sampled": sampled, "unloaded": unloaded, "still": run._model is None,
+                  "keras": "keras" in sys.modules}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_process_generates_from_the_gpt_package_without_keras(gpt_trained, gpt_built):
+    """In a new process, ``load(engine="compiled")`` of a GPT run stands its package in for
+    the model: the prompt fills the caches through the step package, greedy generation
+    is the loaded model's (or apart at a near-tie), streaming gives the same text, a seed
+    the same sample, and Keras is never imported."""
+    import transformerkit
+
+    out, _ = _fresh("-c", FRESH_GPT, str(gpt_trained), PROMPT)
+    got = json.loads(out)
+    assert got["unloaded"] and got["still"] and not got["keras"]
+    assert got["streamed"] == got["greedy"]
+    assert got["sampled"][0] == got["sampled"][1] and got["sampled"][0].startswith(PROMPT)
+    _assert_same_generation_or_near_tie(transformerkit.load(gpt_trained), gpt_built,
+                                        got["greedy"])
+
+
+@pytest.mark.slow
+def test_the_generate_command_imports_no_keras_from_the_package(gpt_trained, gpt_built):
+    """``transformerkit generate RUN --prompt TEXT --engine compiled`` as a user types it,
+    in a new process: the compiled engine's text, no Keras module imported."""
+    import transformerkit
+
+    out, err = _fresh("-m", "transformerkit", "generate", str(gpt_trained), "--prompt", PROMPT,
+                      "--max-new-tokens", "10", "--temperature", "0", "--engine", "compiled",
+                      importtime=True)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
+                if line.startswith("import time:")]
+    assert "torch" in imported and not [m for m in imported if m.split(".")[0] == "keras"]
+    _assert_same_generation_or_near_tie(transformerkit.load(gpt_trained), gpt_built,
+                                        out.rstrip("\n"))
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_stepped_prefix_loads_the_model(gpt_trained, gpt_built,
+                                                                 monkeypatch):
+    """A prompt whose shared prefix is longer than ``PREFILL_STEPS`` positions loads the
+    model for its Keras call (then decodes with the package): the loaded compiled
+    engine's generation exactly; a shorter one keeps the model unloaded."""
+    import transformerkit
+    from transformerkit.decoding import aot_files
+
+    run = transformerkit.load(gpt_trained, engine="compiled")
+    run.generate(PROMPT[:2], max_new_tokens=3, temperature=0)
+    assert run._model is None
+    monkeypatch.setattr(aot_files, "PREFILL_STEPS", 2)
+    assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
+    assert run._model is not None

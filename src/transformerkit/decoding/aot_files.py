@@ -7,18 +7,23 @@ when :func:`transformerkit.load` loads a ``.keras`` file for the compiled engine
 :func:`record` writes beside the packages what names them: ``files/<the file's
 sha256>.json`` holds the weights' digest, the model's class, options and size. A
 later load of the same file (the same bytes) finds it (:func:`packaged_model`): where
-the packages of a one-sentence translation are built (the encoder pass and the small-rows
-step at the precision asked for), the run decodes with a :class:`PackagedModel` standing
-for the model, whose steps (:class:`PackagedSteps`) call those packages. Neither Keras nor
-the weights are read.
+the packages of a one-sentence answer are built (:data:`NEEDED`: a translation's encoder
+pass and small-rows step, a GPT's small-rows step, at the precision asked for), the run
+decodes with a :class:`PackagedModel` standing for the model, whose steps
+(:class:`PackagedSteps`) call those packages. Neither Keras nor the weights are read.
 
 The stand-in holds no weights. Where a batch needs a package that is not built (the
 many-rows step of a larger batch, another precision) or that fails to load, the model is
 loaded then, once (:meth:`PackagedModel.loaded`: the run's own, so the run decodes with it
 from then on), and the package built as the compiled engine always builds it; where even
-that cannot be had, the eager step of the loaded model runs. Only translation
-(``Transformer`` runs) decodes this way; a GPT's generation starts with a Keras call over
-its prompt (:class:`~.eager_steps.EagerSteps`), so it loads the model.
+that cannot be had, the eager step of the loaded model runs.
+
+A GPT's prompt fills the caches through the same step package, one position a call
+(:meth:`PackagedSteps._start_language_model`), where the loaded model's
+:class:`~.eager_steps.EagerSteps` runs the prompt's shared prefix in one Keras call: the
+same cached math, in float32 to its round-off. Stepping costs a step a position (GPT-2
+124M: about 20 ms in float32, one thread), importing Keras and loading the model seconds,
+so a prefix longer than :data:`PREFILL_STEPS` positions loads the model for its Keras call.
 """
 
 import json
@@ -40,6 +45,11 @@ from transformerkit.token_ids import check_token_ids
 
 FORMAT = 1  # the layout of a record; another is not read
 RECORDS = "files"  # the folder of the records, in the packages' folder
+# the packages a model's class needs on disk for its stand-in to answer one short request
+NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
+# the longest prompt prefix a GPT's stand-in steps through its package (a longer one loads
+# the model for one Keras call): ``bench/compiled_step.py``'s generate rows
+PREFILL_STEPS = 256
 
 
 def record_path(directory, file_digest):
@@ -83,10 +93,10 @@ def read_record(file_digest, directory=None):
 
 def packaged_model(file_digest, precision="float32", directory=None):
     """A :class:`PackagedModel` for the ``.keras`` file of sha256 ``file_digest`` where it
-    can translate without its model: a record of
-    the file, a ``Transformer``'s, the packages of a one-sentence translation at
-    ``precision`` on disk, the PyTorch backend with its shortcuts on and no GPU (the
-    packages are the CPU's). Else None: the model is loaded as usual."""
+    can decode without its model: a record of the file, a ``Transformer``'s or a ``GPT``'s,
+    the packages of a one-sentence answer at ``precision`` on disk (:data:`NEEDED`), the
+    PyTorch backend with its shortcuts on and no GPU (the packages are the CPU's). Else
+    None: the model is loaded as usual."""
     from transformerkit import fastpath
     from transformerkit.decoding.compiled import backend
     from transformerkit.decoding.loop_ops import tensor_device
@@ -96,19 +106,20 @@ def packaged_model(file_digest, precision="float32", directory=None):
         return None
     directory = directory or aot_packages.cache_directory()
     found = read_record(file_digest, directory)
-    if found is None or found["class"] != "Transformer":
+    if found is None or found["class"] not in NEEDED:
         return None
     packaged = PackagedModel(found, directory)
     if not all(os.path.exists(packaged.package_path(bucket, precision))
-               for bucket in (ENCODER, "small")):
+               for bucket in NEEDED[found["class"]]):
         return None
     return packaged
 
 
 class PackagedModel:
-    """A ``Transformer`` standing in for its model in the search loops, from its file's
-    record (:func:`record`): its shapes (``max_length``, vocabulary sizes, the decoder's
-    layers, heads and widths) and :meth:`packages`, the step's packages by row bucket.
+    """A ``Transformer`` or ``GPT`` standing in for its model in the search loops, from its
+    file's record (:func:`record`): its shapes (``max_length``, vocabulary sizes, the
+    decoder's layers, heads and widths) and :meth:`packages`, the step's packages by row
+    bucket.
 
     Args:
         found: the record (:func:`read_record`).
@@ -126,13 +137,18 @@ class PackagedModel:
         self.load = load
         self._packages = {}  # precision -> _FilePackages
         options = found["options"]
+        self.seq2seq = found["class"] == "Transformer"
         self.max_length = options["max_length"]
-        self.source_vocab_size = options["source_vocab_size"]
-        self.target_vocab_size = options["target_vocab_size"]
         self.num_heads = options["num_heads"]
         self.key_dim = options["key_dim"]
         self.value_dim = options["value_dim"]
-        self.num_decoder_layers = options["num_decoder_layers"] or options["num_layers"]
+        if self.seq2seq:
+            self.source_vocab_size = options["source_vocab_size"]
+            self.target_vocab_size = options["target_vocab_size"]
+            self.num_decoder_layers = options["num_decoder_layers"] or options["num_layers"]
+        else:
+            self.vocab_size = options["vocab_size"]
+            self.num_layers = options["num_layers"]
 
     def __repr__(self):
         return f"PackagedModel({self.description['class']}, weights {self.weights[:12]})"
@@ -199,7 +215,8 @@ class PackagedSteps(CompiledSteps):
             raise ValueError(f"the compiled step runs {' or '.join(PRECISIONS)}; got "
                              f"precision {precision}")
         self.model, self.precision = packaged, precision
-        self.seq2seq, self.vocab_size = True, packaged.target_vocab_size
+        self.seq2seq = packaged.seq2seq
+        self.vocab_size = packaged.target_vocab_size if self.seq2seq else packaged.vocab_size
         self.directory = packaged.directory
         self._run = None
 
@@ -219,6 +236,24 @@ class PackagedSteps(CompiledSteps):
         memories = encode(ids)
         state = self._empty_caches(ids.shape[0] * copies, max_len, memories[0][2])
         return state, (None, memories, copies)
+
+    def _start_language_model(self, buffer, prefill, max_len):
+        """Empty caches, the prompt's shared prefix ``buffer[:, :prefill]`` written into them
+        by the step's package one position a call (the module docstring; a prefix longer
+        than :data:`PREFILL_STEPS`: the loaded model's Keras call); no weights."""
+        import torch
+
+        if prefill > PREFILL_STEPS:
+            from transformerkit.decoding.eager_steps import EagerSteps
+
+            return EagerSteps(self.model.loaded(), self.precision)._start_language_model(
+                buffer, prefill, max_len)
+        buffer = torch.as_tensor(buffer).long()
+        state = self._empty_caches(buffer.shape[0], max_len, torch.empty(0))
+        static = (None, None, 1)
+        for index in range(prefill):
+            self._decode(buffer[:, index], index, state, static)
+        return state, static
 
     def _eager_start(self, source_ids, max_len, copies):
         from transformerkit.decoding.eager_steps import EagerSteps

@@ -15,7 +15,6 @@ tokens. Sampling keeps every row too, so a seed draws the same random numbers ei
 
 import numpy as np
 
-from transformerkit.backend import keras_ops as ops
 from transformerkit.decoding.common import (
     TokenRules,
     argmax_ids,
@@ -87,45 +86,46 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
     rows, width = buffer.shape
     rules = TokenRules(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
+    xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch (no Keras import needed)
 
     def cond(s):
-        return ops.logical_and(ops.less(s["index"] + 1, width),
-                               ops.logical_not(ops.all(s["finished"])))
+        return xp.logical_and(xp.less(s["index"] + 1, width),
+                              xp.logical_not(xp.all(s["finished"])))
 
     def body(s):
         index, buf = s["index"], s["buffer"]
         logits, new_state = steps.step(buf, index, s["state"], static)
-        logits = ops.cast(logits, "float32")
+        logits = xp.cast(logits, "float32")
         position = index + 1
         made = position - prompt_lengths  # tokens generated before this one (per row)
         allowed = rules.apply(logits, made < min_new, owned=not collect_logits)
-        token = choose(ban_repeated_ngrams(ops, allowed, buf, index, no_repeat_ngram_size),
+        token = choose(ban_repeated_ngrams(xp, allowed, buf, index, no_repeat_ngram_size),
                        index)
         if forced_eos:
-            token = ops.where(made + 1 >= max_new, eos_id, token)
+            token = xp.where(xp.convert_to_tensor(made + 1 >= max_new), eos_id, token)
         if per_row_prompts:  # rows still inside their prompt copy it
-            in_prompt = ops.less(position, prompt_lengths)
-            token = ops.where(in_prompt, ops.squeeze(token_at(buf, position), 1), token)
-        token = ops.where(s["finished"], PAD_ID, token)
+            in_prompt = xp.convert_to_tensor(xp.less(position, prompt_lengths))
+            token = xp.where(in_prompt, xp.squeeze(token_at(buf, position), 1), token)
+        token = xp.where(s["finished"], PAD_ID, token)
         if on_token is not None:
             on_token(to_numpy(token))
-        out = dict(index=index + 1, state=new_state, buffer=ops.slice_update(
-            buf, [0, position], ops.expand_dims(ops.cast(token, "int32"), 1)))
-        ends = ops.logical_or(ops.equal(token, eos_id), made + 1 >= max_new)
+        out = dict(index=index + 1, state=new_state, buffer=xp.slice_update(
+            buf, [0, position], xp.expand_dims(xp.cast(token, "int32"), 1)))
+        ends = xp.logical_or(xp.equal(token, eos_id), xp.convert_to_tensor(made + 1 >= max_new))
         if per_row_prompts:
-            ends = ops.logical_and(ops.logical_not(in_prompt), ends)
-        out["finished"] = ops.logical_or(s["finished"], ends)
+            ends = xp.logical_and(xp.logical_not(in_prompt), ends)
+        out["finished"] = xp.logical_or(s["finished"], ends)
         if collect_logits:
-            out["logits"] = ops.slice_update(s["logits"], [0, index, 0],
-                                             ops.expand_dims(logits, 1))
+            out["logits"] = xp.slice_update(s["logits"], [0, index, 0],
+                                            xp.expand_dims(logits, 1))
         return out
 
     init = dict(index=start_index(first_index), state=state,
-                buffer=ops.convert_to_tensor(buffer, "int32"),
-                finished=ops.logical_not(ops.convert_to_tensor(active, "bool")))
+                buffer=xp.convert_to_tensor(buffer, "int32"),
+                finished=xp.logical_not(xp.convert_to_tensor(active, "bool")))
     if collect_logits:
         vocab = steps.vocab_size
-        init["logits"] = ops.zeros((rows, width - 1, vocab), "float32")
+        init["logits"] = xp.zeros((rows, width - 1, vocab), "float32")
     final = while_loop(cond, body, init)
     return final["buffer"], final.get("logits")
 

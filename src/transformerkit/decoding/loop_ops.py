@@ -128,8 +128,17 @@ class TorchLoopOps:
     def top_k(self, x, k):
         return self.torch.topk(x, k)
 
-    def min(self, x, axis):
-        return self.torch.amin(x, axis)
+    def min(self, x, axis, keepdims=False):
+        return self.torch.amin(x, axis, keepdim=keepdims)
+
+    def softmax(self, x, axis=-1):
+        return self.torch.softmax(x, axis)
+
+    def cumsum(self, x, axis):
+        return self.torch.cumsum(x, axis)
+
+    def log(self, x):
+        return self.torch.log(x)
 
     def max(self, x, axis):
         return self.torch.amax(x, axis)

@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 
-from transformerkit.backend import keras_ops as ops
 from transformerkit.data.padding import pad_batch
 from transformerkit.decoding.common import (
     NEG_INF,
@@ -20,10 +19,12 @@ from transformerkit.decoding.common import (
 )
 from transformerkit.decoding.compiled import UniformNoise, bucket, run_decoder
 from transformerkit.decoding.greedy import argmax_choice, token_search, translate_ids
+from transformerkit.decoding.loop_ops import loop_ops
 from transformerkit.decoding.options import GenerationOptions, SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps
 from transformerkit.decoding.texts import check_sampling
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from transformerkit.token_ids import check_token_ids
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
@@ -34,29 +35,31 @@ def filter_logits(logits, temperature, top_k=None, top_p=None):
     """``(rows, vocab)`` logits / ``temperature`` with ids outside the top ``top_k`` and
     outside the nucleus of probability ``top_p`` set to -inf (the order of Hugging Face's
     ``generate``: temperature, top-k, top-p). The most likely id always survives."""
-    x = logits / ops.cast(temperature, logits.dtype)
+    xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
+    x = logits / xp.cast(temperature, "float32")  # the loops' logits are float32
     vocab = x.shape[-1]
     if top_k is not None and top_k < vocab:
-        kth = ops.top_k(x, top_k)[0][:, -1:]  # (rows, 1)
-        x = ops.where(ops.less(x, kth), NEG_INF, x)
+        kth = xp.top_k(x, top_k)[0][:, -1:]  # (rows, 1)
+        x = xp.where(xp.less(x, kth), NEG_INF, x)
     if top_p is not None:
-        probs = ops.softmax(x, axis=-1)
-        ranked = ops.top_k(probs, vocab)[0]  # (rows, vocab), descending
-        before = ops.cumsum(ranked, axis=-1) - ranked  # probability of the better ids
-        kept = ops.where(ops.less(before, ops.cast(top_p, ranked.dtype)), ranked, 2.0)
-        cutoff = ops.min(kept, axis=-1, keepdims=True)  # smallest kept probability
-        x = ops.where(ops.less(probs, cutoff), NEG_INF, x)
+        probs = xp.softmax(x, axis=-1)
+        ranked = xp.top_k(probs, vocab)[0]  # (rows, vocab), descending
+        before = xp.cumsum(ranked, axis=-1) - ranked  # probability of the better ids
+        kept = xp.where(xp.less(before, xp.cast(top_p, "float32")), ranked, 2.0)
+        cutoff = xp.min(kept, axis=-1, keepdims=True)  # smallest kept probability
+        x = xp.where(xp.less(probs, cutoff), NEG_INF, x)
     return x
 
 
 def sampling_choice(seed, temperature, top_k, top_p):
     """A ``choose(logits, index)`` for :func:`token_search` that samples (Gumbel-max)."""
     noise = UniformNoise(seed)
+    xp = loop_ops()
 
     def choose(logits, index):
         x = filter_logits(logits, temperature, top_k, top_p)
-        gumbel = -ops.log(-ops.log(noise(index, tuple(x.shape))))
-        return argmax_ids(x + ops.cast(gumbel, x.dtype))
+        gumbel = -xp.log(-xp.log(noise(index, tuple(x.shape))))
+        return argmax_ids(x + xp.cast(gumbel, "float32"))
 
     return choose
 
@@ -128,7 +131,9 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
             raises stops the generation (:mod:`.streaming`).
         precision: the products' precision, as in
             :func:`~transformerkit.decoding.greedy_translate` (a prompt's shared prefix is
-            computed by the model's Keras call, in float32).
+            computed by the model's Keras call, in float32; by the compiled engine's
+            packages standing in for an unloaded model, one step a position at this
+            precision: :mod:`~transformerkit.decoding.aot_files`).
 
     Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
     longer than ``max_length - 1`` tokens keep their last tokens, with a warning.
@@ -225,7 +230,8 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
     max_new = check_max_new_tokens(max_new_tokens, model.max_length - int(lengths.min()))
     total = min(int(lengths.max()) + max_new, model.max_length)
     width = bucket(total, PROMPT_BUCKET, model.max_length)
-    buffer = pad_batch(prompts, width)
+    buffer = check_token_ids(pad_batch(prompts, width), model.vocab_size, model.max_length,
+                             "prompt_ids")  # every engine's step indexes tables with them
     prefill = int(lengths.min()) - 1
     if width != total:  # compiling backends: a prefill bucket too, not one per prompt length
         prefill = prefill // PROMPT_BUCKET * PROMPT_BUCKET
@@ -236,7 +242,7 @@ def generate_once(model, prompts, max_new_tokens, temperature, top_k, top_p, see
     def decode(buffer, lengths, max_new, min_new, *extra):
         state, static = steps.start(buffer, prefill, width)
         chooser = make_choose(*extra) if make_choose is not None else argmax_choice
-        active = ops.ones((buffer.shape[0],), "bool")
+        active = loop_ops().full((buffer.shape[0],), True, "bool")
         return token_search(steps, static, state, buffer, prefill, lengths, max_new, min_new,
                             chooser, eos, active, on_token=on_token,
                             no_repeat_ngram_size=no_repeat_ngram_size)[0]

@@ -31,6 +31,7 @@ from transformerkit.decoding.aot_files import PackagedModel, PackagedSteps
 from transformerkit.decoding.aot_step import CompiledSteps
 from transformerkit.decoding.compiled import is_eager_loop
 from transformerkit.decoding.eager_steps import EagerSteps
+from transformerkit.decoding.loop_ops import loop_ops
 
 __all__ = ["CACHE_MODES", "CompiledSteps", "EagerSteps", "make_steps", "token_at"]
 
@@ -38,7 +39,7 @@ __all__ = ["CACHE_MODES", "CompiledSteps", "EagerSteps", "make_steps", "token_at
 def token_at(buffer, index):
     """``buffer[:, index:index + 1]`` for an int or scalar-tensor ``index``."""
     rows = buffer.shape[0]
-    return ops.slice(buffer, [0, index], [rows, 1])
+    return loop_ops().slice(buffer, [0, index], [rows, 1])
 
 
 CACHE_MODES = (True, "compiled", "keras", False)
