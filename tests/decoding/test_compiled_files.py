@@ -376,3 +376,30 @@ def test_a_prompt_longer_than_the_stepped_prefix_loads_the_model(gpt_trained, gp
     monkeypatch.setattr(aot_files, "PREFILL_STEPS", 2)
     assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
     assert run._model is not None
+
+
+@pytest.mark.slow
+def test_the_server_generates_from_the_gpt_package(gpt_trained):
+    """``transformerkit serve --engine compiled`` over a GPT run loaded from its package:
+    ``POST /generate`` answers as ``Run.generate`` does, streamed (server-sent events) the
+    same text, and the model is never loaded."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    import transformerkit
+    from transformerkit.serving.app import create_app
+
+    stand_in = transformerkit.load(gpt_trained, engine="compiled")
+    expected = stand_in.generate(PROMPT, max_new_tokens=10, temperature=0)
+    body = {"prompt": PROMPT, "max_new_tokens": 10, "temperature": 0}
+    with TestClient(create_app({"words": stand_in}, engine="compiled")) as client:
+        assert client.post("/generate", json=body).json()["text"] == expected
+        with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
+            assert response.status_code == 200
+            data = [json.loads(line[len("data: "):]) for line in response.iter_lines()
+                    if line.startswith("data: ")]
+        assert client.get("/models").json()["models"][0]["parameters"] == \
+            transformerkit.load(gpt_trained).count_params()
+    assert data[-1]["text"] == expected
+    assert PROMPT + "".join(piece["text"] for piece in data[:-1]) == expected
+    assert stand_in._model is None
