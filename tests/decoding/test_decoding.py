@@ -500,6 +500,16 @@ def test_samples_follow_the_softmax():
 
 # -- bad input --------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("prompts", [[5, 17], [[4, 5], [-1, 6, 7]], [99]])
+def test_prompt_ids_outside_the_vocabulary_are_a_clear_error(prompts):
+    """Every engine's step indexes its tables with the prompt's ids: one outside the
+    vocabulary is named before any step runs, not an index error inside one."""
+    gpt = make_gpt()
+    with pytest.raises(ValueError, match=r"prompt_ids contains id -?\d+, outside the "
+                                         r"vocabulary \[0, 17\)"):
+        generate_ids(gpt, prompts, 3, temperature=0)
+
+
 def test_empty_inputs_are_clear_errors():
     model = make_transformer()
     with pytest.raises(ValueError, match="sentence 1 is empty"):
