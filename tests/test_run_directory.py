@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+import transformerkit.files as files
 from transformerkit.files import atomic_path, atomic_write_text, file_sha256, remove_temporaries
 from transformerkit.run_directory import CheckpointDirectory, RunDirectory
 
@@ -119,3 +121,64 @@ def test_file_sha256_matches_hashlib(tmp_path):
     data = os.urandom(3 << 20) + b"tail"  # more than one read block
     (tmp_path / "blob").write_bytes(data)
     assert file_sha256(tmp_path / "blob") == hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def counted_hashes(monkeypatch):
+    """The paths :func:`files.file_sha256` reads, in order."""
+    read = []
+    real = files.file_sha256
+    monkeypatch.setattr(files, "file_sha256", lambda path: read.append(path) or real(path))
+    return read
+
+
+def test_a_remembered_digest_is_read_once_per_version_of_the_file(tmp_path, monkeypatch,
+                                                                 counted_hashes):
+    """The digest is the file's; a second call answers from the memo; a rewrite of the same
+    size with its modification time set back is read again (its change time moved)."""
+    monkeypatch.setattr(files, "RACY_SECONDS", 0.0)
+    blob, memos = tmp_path / "blob.keras", str(tmp_path / "memo")
+    blob.write_bytes(b"a" * 4096)
+    first = files.remembered_sha256(blob, memos)
+    assert first == hashlib.sha256(b"a" * 4096).hexdigest()
+    assert files.remembered_sha256(str(blob), memos) == first
+    assert len(counted_hashes) == 1
+    assert len(os.listdir(memos)) == 1
+
+    before = os.stat(blob)
+    time.sleep(0.05)  # past the kernel's clock tick
+    blob.write_bytes(b"b" * 4096)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(blob).st_size == before.st_size
+    assert files.remembered_sha256(blob, memos) == hashlib.sha256(b"b" * 4096).hexdigest()
+    assert len(counted_hashes) == 2
+    assert files.remembered_sha256(blob, memos) == hashlib.sha256(b"b" * 4096).hexdigest()
+    assert len(counted_hashes) == 2
+
+
+def test_a_just_written_file_is_not_remembered(tmp_path, counted_hashes):
+    """A file changed within RACY_SECONDS could change again within the same clock tick:
+    it is read on every call, and nothing is remembered."""
+    blob, memos = tmp_path / "blob", tmp_path / "memo"
+    blob.write_bytes(b"x" * 100)
+    digests = {files.remembered_sha256(blob, memos) for _ in range(2)}
+    assert digests == {hashlib.sha256(b"x" * 100).hexdigest()}
+    assert len(counted_hashes) == 2 and not memos.exists()
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"sha256": 5}', "\udcff"])
+def test_a_damaged_or_unwritable_memo_is_hashed_again(tmp_path, monkeypatch, counted_hashes,
+                                                       damage):
+    monkeypatch.setattr(files, "RACY_SECONDS", 0.0)
+    blob, memos = tmp_path / "blob", tmp_path / "memo"
+    blob.write_bytes(b"y" * 100)
+    expected = hashlib.sha256(b"y" * 100).hexdigest()
+    assert files.remembered_sha256(blob, memos) == expected
+    (memo,) = memos.iterdir()
+    memo.write_bytes(damage.encode("utf-8", "surrogateescape"))
+    assert files.remembered_sha256(blob, memos) == expected
+    assert files.remembered_sha256(blob, memos) == expected  # the memo was written again
+    assert len(counted_hashes) == 2
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("not a folder")
+    assert files.remembered_sha256(blob, unwritable) == expected

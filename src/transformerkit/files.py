@@ -2,15 +2,25 @@
 
 An atomic write goes to a temporary file next to the target, is fsynced and renamed onto
 it, so a crash never leaves a half-written file under the final name.
+
+:func:`remembered_sha256` reads a large file (a model's weights, whose digest names its
+compiled packages and CTranslate2 export) once per version of it: the digest is kept in
+the user's cache under the file's identity, as git's index and ccache keep theirs.
 """
 
 import contextlib
 import glob
 import hashlib
+import json
 import os
 import tempfile
+import time
 
 TEMPORARY_PREFIX = ".tmp-"  # names of the temporary files of :func:`atomic_path`
+# a file changed less than this long ago is hashed but its digest not remembered: file
+# times are kept at the kernel's clock tick, so a second write within that tick could
+# leave the same times (git's "racily clean" entries)
+RACY_SECONDS = 2.0
 
 
 @contextlib.contextmanager
@@ -56,6 +66,50 @@ def file_sha256(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def user_cache_directory(*parts):
+    """``$TRANSFORMERKIT_CACHE``, else ``~/.cache/transformerkit``, joined with ``parts``."""
+    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "transformerkit")
+    return os.path.join(root, *parts)
+
+
+def remembered_sha256(path, directory=None):
+    """The sha256 hex digest of the file at ``path`` (:func:`file_sha256`), read once per
+    version of the file: the digest is remembered in ``directory`` (default
+    :func:`user_cache_directory` ``("digests")``) with the file's identity, its device,
+    inode, size and modification and change times in nanoseconds, and given again while
+    all of them are the same. Writing a file changes its change time, which no user call
+    can set back, so a changed file is always read again. A file changed within
+    :data:`RACY_SECONDS` is hashed every time until it is older. Where the memo cannot
+    be read or written (a read-only cache), the file is hashed."""
+    path = os.path.abspath(os.fspath(path))
+    directory = directory or user_cache_directory("digests")
+    memo = os.path.join(directory,
+                        hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+                        + ".json")
+    identity = _identity(path)
+    try:
+        with open(memo, encoding="utf-8") as f:
+            found = json.load(f)
+        if found.get("path") == path and found.get("identity") == identity \
+                and isinstance(found.get("sha256"), str):
+            return found["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = file_sha256(path)
+    if _identity(path) == identity and time.time() - os.stat(path).st_ctime >= RACY_SECONDS:
+        with contextlib.suppress(OSError):
+            os.makedirs(directory, exist_ok=True)
+            atomic_write_text(memo, json.dumps({"path": path, "identity": identity,
+                                                "sha256": digest}))
+    return digest
+
+
+def _identity(path):
+    stat = os.stat(path)
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
 def _umask():

@@ -378,7 +378,7 @@ def test_a_deferred_load_reads_the_model_file_once_and_a_damaged_record_is_redon
     """load(engine="ctranslate2") checks the export by the .keras file's digest; translating
     then does not read the file again. A damaged transformerkit.json is not an error: the
     model is loaded and exported again."""
-    import transformerkit.export.ctranslate2_folders as folders
+    import transformerkit.files as files
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("ctranslate2*"))
@@ -386,7 +386,7 @@ def test_a_deferred_load_reads_the_model_file_once_and_a_damaged_record_is_redon
     expected = transformerkit.load(run_dir).translate(text, beam_size=1, engine="ctranslate2")
     model_dir = default_export_dir(run_dir)
     hashed = []
-    monkeypatch.setattr(folders, "file_sha256",
+    monkeypatch.setattr(files, "file_sha256",
                         lambda path: hashed.append(path) or file_sha256(path))
     deferred = transformerkit.load(run_dir, engine="ctranslate2")
     assert deferred.checked_export() == model_dir

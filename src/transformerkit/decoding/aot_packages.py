@@ -31,14 +31,13 @@ import time
 import warnings
 
 from transformerkit import internals
+from transformerkit.files import user_cache_directory
 
 
 def cache_directory():
     """Where packages are kept: ``$TRANSFORMERKIT_CACHE/compiled``, else
     ``~/.cache/transformerkit/compiled``."""
-    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "transformerkit")
-    return os.path.join(root, "compiled")
+    return user_cache_directory("compiled")
 
 
 def compile_program(program, path, configs=None):

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from transformerkit.files import atomic_write_text, file_sha256
+from transformerkit.files import atomic_write_text, remembered_sha256
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -77,7 +77,7 @@ def file_record(run_dir, model_file):
     what an export made from ``model_file``'s weights, unchanged, records
     (:func:`stands_for_file`)."""
     return {"model_file": _relative(run_dir, model_file),
-            "model_file_sha256": file_sha256(model_file)}
+            "model_file_sha256": remembered_sha256(model_file)}
 
 
 def record_file(model_dir, run_dir, model_file, parameters):
@@ -92,7 +92,8 @@ def record_file(model_dir, run_dir, model_file, parameters):
 def stands_for_file(model_dir, run_dir, model_file):
     """Whether ``model_dir`` is a complete export made from the weights of ``model_file``
     (a ``.keras`` file of the run ``run_dir``) as the file is now, told without loading it:
-    the file's sha256 is the one the export recorded. A file that is gone counts as the one
+    the file's sha256 is the one the export recorded (remembered by the file's identity:
+    :func:`~transformerkit.files.remembered_sha256`). A file that is gone counts as the one
     recorded when the path is the same (a deployment may keep the export only). A record
     without the model's parameter count (an older export's) does not count: the model is
     loaded once more and the record completed (:func:`record_file`)."""
@@ -105,7 +106,7 @@ def stands_for_file(model_dir, run_dir, model_file):
         return False
     if not os.path.exists(model_file):
         return True
-    return recorded == file_sha256(model_file)
+    return recorded == remembered_sha256(model_file)
 
 
 def _relative(run_dir, path):
