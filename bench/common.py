@@ -188,13 +188,18 @@ def train_run(config, run_dir, overrides):
     return time.perf_counter() - start
 
 
-def run_worker(script, args, env_extra=None, timeout=1800):
-    """Run ``script`` in a subprocess and return the JSON it prints on its last line."""
-    env = dict(os.environ, **(env_extra or {}))
-    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                            env=env, timeout=timeout)
+def run_worker(script, args, env_extra=None, timeout=1800, python=None, stdin=None,
+               env=None):
+    """Run ``script`` in a subprocess and return the JSON it prints on its last line, or
+    ``{"error": ...}`` (the last line of its standard error). ``python``: the interpreter
+    (this one by default: another venv's for a peer); ``stdin``: text for its standard
+    input; ``env``: its whole environment (default: this one), ``env_extra`` added."""
+    env = dict(os.environ if env is None else env, **(env_extra or {}))
+    result = subprocess.run([python or sys.executable, script, *args], input=stdin,
+                            capture_output=True, text=True, env=env, timeout=timeout)
     if result.returncode != 0:
-        return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+        lines = result.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else "failed"}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -33,8 +33,9 @@ measured.
 import json
 import os
 import shutil
-import subprocess
 import sys
+
+import common
 
 from transformerkit.files import file_sha256
 
@@ -59,17 +60,13 @@ def require_venv():
 
 def run_worker(mode, spec, threads, timeout=3600):
     """``bench/openvino_worker.py MODE`` in the OpenVINO venv, ``spec`` on its standard
-    input, ``threads`` threads; the JSON of its last line, or ``{"error": ...}`` (its last
-    line of standard error)."""
+    input, ``threads`` threads, this venv's paths left out of its environment; the JSON of
+    its last line, or ``{"error": ...}`` (:func:`common.run_worker`)."""
     require_venv()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run([PYTHON, WORKER, mode], input=json.dumps(spec),
-                            capture_output=True, text=True, env=env, timeout=timeout)
-    if result.returncode != 0:
-        lines = result.stderr.strip().splitlines()
-        return {"error": lines[-1] if lines else "failed"}
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return common.run_worker(WORKER, [mode], dict(OMP_NUM_THREADS=str(threads),
+                                                  TOKENIZERS_PARALLELISM="false"),
+                             timeout=timeout, python=PYTHON, stdin=json.dumps(spec), env=env)
 
 
 def fresh_folder(base, source_file):

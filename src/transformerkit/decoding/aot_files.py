@@ -229,7 +229,7 @@ class PackagedSteps(CompiledSteps):
 
         encode = self._run.get(ENCODER)
         if encode is None:  # the loaded model's eager encoder pass
-            return self._eager_start(source_ids, max_len, copies)
+            return self._eager()._start_seq2seq(source_ids, max_len, copies)
         model = self.model
         ids = torch.as_tensor(check_token_ids(source_ids, model.source_vocab_size,
                                               model.max_length, "source_ids")).long()
@@ -244,10 +244,7 @@ class PackagedSteps(CompiledSteps):
         import torch
 
         if prefill > PREFILL_STEPS:
-            from transformerkit.decoding.eager_steps import EagerSteps
-
-            return EagerSteps(self.model.loaded(), self.precision)._start_language_model(
-                buffer, prefill, max_len)
+            return self._eager()._start_language_model(buffer, prefill, max_len)
         buffer = torch.as_tensor(buffer).long()
         state = self._empty_caches(buffer.shape[0], max_len, torch.empty(0))
         static = (None, None, 1)
@@ -255,17 +252,16 @@ class PackagedSteps(CompiledSteps):
             self._decode(buffer[:, index], index, state, static)
         return state, static
 
-    def _eager_start(self, source_ids, max_len, copies):
+    def _eager_decode(self, tokens, index, caches, static):
+        """The loaded model's eager step (a row bucket without a package)."""
+        weights, memories, copies = static
+        model = self.model.loaded()
+        if weights is None:
+            weights = model.step_weights(self.precision)
+        return model.decode_step(tokens, index, caches, weights, memories, copies)
+
+    def _eager(self):
+        """The loaded model's eager steps (:class:`~.eager_steps.EagerSteps`)."""
         from transformerkit.decoding.eager_steps import EagerSteps
 
-        return EagerSteps(self.model.loaded(), self.precision)._start_seq2seq(
-            source_ids, max_len, copies)
-
-    def _decode(self, tokens, index, caches, static):
-        weights, memories, copies = static
-        if self._run.get(self._run.bucket(tokens.shape[0])) is None:  # the eager step
-            model = self.model.loaded()
-            if weights is None:
-                weights = model.step_weights(self.precision)
-            return model.decode_step(tokens, index, caches, weights, memories, copies)
-        return super()._decode(tokens, index, caches, static)
+        return EagerSteps(self.model.loaded(), self.precision)

@@ -328,11 +328,15 @@ class CompiledSteps(EagerSteps):
             bucket = self._run.bucket(tokens.shape[0])
             package = self._run.get(bucket)
         if package is None:
-            return super()._decode(tokens, index, caches, static)
+            return self._eager_decode(tokens, index, caches, static)
         _, memories, copies = static
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
         return package(tokens, torch.tensor(index), caches, memories)
+
+    def _eager_decode(self, tokens, index, caches, static):
+        """The eager step, where this batch's row bucket has no package."""
+        return super()._decode(tokens, index, caches, static)
 
     def search_work(self, work, settings):
         """A beam search's work of a step (``work``, for the search ``settings``) as one
