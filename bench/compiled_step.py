@@ -7,9 +7,10 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   shell, wall time and peak memory of the whole process, for ``--engine keras``,
   ``--engine compiled`` with the packages already on disk (the cached load, which answers
   from them without importing Keras: ``transformerkit/decoding/aot_files.py``) and
-  ``--engine ctranslate2`` with the run's export current (which answers without importing
-  Keras), alternating engines for ``--repeats`` rounds (the best kept; the first call of
-  each, which builds the packages or writes the export, is reported apart). The run is
+  ``--engine compiled --precision bfloat16`` the same way, and ``--engine ctranslate2``
+  with the run's export current (which answers without importing Keras), alternating them
+  for ``--repeats`` rounds (the best kept; the first call of each, which builds the
+  packages or writes the export, is reported apart). The run is
   copied first (its config, tokenizers and ``model.keras``), so the first CTranslate2 call
   does export;
 - **one generation** (``--gpt GPT_RUN``, e.g. the GPT-2 124M run ``bench/gpt2_generate.py``
@@ -38,7 +39,9 @@ HERE = os.path.abspath(__file__)
 SENTENCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
 PROMPT = "A man in an orange hat starring at something."
 NEW_TOKENS = 64
-ENGINES = ("keras", "compiled", "ctranslate2")
+# (engine, precision): each system timed; float32 ones must give the keras engine's text
+SYSTEMS = (("keras", "float32"), ("compiled", "float32"), ("compiled", "bfloat16"),
+           ("ctranslate2", "float32"))
 
 
 def build_worker(spec):
@@ -64,17 +67,22 @@ print(json.dumps([time.perf_counter() - started, child.returncode, child.stdout,
 """
 
 
-def one_sentence(run, engine, cache):
-    """``(wall seconds, peak resident MB, output)`` of ``transformerkit translate`` in a new
-    process."""
-    return _command(["translate", run, SENTENCE, "--beam", "1", "--engine", engine], cache)
+def one_sentence(run, system, cache):
+    """``(wall seconds, peak resident MB, output)`` of ``transformerkit translate`` with the
+    ``(engine, precision)`` ``system`` in a new process."""
+    engine, precision = system
+    return _command(["translate", run, SENTENCE, "--beam", "1", "--engine", engine,
+                     "--precision", precision], cache)
 
 
-def one_generation(run, engine, cache):
+def one_generation(run, system, cache):
     """``(wall seconds, peak resident MB, output)`` of ``transformerkit generate`` (greedy,
-    :data:`NEW_TOKENS` new tokens) in a new process."""
+    :data:`NEW_TOKENS` new tokens) with the ``(engine, precision)`` ``system`` in a new
+    process."""
+    engine, precision = system
     return _command(["generate", run, "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS),
-                     "--temperature", "0", "--engine", engine], cache)
+                     "--temperature", "0", "--engine", engine, "--precision", precision],
+                    cache)
 
 
 def _command(arguments, cache):
@@ -92,24 +100,26 @@ def _command(arguments, cache):
 
 
 def timed_engines(run, command, repeats, cache, exact=True):
-    """Each engine's first call and best of ``repeats`` interleaved rounds of ``command``
-    (:func:`one_sentence` or :func:`one_generation`) on ``run``: a list of dicts. With
-    ``exact``, an output other than the keras engine's stops the bench; else it is
-    reported (``same_as_keras``)."""
-    first = {engine: command(run, engine, cache) for engine in ENGINES}
-    best = {engine: None for engine in ENGINES}
+    """Each system's (:data:`SYSTEMS`) first call and best of ``repeats`` interleaved rounds
+    of ``command`` (:func:`one_sentence` or :func:`one_generation`) on ``run``: a list of
+    dicts. With ``exact``, a float32 output other than the keras engine's stops the bench;
+    else, and at bfloat16, it is reported (``same_as_keras``)."""
+    first = {system: command(run, system, cache) for system in SYSTEMS}
+    keras_text = first[SYSTEMS[0]][2]
+    best = {system: None for system in SYSTEMS}
     for round_index in range(repeats):
-        order = ENGINES if round_index % 2 == 0 else ENGINES[::-1]
-        for engine in order:
-            seconds, megabytes, text = command(run, engine, cache)
-            if best[engine] is None or seconds < best[engine][0]:
-                best[engine] = (seconds, megabytes)
-            if exact and text != first["keras"][2]:
-                raise SystemExit(f"{engine} gave {text!r}, keras {first['keras'][2]!r}")
-    return [dict(engine=engine, first_call_seconds=round(first[engine][0], 2),
-                 seconds=round(best[engine][0], 2), peak_mb=round(best[engine][1]),
-                 same_as_keras=first[engine][2] == first["keras"][2])
-            for engine in ENGINES]
+        order = SYSTEMS if round_index % 2 == 0 else SYSTEMS[::-1]
+        for system in order:
+            seconds, megabytes, text = command(run, system, cache)
+            if best[system] is None or seconds < best[system][0]:
+                best[system] = (seconds, megabytes)
+            if exact and system[1] == "float32" and text != keras_text:
+                raise SystemExit(f"{system} gave {text!r}, keras {keras_text!r}")
+    return [dict(engine=system[0], precision=system[1],
+                 first_call_seconds=round(first[system][0], 2),
+                 seconds=round(best[system][0], 2), peak_mb=round(best[system][1]),
+                 same_as_keras=first[system][2] == keras_text)
+            for system in SYSTEMS]
 
 
 def copy_run(run, folder):
@@ -166,19 +176,25 @@ def main():
     cached = {"keras": "again", "compiled": "packages cached: no Keras",
               "ctranslate2": "export current: no Keras"}
     for r in results:
-        lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, first call | "
-                     f"{r['first_call_seconds']} | |")
-        lines.append(f"| `translate RUN TEXT --engine {r['engine']}`, {cached[r['engine']]} "
-                     f"(best of {args.repeats}) | {r['seconds']} | {r['peak_mb']} |")
+        command = f"`translate RUN TEXT --engine {r['engine']}{_precision(r)}`"
+        same = "" if r["same_as_keras"] else " (text differs from keras')"
+        lines.append(f"| {command}, first call{same} | {r['first_call_seconds']} | |")
+        lines.append(f"| {command}, {cached[r['engine']]} (best of {args.repeats}) | "
+                     f"{r['seconds']} | {r['peak_mb']} |")
     generated = {"keras": "again", "compiled": "package cached: no Keras",
                  "ctranslate2": "export current: no Keras"}
     for r in generations:
+        command = f"`generate GPT_RUN --engine {r['engine']}{_precision(r)}`"
         same = "" if r["same_as_keras"] else " (text differs from keras')"
-        lines.append(f"| `generate GPT_RUN --engine {r['engine']}`, first call{same} | "
-                     f"{r['first_call_seconds']} | |")
-        lines.append(f"| `generate GPT_RUN --engine {r['engine']}`, {generated[r['engine']]} "
-                     f"(best of {args.repeats}) | {r['seconds']} | {r['peak_mb']} |")
+        lines.append(f"| {command}, first call{same} | {r['first_call_seconds']} | |")
+        lines.append(f"| {command}, {generated[r['engine']]} (best of {args.repeats}) | "
+                     f"{r['seconds']} | {r['peak_mb']} |")
     common.write_results(args.name, payload, "\n".join(lines))
+
+
+def _precision(row):
+    """`` --precision P`` of a row not in float32 (the default), else nothing."""
+    return "" if row["precision"] == "float32" else f" --precision {row['precision']}"
 
 
 if __name__ == "__main__":

@@ -251,8 +251,8 @@ def row_one_sentence():
     stem = "compiled_step.epyc-avx512bf16"
     found = result(stem)
     engines = ("compiled", "keras", "ctranslate2")
-    one = [pick(found["results"], engine=e) for e in engines]
-    gen = [pick(found["generations"], engine=e) for e in engines]
+    one = [pick(found["results"], engine=e, precision="float32") for e in engines]
+    gen = [pick(found["generations"], engine=e, precision="float32") for e in engines]
 
     def pair(r):
         return f"{r['seconds']} / {r['peak_mb']}"
