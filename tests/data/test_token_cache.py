@@ -92,6 +92,30 @@ def test_changed_input_tokenizer_or_max_length_gives_a_new_cache(tmp_path, tok):
     assert _open(root, path, tok).status == "reused"
 
 
+def test_a_corpus_edited_to_its_old_size_and_time_gives_a_new_cache(tmp_path, tok,
+                                                                     monkeypatch):
+    """The corpus' remembered digest follows the file's change time too: an edit of the
+    same size with its modification time set back (``cp -p``, ``rsync -a``) is read again
+    and keys another cache."""
+    import time
+
+    from transformerkit import files
+
+    monkeypatch.setattr(files, "RACY_SECONDS", 0.0)  # remember at once
+    root = tmp_path / "cache"
+    path = tmp_path / "c.tsv"
+    path.write_text("ein zwei\tZWEI EIN\ndrei\tDREI\n", encoding="utf-8")
+    first = _open(root, str(path), tok)
+    assert os.listdir(root / token_cache.DIGESTS)  # remembered
+    stat = os.stat(path)
+    time.sleep(0.05)  # past the kernel's clock tick
+    path.write_text("ein drei\tDREI EIN\nzwei\tZWEI\n", encoding="utf-8")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size
+    changed = _open(root, str(path), tok)
+    assert changed.status == "built" and changed.path != first.path
+
+
 @pytest.mark.parametrize("damage, reason", [
     ("truncate", "has .* bytes, the manifest says"),
     ("flip", "does not match its sha256"),

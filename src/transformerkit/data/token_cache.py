@@ -15,11 +15,11 @@ tokenizer files' digests and the length filter, so a changed file, tokenizer or
 ``max_length`` gives another folder. A folder is built under a temporary name and renamed
 into place when complete; opening one checks the manifest, every file's size and sha256
 (about 1.7 GB/s) and the offsets, and a cache that fails a check is rebuilt with a warning,
-never trained on. File digests are remembered by ``(path, size, mtime)`` in
-``CACHE_ROOT/file-digests.json``, so an unchanged corpus is not hashed again.
+never trained on. File digests are remembered by the file's path and identity in
+``CACHE_ROOT/digests`` (:func:`transformerkit.files.remembered_sha256`), so an unchanged
+corpus is not hashed again.
 """
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -29,11 +29,11 @@ import tempfile
 
 import numpy as np
 
-from transformerkit.files import atomic_write_text, file_sha256
+from transformerkit.files import atomic_write_text, file_sha256, remembered_sha256
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-FILE_DIGESTS = "file-digests.json"
+DIGESTS = "digests"  # the folder of the corpus files' remembered digests
 ARRAYS = ("source.ids", "source.offsets", "target.ids", "target.offsets")
 CHUNK_PAIRS = 20_000  # pairs per encode_batch call: bounded memory, parallel encoding
 
@@ -61,24 +61,10 @@ def key_of(parts):
 
 
 def file_digest(path, root):
-    """sha256 of the file at ``path``, remembered in ``root/file-digests.json`` by absolute
-    path, size and mtime (ns): an unchanged file is hashed once."""
-    path = os.path.abspath(path)
-    stat = os.stat(path)
-    memo_path = os.path.join(root, FILE_DIGESTS)
-    memo = {}
-    with contextlib.suppress(OSError, ValueError):
-        with open(memo_path, encoding="utf-8") as f:
-            memo = json.load(f)
-    seen = memo.get(path) if isinstance(memo, dict) else None
-    if seen and seen.get("size") == stat.st_size and seen.get("mtime_ns") == stat.st_mtime_ns:
-        return seen["sha256"]
-    digest = file_sha256(path)
-    memo = memo if isinstance(memo, dict) else {}
-    memo[path] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
-    with contextlib.suppress(OSError):  # a read-only cache still works, it just rehashes
-        atomic_write_text(memo_path, json.dumps(memo, indent=0))
-    return digest
+    """sha256 of the file at ``path``, read once per version of the file: remembered in
+    ``root/digests`` by the file's identity (:func:`transformerkit.files.remembered_sha256`:
+    its device, inode, size and modification and change times)."""
+    return remembered_sha256(path, os.path.join(root, DIGESTS))
 
 
 class RaggedIds:
