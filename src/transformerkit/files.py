@@ -89,7 +89,7 @@ def remembered_sha256(path, directory=None):
     memo = os.path.join(directory,
                         hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:32]
                         + ".json")
-    identity = _identity(path)
+    identity = _identity(os.stat(path))
     try:
         with open(memo, encoding="utf-8") as f:
             found = json.load(f)
@@ -99,7 +99,8 @@ def remembered_sha256(path, directory=None):
     except (OSError, ValueError, AttributeError):
         pass
     digest = file_sha256(path)
-    if _identity(path) == identity and time.time() - os.stat(path).st_ctime >= RACY_SECONDS:
+    unchanged = _identity(os.stat(path)) == identity  # not rewritten while it was read
+    if unchanged and time.time() - identity[4] / 1e9 >= RACY_SECONDS:
         with contextlib.suppress(OSError):
             os.makedirs(directory, exist_ok=True)
             atomic_write_text(memo, json.dumps({"path": path, "identity": identity,
@@ -107,8 +108,7 @@ def remembered_sha256(path, directory=None):
     return digest
 
 
-def _identity(path):
-    stat = os.stat(path)
+def _identity(stat):
     return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
