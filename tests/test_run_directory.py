@@ -182,3 +182,25 @@ def test_a_damaged_or_unwritable_memo_is_hashed_again(tmp_path, monkeypatch, cou
     unwritable = tmp_path / "a-file"
     unwritable.write_text("not a folder")
     assert files.remembered_sha256(blob, unwritable) == expected
+
+
+def test_the_user_cache_folder_follows_the_environment(tmp_path, monkeypatch):
+    """``$TRANSFORMERKIT_CACHE`` first, then ``$XDG_CACHE_HOME/transformerkit``, then
+    ``~/.cache/transformerkit``; the token cache, the compiled packages and the digest memo
+    are folders of it."""
+    from transformerkit.data import token_cache
+    from transformerkit.decoding import aot_packages
+
+    monkeypatch.delenv("TRANSFORMERKIT_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert files.user_cache_directory("digests") == str(
+        tmp_path / "home" / ".cache" / "transformerkit" / "digests")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert token_cache.default_cache_root() == str(tmp_path / "xdg" / "transformerkit"
+                                                   / "token-cache")
+    monkeypatch.setenv("TRANSFORMERKIT_CACHE", str(tmp_path / "mine"))
+    assert token_cache.default_cache_root() == str(tmp_path / "mine" / "token-cache")
+    assert aot_packages.cache_directory() == str(tmp_path / "mine" / "compiled")
+    monkeypatch.setenv("TRANSFORMERKIT_CACHE", "~/scratch")
+    assert files.user_cache_directory() == str(tmp_path / "home" / "scratch")

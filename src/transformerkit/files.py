@@ -69,10 +69,14 @@ def file_sha256(path):
 
 
 def user_cache_directory(*parts):
-    """``$TRANSFORMERKIT_CACHE``, else ``~/.cache/transformerkit``, joined with ``parts``."""
-    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "transformerkit")
-    return os.path.join(root, *parts)
+    """The user's cache folder for transformerkit joined with ``parts`` (``"compiled"``,
+    ``"digests"``, ``"token-cache"``): ``$TRANSFORMERKIT_CACHE``, else
+    ``$XDG_CACHE_HOME/transformerkit``, else ``~/.cache/transformerkit``."""
+    root = os.environ.get("TRANSFORMERKIT_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+        root = os.path.join(base, "transformerkit")
+    return os.path.join(os.path.expanduser(root), *parts)
 
 
 def remembered_sha256(path, directory=None):

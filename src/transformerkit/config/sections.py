@@ -145,8 +145,10 @@ class DataOptions(_Section):
                                    help="train the tokenizer(s) on a random sample of this "
                                         "many training pairs")
     cache_dir: str | None = option(None, help="where encoded corpora are cached and "
-                                              "memory-mapped (null: $TRANSFORMERKIT_CACHE, "
-                                              "else $XDG_CACHE_HOME/transformerkit/token-cache)")
+                                              "memory-mapped (null: token-cache in "
+                                              "$TRANSFORMERKIT_CACHE, else in "
+                                              "$XDG_CACHE_HOME/transformerkit or "
+                                              "~/.cache/transformerkit)")
     text: str | None = option(None, help="dataset text: the text file a GPT trains on (also "
                                          "looked up in the data directory)")
     tokenizer: str = option("bpe", help="bpe, wordpiece or unigram (trained on the training "

@@ -29,11 +29,13 @@ import tempfile
 
 import numpy as np
 
+from transformerkit import files
 from transformerkit.files import atomic_write_text, file_sha256, remembered_sha256
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DIGESTS = "digests"  # the folder of the corpus files' remembered digests
+TOKEN_CACHE = "token-cache"  # the folder in the user's cache
 ARRAYS = ("source.ids", "source.offsets", "target.ids", "target.offsets")
 CHUNK_PAIRS = 20_000  # pairs per encode_batch call: bounded memory, parallel encoding
 
@@ -45,13 +47,11 @@ class CacheCorrupt(ValueError):
 
 
 def default_cache_root():
-    """``$TRANSFORMERKIT_CACHE``, else ``$XDG_CACHE_HOME/transformerkit/token-cache``
-    (``~/.cache/...`` without it): shared by all runs of the user, so a second run on the
+    """``token-cache`` in the user's cache folder (:func:`files.user_cache_directory`:
+    ``$TRANSFORMERKIT_CACHE``, else ``$XDG_CACHE_HOME/transformerkit``, else
+    ``~/.cache/transformerkit``): shared by all runs of the user, so a second run on the
     same corpus starts at once."""
-    if os.environ.get("TRANSFORMERKIT_CACHE"):
-        return os.path.expanduser(os.environ["TRANSFORMERKIT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "transformerkit", "token-cache")
+    return files.user_cache_directory(TOKEN_CACHE)
 
 
 def key_of(parts):
