@@ -129,6 +129,32 @@ def table(results, recipes):
     return "\n".join(lines)
 
 
+def paired(results, recipe="recipe", baseline="schedule"):
+    """The table of ``recipe`` minus ``baseline`` seed by seed (the same seed: the same
+    initial weights and batch order), per budget where both have runs of the same seeds:
+    the mean difference, each seed's, and on how many seeds ``recipe`` scored higher. A
+    lead on every seed says more than overlapping ranges of scores, whose spread between
+    seeds is mostly what both recipes share."""
+    lines = [f"| budget | seeds | val BLEU, {recipe} - {baseline} (mean, each) | higher on "
+             f"| test2016 BLEU, {recipe} - {baseline} (mean, each) | higher on |",
+             "|---:|---:|---|---:|---|---:|"]
+    for budget in dict.fromkeys(r["budget"] for r in results):
+        runs = {(r["recipe"], r["seed"]): r for r in results if r["budget"] == budget}
+        seeds = sorted(seed for name, seed in runs if name == recipe
+                       and (baseline, seed) in runs)
+        if not seeds:
+            continue
+        cells = []
+        for key in ("val_bleu", "test2016_bleu"):
+            gaps = [runs[recipe, seed][key] - runs[baseline, seed][key] for seed in seeds]
+            each = ", ".join(f"{gap:+.1f}" for gap in gaps)
+            cells.append(f"{statistics.mean(gaps):+.2f} ({each}) | "
+                         f"{sum(gap > 0 for gap in gaps)} of {len(gaps)}")
+        label = budget if budget.endswith("m") else f"{budget} updates"
+        lines.append(f"| {label} | {len(seeds)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budgets", default="660",
@@ -183,6 +209,10 @@ def report(payload):
     """The table of ``payload``'s results, and its note (what the recipes' names stood for
     when the runs were made) where it has one."""
     text = table(payload["results"], list(payload["recipes"]))
+    gaps = paired(payload["results"])
+    if gaps:
+        text += ("\n\nThe recipe against the recipe before it (`schedule`), seed by seed:\n\n"
+                 + gaps)
     return text + (f"\n\n{payload['note']}" if payload.get("note") else "")
 
 

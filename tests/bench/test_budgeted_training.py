@@ -70,3 +70,20 @@ def test_kept_results_add_the_earlier_runs_not_measured_again_on_the_same_cpu(tm
     with pytest.raises(SystemExit, match="not this CPU"):
         bench.kept_results("bt", dict(machine, cpu="AMD EPYC 9R14"), fresh, {})  # same family
     assert bench.kept_results("absent", machine, fresh, {})[0] == fresh
+
+
+def test_the_paired_table_subtracts_the_baseline_seed_by_seed():
+    bench = load_bench("budgeted_training")
+
+    def result(budget, recipe, seed, val, test):
+        return dict(budget=budget, recipe=recipe, seed=seed, val_bleu=val, test2016_bleu=test)
+
+    results = [result("660", "recipe", 0, 30.0, 31.0), result("660", "schedule", 0, 26.0, 31.5),
+               result("660", "recipe", 1, 31.0, 32.0), result("660", "schedule", 1, 28.0, 30.0),
+               result("660", "recipe", 2, 29.0, 30.0),  # no baseline of seed 2: left out
+               result("1320", "recipe", 0, 35.0, 36.0)]  # no baseline at all: no row
+    lines = bench.paired(results).splitlines()
+    assert lines[2] == ("| 660 updates | 2 | +3.50 (+4.0, +3.0) | 2 of 2 | +0.75 (-0.5, +2.0) "
+                        "| 1 of 2 |")
+    assert len(lines) == 3
+    assert bench.paired([result("660", "recipe", 0, 30.0, 31.0)]) == ""
