@@ -15,7 +15,7 @@ recipe a set of ``--set`` overrides of the config:
   recipe does);
 - ``fitted``: a reference, not a budget: the cosine planned over the same number of
   updates as the seed's ``cut`` run (``train.max_steps``), as if the run had known its
-  length;
+  length (only where the budget ended the ``cut`` run);
 - more with ``--recipe NAME=KEY=VALUE,KEY=VALUE``.
 
 Every run trains in a process of its own (``transformerkit train``); its score is the
@@ -112,12 +112,14 @@ def main():
         for seed in [int(s) for s in args.seeds.split(",")]:
             steps_of_cut = None
             for recipe in chosen:  # recipes alternate within a seed: the machine drifts
+                if recipe == "fitted" and not steps_of_cut:
+                    continue  # the budget did not end the cut run: fitted would be that run
                 run_dir = os.path.join(args.work, f"{config_name}-{recipe}-{budget}-s{seed}")
                 if not os.path.isfile(os.path.join(run_dir, "metrics.json")):
                     common.train_run(args.config, run_dir,
                                      overrides(budget, seed, recipe, recipes, steps_of_cut))
                 result = dict(budget=budget, recipe=recipe, seed=seed, **score(run_dir))
-                if recipe == "cut":
+                if recipe == "cut" and result["stopped_by"] == "time_budget":
                     steps_of_cut = result["steps"]
                 print(result, flush=True)
                 results.append(result)

@@ -116,6 +116,13 @@ def row_budgeted_training():
                  for recipe in ("recipe", "schedule")]
         return sorted(found[0] & found[1])
 
+    def leads(budget):
+        """On how many seeds the recipe beat the schedule on val and test2016 both."""
+        at = {(r["recipe"], r["seed"]): r for r in runs if r["budget"] == budget}
+        ahead = sum(all(at["recipe", s][k] > at["schedule", s][k]
+                        for k in ("val_bleu", "test2016_bleu")) for s in seeds(budget))
+        return f"{ahead} of {len(seeds(budget))} seeds ahead on both"
+
     budgets = [b for b in dict.fromkeys(r["budget"] for r in runs) if seeds(b)]
     ours, peer, gains, sizes = [], [], [], []
     for budget in budgets:
@@ -123,7 +130,7 @@ def row_budgeted_training():
         old_val, old_test, m = scores(budget, "schedule")
         ours.append(f"{val:.2f} / {test:.2f}")
         peer.append(f"{old_val:.2f} / {old_test:.2f}")
-        gains.append(f"{val - old_val:+.1f} / {test - old_test:+.1f}")
+        gains.append(f"{val - old_val:+.1f} / {test - old_test:+.1f} ({leads(budget)})")
         sizes.append(f"{int(budget):,} updates ({n} seed{'s' * (n > 1)})")
     common = sorted(set.intersection(*(set(seeds(b)) for b in budgets)))
     commands = [f"python bench/budgeted_training.py --budgets {','.join(budgets)} --seeds "
