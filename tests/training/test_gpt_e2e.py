@@ -166,3 +166,28 @@ def test_gpt_recipe_matches_nanogpt_schedule_and_decay():
     optimizer.build(model.trainable_variables)  # as model.fit does before the first update
     assert all(optimizer._use_weight_decay(v) == (len(v.shape) >= 2)
                for v in model.trainable_variables)
+
+
+@pytest.mark.parametrize("name", ["shakespeare_gpt", "shakespeare_gpt_bpe"])
+def test_the_shakespeare_recipes_cool_down_where_the_budget_ends_them_early(name):
+    """The shipped GPT recipes plan nanoGPT's cosine over their 2000 updates; a time budget
+    that ends the run at update 500 (the estimate ``StopConditions`` makes) moves their
+    cooldown there: the rate follows the planned cosine until update 400, then falls to
+    zero at 500, instead of stopping at the cosine's 9e-4."""
+    import types
+
+    from transformerkit.training.gpt_recipe import WarmupCosineSchedule
+    from transformerkit.training.trainer import attach_cooldown, build_optimizer
+
+    config = load_config(f"configs/{name}.yaml")
+    planned = config.train.epochs * config.data.steps_per_epoch
+    optimizer = build_optimizer(types.SimpleNamespace(d_model=128), config.train, planned)
+    cooldown = attach_cooldown(optimizer)
+    assert cooldown is not None and cooldown.end == planned
+    cosine = WarmupCosineSchedule(1e-3, 100, planned, 1e-4)
+    cooldown.retarget(64, 500)  # the budget's estimate of the run's length
+    rates = to_numpy(cooldown(np.arange(500)))
+    expected = to_numpy(cosine(np.arange(500)))
+    np.testing.assert_allclose(rates[:400], expected[:400], rtol=1e-6)
+    assert expected[499] > 8e-4 and rates[499] < expected[499] / 50
+    assert np.all(np.diff(rates[400:]) < 0)
