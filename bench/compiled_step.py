@@ -7,7 +7,8 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   shell, wall time and peak memory of the whole process, for ``--engine keras``,
   ``--engine compiled`` with the packages already on disk (the cached load, which answers
   from them without importing Keras: ``transformerkit/decoding/aot_files.py``) and
-  ``--engine compiled --precision bfloat16`` the same way, and ``--engine ctranslate2``
+  ``--engine compiled --precision bfloat16`` and ``--precision int8`` the same way, and
+  ``--engine ctranslate2``
   with the run's export current (which answers without importing Keras), alternating them
   for ``--repeats`` rounds (the best kept; the first call of each, which builds the
   packages or writes the export, is reported apart). The run is
@@ -41,7 +42,7 @@ PROMPT = "A man in an orange hat starring at something."
 NEW_TOKENS = 64
 # (engine, precision): each system timed; float32 ones must give the keras engine's text
 SYSTEMS = (("keras", "float32"), ("compiled", "float32"), ("compiled", "bfloat16"),
-           ("ctranslate2", "float32"))
+           ("compiled", "int8"), ("ctranslate2", "float32"))
 
 
 def build_worker(spec):
@@ -103,7 +104,7 @@ def timed_engines(run, command, repeats, cache, exact=True):
     """Each system's (:data:`SYSTEMS`) first call and best of ``repeats`` interleaved rounds
     of ``command`` (:func:`one_sentence` or :func:`one_generation`) on ``run``: a list of
     dicts. With ``exact``, a float32 output other than the keras engine's stops the bench;
-    else, and at bfloat16, it is reported (``same_as_keras``)."""
+    else, and at bfloat16 and int8, it is reported (``same_as_keras``)."""
     first = {system: command(run, system, cache) for system in SYSTEMS}
     keras_text = first[SYSTEMS[0]][2]
     best = {system: None for system in SYSTEMS}

@@ -75,7 +75,7 @@ import openvino_peer  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "tk-compiled-bfloat16",
-           "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
+           "tk-compiled-int8", "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if not s.startswith("ov-")]  # ov-*: a venv of its own
 # (search, output tokens, forced)
 WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
@@ -84,8 +84,8 @@ WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
 
 def decoder(run_dir, system, search, tokens, forced, threads):
     """``decode(ids) -> [ids, ...]`` for ``system`` (``tk-PRECISION``; ``tk-compiled``,
-    ``tk-compiled-bfloat16``: the step compiled ahead of time, float32 or bfloat16; or
-    ``ct2-TYPE``)."""
+    ``tk-compiled-bfloat16``, ``tk-compiled-int8``: the step compiled ahead of time, float32,
+    bfloat16 or int8 weights; or ``ct2-TYPE``)."""
     if system.startswith("ct2"):
         return decode.ctranslate2_decoder(run_dir, system, search, tokens, forced, threads)
     if system.startswith("tk-compiled"):

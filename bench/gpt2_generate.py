@@ -18,8 +18,9 @@ tokenization is outside the timings. Systems:
 - ``tk-keras`` / ``tk-keras-bfloat16``: ``transformerkit.load(RUN)`` and ``generate_ids``
   (the eager cached step, float32 / bfloat16 products; our ids are GPT-2's shifted past
   ``<pad>`` and ``<s>``, and back);
-  ``tk-compiled`` and ``tk-compiled-bfloat16``: the same with ``use_cache="compiled"``
-  (the step compiled ahead of time, its packages kept in ``--work``);
+  ``tk-compiled``, ``tk-compiled-bfloat16`` and ``tk-compiled-int8``: the same with
+  ``use_cache="compiled"`` (the step compiled ahead of time, its packages kept in
+  ``--work``; int8: int8 weights, ``docs/decoding.md``);
 - ``hf``: ``GPT2LMHeadModel.generate`` under ``torch.no_grad()`` (``do_sample=False``);
 - ``ct2-float32`` / ``ct2-int8``: the folder converted by CTranslate2's own
   ``TransformersConverter``, ``Generator.generate_batch`` (``sampling_topk=1``,
@@ -55,7 +56,8 @@ import common  # noqa: E402
 import openvino_peer  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SYSTEMS = ("tk-keras", "tk-keras-bfloat16", "tk-compiled", "tk-compiled-bfloat16", "hf",
+SYSTEMS = ("tk-keras", "tk-keras-bfloat16", "tk-compiled", "tk-compiled-bfloat16",
+           "tk-compiled-int8", "hf",
            "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if not s.startswith("ov-")]  # ov-*: a venv of its own
 END = "<|endoftext|>"
@@ -153,7 +155,7 @@ def generator(system, paths, new_tokens, threads):
 
         model = transformerkit.load(run_dir).model
         cache = "compiled" if system.startswith("tk-compiled") else True
-        precision = "bfloat16" if system.endswith("bfloat16") else "float32"
+        precision = next((p for p in ("bfloat16", "int8") if system.endswith(p)), "float32")
         offset = folder_offset(folder)  # our ids: GPT-2's after <pad> and <s>
 
         def generate(batch):

@@ -193,26 +193,31 @@ def _decoding(stem, system, search, forced=False):
 
 def row_decode_compiled(stem="decode_compiled_search.epyc-avx512bf16"):
     searches = ("greedy", "beam4")
+    measured = {r["system"] for r in result(stem)["results"]}
+    ours = [s for s in ("tk-compiled", "tk-compiled-bfloat16", "tk-compiled-int8")
+            if s in measured]
+    names = {"tk-compiled": "float32", "tk-compiled-bfloat16": "bfloat16",
+             "tk-compiled-int8": "int8"}
     rate = {(system, search): _decoding(stem, system, search)["sentences_per_second"]
-            for system in ("tk-compiled", "tk-compiled-bfloat16", "ct2-float32", "ct2-int8")
-            for search in searches}
+            for system in (*ours, "ct2-float32", "ct2-int8") for search in searches}
     bleu = {(system, search): _decoding(stem, system, search)["bleu"]
-            for system in ("tk-compiled", "tk-compiled-bfloat16") for search in searches}
+            for system in ours for search in searches}
 
-    def pair(a, b):
-        return "; ".join(f"{rate[a, s]:.1f} / {rate[b, s]:.1f}" for s in searches)
+    def rates(systems):
+        return "; ".join(" / ".join(f"{rate[a, s]:.1f}" for a in systems) for s in searches)
 
-    ratios = "; ".join(f"{ratio(rate['tk-compiled', s], rate['ct2-float32', s])} / "
-                       f"{ratio(rate['tk-compiled-bfloat16', s], rate['ct2-int8', s])}"
+    low = ours[1:]  # bfloat16 (and int8) against CTranslate2 int8
+    ratios = "; ".join(" / ".join([ratio(rate["tk-compiled", s], rate["ct2-float32", s])]
+                                  + [ratio(rate[a, s], rate["ct2-int8", s]) for a in low])
                        for s in searches)
-    return ("decoding Multi30k test2016 to the end token with `--engine compiled`, float32 / "
-            "bfloat16, sentences/s, greedy; beam 4 (BLEU float32 "
-            f"{bleu['tk-compiled', 'greedy']:.2f}; {bleu['tk-compiled', 'beam4']:.2f}, bfloat16 "
-            f"{bleu['tk-compiled-bfloat16', 'greedy']:.2f}; "
-            f"{bleu['tk-compiled-bfloat16', 'beam4']:.2f})",
-            pair("tk-compiled", "tk-compiled-bfloat16"),
-            f"CTranslate2 float32 / int8: {pair('ct2-float32', 'ct2-int8')}",
-            f"{ratios} (float32 against CT2 float32 / bfloat16 against CT2 int8)",
+    return (f"decoding Multi30k test2016 to the end token with `--engine compiled`, "
+            f"{' / '.join(names[a] for a in ours)}, sentences/s, greedy; beam 4 (BLEU "
+            + ", ".join(f"{names[a]} {bleu[a, 'greedy']:.2f}; {bleu[a, 'beam4']:.2f}"
+                        for a in ours) + ")",
+            rates(ours),
+            f"CTranslate2 float32 / int8: {rates(('ct2-float32', 'ct2-int8'))}",
+            f"{ratios} (float32 against CT2 float32 / "
+            f"{' / '.join(names[a] for a in low)} against CT2 int8)",
             str(result(stem)["machine"]["threads"]), [stem])
 
 
@@ -249,17 +254,19 @@ def row_gpt2():
 
     ours, peers, ratios = [], [], []
     for batch in (1, 8):
-        bf16, f32, hf = (ms(s, batch) for s in ("tk-compiled-bfloat16", "tk-compiled", "hf"))
+        i8, bf16, f32, hf = (ms(s, batch) for s in ("tk-compiled-int8", "tk-compiled-bfloat16",
+                                                    "tk-compiled", "hf"))
         c32, c8 = ms("ct2-float32", batch), ms("ct2-int8", batch)
         o32, o8 = ms("ov-float32", batch), ms("ov-int8", batch)
-        ours.append(f"{bf16} / {f32}")
+        ours.append(f"{i8} / {bf16} / {f32}")
         peers.append(f"{hf}, {c32} / {c8}, {o32} / {o8}")
-        ratios.append(f"{ratio(hf, bf16)} / {ratio(hf, f32)} `transformers`, bfloat16 "
-                      f"{ratio(c8, bf16)} CT2 int8 and {ratio(o8, bf16)} OpenVINO int8, "
+        ratios.append(f"{ratio(hf, i8)} / {ratio(hf, bf16)} / {ratio(hf, f32)} `transformers`, "
+                      f"int8 {ratio(c8, i8)} CT2 int8 and {ratio(o8, i8)} OpenVINO int8, "
                       f"float32 {ratio(c32, f32)} CT2 float32 and {ratio(o32, f32)} OpenVINO "
                       "float32")
     return ("GPT-2 124M (random weights), 16-token prompt + 64 new tokens, greedy, ms per new "
-            "token, batch 1; batch 8: `--engine compiled` bfloat16 / float32", "; ".join(ours),
+            "token, batch 1; batch 8: `--engine compiled` int8 / bfloat16 / float32",
+            "; ".join(ours),
             "`transformers` generate, CTranslate2 float32 / int8, OpenVINO float32 / int8: "
             f"{'; '.join(peers)}", "; ".join(ratios), "1", [stem])
 
@@ -270,18 +277,24 @@ def row_one_sentence():
     engines = ("compiled", "keras", "ctranslate2")
     one = [pick(found["results"], engine=e, precision="float32") for e in engines]
     gen = [pick(found["generations"], engine=e, precision="float32") for e in engines]
+    one8, gen8 = (pick(found[k], engine="compiled", precision="int8")
+                  for k in ("results", "generations"))
 
     def pair(r):
         return f"{r['seconds']} / {r['peak_mb']}"
 
+    def share(r, keras):
+        return f"{r['seconds'] / keras['seconds']:.2f}"
+
     return ("from a shell with `--engine compiled`, packages built (no Keras imported): "
             "`translate RUN TEXT` (one sentence); `generate` (GPT-2 124M, 64 tokens), wall s "
-            "/ peak MB", f"{pair(one[0])}; {pair(gen[0])}",
+            "/ peak MB",
+            f"float32 {pair(one[0])}, int8 {pair(one8)}; float32 {pair(gen[0])}, "
+            f"int8 {pair(gen8)}",
             f"`--engine keras`: {pair(one[1])}; {pair(gen[1])}. `--engine ctranslate2`, "
             f"export current: {pair(one[2])}; {pair(gen[2])}",
-            f"{one[0]['seconds'] / one[1]['seconds']:.2f}; "
-            f"{gen[0]['seconds'] / gen[1]['seconds']:.2f} of the keras engine's time", "2",
-            [stem])
+            f"{share(one[0], one[1])}, {share(one8, one[1])}; {share(gen[0], gen[1])}, "
+            f"{share(gen8, gen[1])} of the keras engine's time", "2", [stem])
 
 
 def row_serve_latency():

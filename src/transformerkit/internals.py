@@ -58,6 +58,12 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            count) and ``_get_variable_index``, to exchange gradients once
                            per update (without them each micro-batch's gradient is
                            all-reduced, with the same result)
+int8 weight products       ``kernels/lowprec.py``: ``torch.ops.aten._weight_int8pack_mm``
+                           multiplies bfloat16 rows by int8 weights with per-channel
+                           scales, the compiled engine's ``precision int8`` at few
+                           rows (Inductor's template for it reads a quarter of
+                           float32's bytes: ``bench/results/gpt2_generate*``); without
+                           it the bfloat16 product of the widened values runs
 AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_step`` and
                            ``aot_search``): ``torch._inductor.aoti_compile_and_package``
                            compiles an exported program (the decoder step, the encoder
@@ -97,6 +103,7 @@ _FUNCTIONS = {
     "int8_quantize": ("torch", "quantize_per_channel"),
     "int8_prepack": ("torch", "ops.quantized.linear_prepack"),
     "int8_linear": ("torch", "ops.quantized.linear_dynamic"),
+    "int8_weight_mm": ("torch", "ops.aten._weight_int8pack_mm"),
     "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),
     "aoti_load_package": ("torch._inductor", "aoti_load_package"),
     "aoti_package_loader": ("torch", "_C._aoti.AOTIModelPackageLoader"),

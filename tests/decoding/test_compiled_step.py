@@ -152,6 +152,49 @@ def test_compiled_bfloat16_steps_stay_within_the_bfloat16_bound(transformer):
     assert {p: aot_step.package_key(transformer, "small", p) for p in keys} == keys
 
 
+def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(transformer,
+                                                                          monkeypatch):
+    """``precision="int8"``: the compiled step (int8 weights at few rows, their bfloat16
+    widening at many, ``kernels/lowprec.py``) against the eager ``decode_step`` of the same
+    weights (``step_weights("int8", packed=False)``: the same values and scales), in both row
+    buckets: within two bfloat16 paths' bound (each product rounds its input once and its
+    output once or twice, within the three roundings a product of
+    :func:`bfloat16_bounds.decoding_atol` counts); the package is its own, and int8 changed
+    the products (the bfloat16 step's logits are not its)."""
+    import torch
+
+    from transformerkit.decoding import aot_step
+    from transformerkit.decoding.steps import make_steps
+    from transformerkit.models.base import TransformerBase
+
+    keys = {p: aot_step.package_key(transformer, "small", p) for p in aot_step.PRECISIONS}
+    assert len(set(keys.values())) == 3
+    roundings = tol.model_roundings(transformer, SOURCE.shape[1], 9)
+    packed_weights = TransformerBase.step_weights
+
+    def unpacked_weights(self, precision, packed=True):
+        return packed_weights(self, precision, False)
+
+    def teacher_forced(steps, source):
+        buffer = np.random.default_rng(len(source)).integers(3, 30, (len(source), 9))
+        with torch.no_grad():
+            state, static = steps.start(source, 9)
+            return np.stack([steps.step(buffer.astype("int32"), i, state, static)[0].numpy()
+                             for i in range(8)], 1)
+
+    for source in (SOURCE, np.tile(SOURCE, (3, 1))):  # 3 rows (small), 9 (large)
+        compiled = make_steps(transformer, "compiled", "int8")
+        got = teacher_forced(compiled, source)
+        assert compiled.runner() is not None  # compiled, not the eager fallback
+        bfloat16 = teacher_forced(make_steps(transformer, True, "bfloat16"), source)
+        with monkeypatch.context() as patch:  # the eager step of the unpacked int8 weights
+            patch.setattr(TransformerBase, "step_weights", unpacked_weights)
+            expected = teacher_forced(make_steps(transformer, True, "int8"), source)
+        atol = 2 * bounds.decoding_atol(transformer, expected, roundings)
+        tol.assert_within(got, expected, atol, f"int8, {len(source)} rows")
+        assert np.abs(got - bfloat16).max() > np.abs(got - expected).max()
+
+
 def test_compiled_searches_equal_the_eager_ones_and_packages_are_cached(transformer,
                                                                       package_directory,
                                                                       capfd):

@@ -178,6 +178,45 @@ def test_int8_product_is_the_quantized_product(product, monkeypatch, emulated):
                       int8_product_atol(x, dequantized, bias, levels))
 
 
+@pytest.mark.parametrize("d_in, widened", [(48, False), (48, True), (13, False)])
+def test_int8_weights_product_is_the_rounded_product_of_the_quantized_weight(rng, d_in,
+                                                                            widened):
+    """The compiled engine's int8 (``plain_int8``): per-channel int8 values on a bfloat16
+    scale rounded up (so ``|w - value * scale| <= scale / 2`` and the peak still fits in
+    127), the input rounded to bfloat16, float32 sums, the output rounded to bfloat16 once
+    (``_weight_int8pack_mm``; an input width it cannot take, here 13, runs the widened
+    form) or twice (:func:`widen_int8`'s bfloat16 product, then the scale): within the
+    bound of the exact product of the rounded input by the dequantized weight."""
+    import torch
+
+    from transformerkit.kernels import lowprec
+
+    x = rng.normal(size=(6, d_in)).astype(np.float32)
+    kernel = (rng.normal(size=(d_in, 40)) / 7).astype(np.float32)
+    bias = rng.normal(size=40).astype(np.float32)
+    weights = lowprec.plain_int8(torch_tensor(kernel).t().contiguous(), torch_tensor(bias))
+    values = weights.weight.numpy().astype(np.float64)
+    scales = weights.extra.float().numpy().astype(np.float64)
+    peak = np.abs(kernel).max(0).astype(np.float64)
+    assert np.all(scales >= peak / 127) and np.all(scales <= peak / 127 * (1 + 2 * U16))
+    assert np.all(np.abs(values * scales[:, None] - kernel.T) <= scales[:, None] / 2 * (1 + 1e-6))
+    if widened:
+        weights = lowprec.widen_int8(weights)
+        units = precisions.bfloat16_units()[0]  # float32 values where there are none
+        assert weights.weight.dtype == (torch.bfloat16 if units else torch.float32)
+        assert weights.weight.shape == (d_in, 40)
+    got = lowprec.apply(torch_tensor(x), weights).numpy()
+    xb, dequantized = bfloat16(x), (values * scales[:, None]).T
+    exact = xb @ dequantized + bias
+    outputs = 2 if widened else 1  # the roundings of the output
+    atol = tol.product_atol(xb, dequantized) * (1 + U16) ** outputs \
+        + gamma16(outputs) * np.abs(exact - bias) \
+        + 2 * tol.U32 * (np.abs(exact) + np.abs(bias))  # the scale's product, the bias' sum
+    tol.assert_within(got, exact, atol, f"{d_in} inputs, widened {widened}")
+    # the input is rounded: the float32 input's product is far off somewhere
+    assert np.abs(got - (x.astype(np.float64) @ dequantized + bias)).max() > 1e3 * tol.U32
+
+
 @pytest.mark.parametrize("emulated", [False, True])
 def test_int8_rows_do_not_depend_on_each_other(product, monkeypatch, emulated):
     """Each row is quantized on its own scale: a row's result is the same alone, in its
@@ -570,7 +609,8 @@ def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
     the compiler packs itself): plain bfloat16 for ``addmm`` where the family has bfloat16
     units, else float32 holding the bfloat16-rounded values (a compiled bfloat16 ``addmm``
     would run PyTorch's slow loop there), with a warning; the same numbers either way.
-    int8 has packed weights only."""
+    int8's are int8 values and bfloat16 scales on every family, widened for many rows to
+    bfloat16 values where it has the units, else to float32 ones."""
     import torch
 
     from transformerkit.kernels import lowprec, products
@@ -594,8 +634,13 @@ def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
                                   kernel.to(torch.bfloat16).float().numpy())
     np.testing.assert_array_equal(weights.bias.float().numpy(),
                                   bias.to(torch.bfloat16).float().numpy())
-    with pytest.raises(ValueError, match="int8 has packed weights only"):
-        products.inference_linear([kernel], precision="int8", packed=False)
+    weights = products.inference_linear([kernel], [bias], precision="int8", packed=False)
+    assert weights.kind == "int8-weights" and weights.weight.dtype == torch.int8
+    assert weights.extra.dtype == torch.bfloat16 and weights.weight.shape == (4, 3)
+    widened = lowprec.widen_int8(weights)  # for many rows: float32 without bfloat16 units
+    assert widened.weight.dtype == (torch.bfloat16 if cpu.has("bfloat16") else torch.float32)
+    np.testing.assert_array_equal(widened.weight.float().numpy(),
+                                  weights.weight.t().float().numpy())
 
 
 def test_the_families_tell_the_decisions_apart():

@@ -208,8 +208,6 @@ def test_the_documented_option_tables_are_the_generated_ones():
     ({"precision": "fp8"}, ValueError, "precision must be one of"),
     ({"engine": "ctranslate2", "precision": "int8"}, ValueError,
      "precision int8 applies to the keras engine"),
-    ({"engine": "compiled", "precision": "int8"}, ValueError,
-     "the compiled engine runs float32 or bfloat16"),
     ({"threads": -1}, ValueError, "threads must be at least 0"),
     ({"threads": 1.5}, TypeError, "threads must be"),
     ({"checkpoint": ""}, ValueError, "checkpoint must name the weights"),

@@ -46,9 +46,17 @@ cross-attention keys and values (:func:`~.eager_steps.source_memories`, the eage
 captured with the sentences and the source length dynamic; where that code would read the
 ids' values to skip the padding mask or the zeroing of sources without tokens, a captured
 graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporting`).
-Greedy search's arg-max and the beam's cache reordering stay eager. int8 has no compiled
-form: its per-row dynamic quantization is a packed
-library kernel the compiler cannot capture (the keras engine runs it).
+Greedy search's arg-max and the beam's cache reordering stay eager.
+
+At ``precision="int8"`` the products' weights are int8, quantized per output channel
+(weight-only: :func:`~transformerkit.kernels.lowprec.plain_int8`; the input is rounded to
+bfloat16 as at bfloat16, not quantized): the small-rows package multiplies by the int8
+bytes (``_weight_int8pack_mm``, whose Inductor template reads a quarter of float32's bytes:
+at one row, bound by reading the weights, about twice bfloat16's speed,
+``bench/results/gpt2_generate_openvino.*``), the large-rows package and the encoder's by
+their bfloat16 widening (the int8 kernel's cost grows with the rows; at 64 it is tens of
+times the bfloat16 product's). The keras engine's int8, each input row quantized on its own
+scale, is a packed library kernel the compiler cannot capture.
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
 aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
@@ -79,7 +87,7 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
            "large": (64, {"freezing": True}, 2)}
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
-PRECISIONS = ("float32", "bfloat16")  # the products' precisions a package can have
+PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
 FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
 
@@ -147,16 +155,23 @@ def package_path(directory, bucket, precision, weights, description):
     return os.path.join(directory, f"{kind}-{key}.pt2")
 
 
-def _weights_module(model, precision, forward, encoder=False):
+def _weights_module(model, precision, forward, encoder=False, many_rows=False):
     """A ``torch.nn.Module`` for ``torch.export`` calling ``forward(weights, *inputs)`` with
     ``model``'s step weights (at ``precision``, unpacked: :meth:`step_weights`) held as
-    buffers; the encoder's only where ``encoder``."""
+    buffers; the encoder's only where ``encoder``; int8 weights widened for ``many_rows``
+    (:func:`~transformerkit.kernels.lowprec.widen_int8`)."""
     import torch
-    from torch.utils._pytree import tree_flatten, tree_unflatten
+    from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+    from transformerkit.kernels.lowprec import LowPrecisionLinear, widen_int8
 
     weights = dict(model.step_weights(precision, packed=False))
     if not encoder:
         weights.pop("encoder", None)
+    if many_rows:
+        weights = tree_map(lambda leaf: widen_int8(leaf) if isinstance(leaf, LowPrecisionLinear)
+                           and leaf.kind == "int8-weights" else leaf, weights,
+                           is_leaf=lambda leaf: isinstance(leaf, LowPrecisionLinear))
     leaves, spec = tree_flatten(weights)
 
     class Captured(torch.nn.Module):
@@ -176,7 +191,7 @@ def _weights_module(model, precision, forward, encoder=False):
     return Captured().eval()
 
 
-def _step_module(model, precision="float32"):
+def _step_module(model, precision="float32", many_rows=False):
     """``model.decode_step`` as a module for ``torch.export`` (:func:`_weights_module`), one
     memory for the ``rows // sentences`` adjacent rows of each sentence."""
 
@@ -185,7 +200,7 @@ def _step_module(model, precision="float32"):
         copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
         return model.decode_step(tokens, index, caches, weights, memories, copies)
 
-    return _weights_module(model, precision, step)
+    return _weights_module(model, precision, step, many_rows=many_rows)
 
 
 def _encoder_module(model, precision="float32"):
@@ -197,7 +212,7 @@ def _encoder_module(model, precision="float32"):
     def encode(weights, source_ids):
         return source_memories(model, source_ids, weights)
 
-    return _weights_module(model, precision, encode, encoder=True)
+    return _weights_module(model, precision, encode, encoder=True, many_rows=True)
 
 
 def _encoder_inputs(model):
@@ -252,7 +267,7 @@ def build_package(model, bucket, path, precision="float32"):
         inputs, dims = _encoder_inputs(model)
     else:
         rows, configs, copies = BUCKETS[bucket]
-        module = _step_module(model, precision)
+        module = _step_module(model, precision, many_rows=bucket != "small")
         inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies)
     with torch.no_grad():
         # the module's forward takes *inputs: one tuple, whose dimensions are ``dims``

@@ -181,8 +181,6 @@ class GenerationOptions(_Checked):
 ENGINES = ("keras", "compiled", "ctranslate2")
 # the precisions the CTranslate2 engine takes at run time: its own is chosen at export
 CTRANSLATE2_PRECISIONS = ("float32", "auto")
-# the compiled step's (decoding/aot_step.py): its products are float32 or bfloat16
-COMPILED_PRECISIONS = ("float32", "bfloat16", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,9 +199,9 @@ class RuntimeOptions(_Checked):
     precision: str = option("float32", choices=DECODE_PRECISIONS,
                             help="the Dense products of the keras and compiled engines: "
                                  "float32, bfloat16 (faster products on CPUs with AVX512-BF16 "
-                                 "or AMX), int8 (keras engine: dynamic quantization) or auto "
-                                 "(bfloat16 where the CPU has bfloat16 units, else float32); "
-                                 "CTranslate2's is chosen at export")
+                                 "or AMX), int8 (keras engine: dynamic quantization; compiled: "
+                                 "int8 weights) or auto (bfloat16 where the CPU has bfloat16 "
+                                 "units, else float32); CTranslate2's is chosen at export")
     threads: int = option(0, minimum=0,
                           help="CPU threads of every engine: 0, the cores this process may "
                                "use (its CPU affinity); N sets PyTorch's threads (keras and "
@@ -219,9 +217,6 @@ class RuntimeOptions(_Checked):
             raise ValueError(f"precision {self.precision} applies to the keras engine; "
                              "CTranslate2's precision is chosen at export (transformerkit "
                              "export --quantization)")
-        if self.engine == "compiled" and self.precision not in COMPILED_PRECISIONS:
-            raise ValueError(f"precision {self.precision} applies to the keras engine; the "
-                             "compiled engine runs float32 or bfloat16")
         if not self.checkpoint:
             raise ValueError("checkpoint must name the weights: model, best, averaged, a file "
                              "in RUN/checkpoints or a .keras path")

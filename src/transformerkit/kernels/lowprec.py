@@ -140,16 +140,57 @@ def plain_bfloat16(weight, bias):
                                   None if bias is None else low_bias.float())
 
 
-def int8_weights(weight):
+def int8_weights(weight, bfloat16_scales=False):
     """``(values, scales)`` of ``weight`` ``(d_out, d_in)`` float32 quantized per output
     channel: ``scales`` ``(d_out,)`` = ``max |w| / 127`` (1 for an all-zero channel) and
-    ``values`` = ``round(w / scale)`` as int8 in ``[-127, 127]`` (round half to even)."""
+    ``values`` = ``round(w / scale)`` as int8 in ``[-127, 127]`` (round half to even).
+    ``bfloat16_scales``: each scale rounded up to the next bfloat16 (a kernel that takes them
+    in bfloat16; rounded up, the values still fit), returned as bfloat16."""
     import torch
 
     peak = weight.abs().amax(1)
     scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    if bfloat16_scales:
+        low = scales.to(torch.bfloat16)
+        # the next bfloat16 up where rounding went down (positive values: the next bit pattern)
+        low = (low.view(torch.int16) + (low.float() < scales).to(torch.int16)).view(torch.bfloat16)
+        values = torch.round(weight / low.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+        return values, low
     values = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
     return values, scales
+
+
+def plain_int8(weight, bias):
+    """``weight`` ``(d_out, d_in)`` float32 and ``bias`` ``(d_out,)`` or None as plain tensors
+    for a compiler (``decoding/aot_step.py``): int8 weights, kind ``int8-weights``. Weight-only
+    quantization: each output channel's :func:`int8_weights` (``values`` int8 ``(d_out,
+    d_in)``, its ``scales`` ``(d_out,)`` in bfloat16, in ``extra``); the input rounded to
+    bfloat16 as at precision bfloat16 (not quantized), the products summed in float32,
+    multiplied by the channel's scale and rounded to bfloat16
+    (``torch.ops.aten._weight_int8pack_mm``, whose Inductor template reads the int8 bytes, a
+    quarter of float32's, where a step has few rows), the float32 bias added.
+    :func:`widen_int8` gives the same products from bfloat16 copies of the values (exact:
+    integers of at most 8 bits) for many rows."""
+    import torch
+
+    with torch.no_grad():
+        values, scales = int8_weights(weight, bfloat16_scales=True)
+        return LowPrecisionLinear("int8-weights", values.contiguous(), _float_bias(bias),
+                                  scales)
+
+
+def widen_int8(weights):
+    """``int8-weights`` ``weights`` (:func:`plain_int8`) with their values as bfloat16 ``(d_in,
+    d_out)`` (exact): the same products by the library's bfloat16 kernel, for steps of many
+    rows (the int8 kernel's cost grows with the rows: at 64 it is tens of times slower),
+    which round each sum to bfloat16 once more, before its scale. On a CPU without bfloat16
+    units the values are float32 and the product float32, with the same roundings (a
+    compiled bfloat16 product would run PyTorch's slow bfloat16 loop there)."""
+    import torch
+
+    usable, _ = precisions.bfloat16_units()
+    dtype = torch.bfloat16 if usable or weights.weight.device.type != "cpu" else torch.float32
+    return weights._replace(weight=weights.weight.t().to(dtype).contiguous())
 
 
 def _pack_int8(weight, bias):
@@ -226,11 +267,32 @@ def apply(x, weights, activation=None, low_output=False):
             low = rows.to(torch.bfloat16)
             y = (torch.mm(low, weights.weight) if weights.bias is None
                  else torch.addmm(weights.bias, low, weights.weight)).float()
+        elif kind == "int8-weights":
+            y = _int8_weights_rows(rows.to(torch.bfloat16), weights)
         else:
             y = _int8_rows(rows, weights)
         if activation is not None:  # "relu", the one :func:`products.linear` allows
             y = F.relu(y)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _int8_weights_rows(low, weights):
+    """The product of bfloat16 rows ``low`` ``(m, d_in)`` by ``int8-weights`` (int8 values:
+    ``_weight_int8pack_mm``, or where it cannot run its arithmetic in float32; widened ones
+    from :func:`widen_int8`: ``mm`` then the scales), float32 ``(m, d_out)``."""
+    import torch
+
+    if weights.weight.dtype != torch.int8:  # widened: the sums rounded, then scaled
+        y = torch.mm(low.to(weights.weight.dtype), weights.weight).to(torch.bfloat16) \
+            * weights.extra
+    elif low.device.type == "cpu" and low.shape[1] % 8 == 0 \
+            and internals.available("int8_weight_mm"):  # (other widths crash its CPU kernel)
+        y = internals.get("int8_weight_mm")(low, weights.weight, weights.extra)
+    else:  # the kernel's arithmetic in float32, its output rounded once as the kernel's
+        y = (torch.mm(low.float(), weights.weight.t().float())
+             * weights.extra.float()).to(torch.bfloat16)
+    y = y.float()
+    return y if weights.bias is None else y + weights.bias
 
 
 def _int8_rows(rows, weights):

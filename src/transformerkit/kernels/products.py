@@ -166,8 +166,6 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
                          f"int8); got {precision!r}")
     if kernels[0].dtype != torch.float32:
         precision = "float32"
-    if not packed and precision == "int8":
-        raise ValueError("precision int8 has packed weights only")
     packing = packed and (precision != "float32" or (kernels[0].device.type == "cpu"
                                                      and kernels[0].dtype == torch.float32
                                                      and _packs_float32()))
@@ -187,6 +185,8 @@ def inference_linear(kernels, biases=None, transposed=False, precision="float32"
             kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, 1)
         if not packed and precision == "bfloat16":
             return lowprec.plain_bfloat16(kernel.t(), bias)
+        if not packed and precision == "int8":
+            return lowprec.plain_int8(kernel.t(), bias)
         if not packing:
             return kernel.contiguous(), bias
         if precision == "float32":
