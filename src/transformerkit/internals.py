@@ -63,7 +63,7 @@ int8 weight products       ``kernels/lowprec.py``: ``torch.ops.aten._weight_int8
                            scales, the compiled engine's ``precision int8`` at few
                            rows (Inductor's template for it reads a quarter of
                            float32's bytes: ``bench/results/gpt2_generate*``); without
-                           it the bfloat16 product of the widened values runs
+                           it the same arithmetic runs in float32
 AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_step`` and
                            ``aot_search``): ``torch._inductor.aoti_compile_and_package``
                            compiles an exported program (the decoder step, the encoder
