@@ -133,6 +133,20 @@ def has_vnni(flags=None):
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags)
 
 
+def onednn_vnni(flags=None, cap=None):
+    """Whether oneDNN may run VNNI's 8-bit dot products here: :func:`has_vnni`, within the
+    kernel cap ``ONEDNN_MAX_CPU_ISA`` (``cap``: :func:`onednn_cap`; below ``AVX2_VNNI`` it
+    keeps oneDNN on the saturating instructions whatever the CPU has)."""
+    flags = cpu_flags() if flags is None else flags
+    cap = onednn_cap() if cap is None else cap
+    if cap is None or cap not in _ONEDNN_ISAS:
+        return has_vnni(flags)
+    level = _ONEDNN_ISAS.index(cap)
+    return (level >= _ONEDNN_ISAS.index("AVX2_VNNI") and "avx_vnni" in flags) or \
+        (level >= _ONEDNN_ISAS.index("AVX512_CORE_VNNI")
+         and bool({"avx512_vnni", "amx_int8"} & flags))
+
+
 def choose(precision, low_precision_possible=True):
     """``(precision, why)``: ``precision`` itself, or for ``auto`` the one this machine
     decodes in (module docstring); ``low_precision_possible``: False where only float32

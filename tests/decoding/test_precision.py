@@ -217,6 +217,94 @@ def test_int8_weights_product_is_the_rounded_product_of_the_quantized_weight(rng
     assert np.abs(got - (x.astype(np.float64) @ dequantized + bias)).max() > 1e3 * tol.U32
 
 
+def many_rows_product(x, kernel, bias):
+    """``(weights, result)``: the compiled engine's int8 weights (``plain_int8``) in their
+    many-rows form (``many_rows_int8``) and the eager product of ``x`` by them."""
+    from transformerkit.kernels import lowprec
+
+    weights = lowprec.plain_int8(torch_tensor(kernel).t().contiguous(), torch_tensor(bias))
+    weights = lowprec.many_rows_int8(weights)
+    return weights, lowprec.apply(torch_tensor(x), weights).numpy()
+
+
+def test_many_rows_int8_product_quantizes_each_row(product):
+    """The compiled engine's int8 at many rows (``many_rows_int8``): the int8 values and
+    scales of ``plain_int8`` by each input row quantized on its own scale (the keras
+    engine's int8): within the int8 bound (module docstring) of the exact product by the
+    dequantized weight; a row's result is the same alone, in its batch and beside a row
+    1000 times larger, within float32 summation (``gamma(k + 4)``: the eager float32
+    product of the dequantized values may sum in another order for another row count; a
+    scale shared by the call would move the row by up to 1000 steps)."""
+    x, kernel, bias = product
+    weights, got = many_rows_product(x, kernel, bias)
+    assert weights.kind == "int8-rows"
+    scales, _, levels = weights.extra
+    assert levels == (255 if precisions.onednn_vnni() else 127)
+    dequantized = (weights.weight.numpy().astype(np.float64)
+                   * scales.numpy().astype(np.float64)[:, None]).T
+    exact = x.astype(np.float64) @ dequantized + bias
+    atol = int8_product_atol(x, dequantized, bias, levels)
+    tol.assert_within(got, exact, atol, "int8 rows")
+    tol.assert_caught(tol.assert_within, got, exact - bias, atol)  # planted: bias dropped
+    step = 2 * np.abs(x).max(-1, keepdims=True) / levels
+    sums = tol.gamma(x.shape[1] + 4) * ((np.abs(x) + step) @ np.abs(dequantized) + np.abs(bias))
+    alone = np.concatenate([many_rows_product(x[i:i + 1], kernel, bias)[1]
+                            for i in range(len(x))])
+    beside = many_rows_product(np.concatenate([x, 1000 * x[:1]]), kernel, bias)[1][:len(x)]
+    for other, name in ((alone, "alone"), (beside, "beside a loud row")):
+        tol.assert_within(other, got, sums, name)
+
+
+def test_compiled_many_rows_int8_product_runs_the_int8_kernel(product, tmp_path):
+    """The many-rows form compiled as the packages are (``torch.export``, AOTInductor with
+    freezing): Inductor replaces its quantize/dequantize operators by oneDNN's packed int8
+    product (``qlinear`` in the package's code; a form it does not recognise would compile
+    to the float32 product of dequantized values, correct and slow), within the same bound
+    of the exact product, for a row count other than the example's."""
+    import torch
+
+    from transformerkit import internals
+    from transformerkit.decoding.aot_packages import compile_program, load
+    from transformerkit.kernels import lowprec
+
+    x, kernel, bias = product
+    weights, _ = many_rows_product(x, kernel, bias)
+
+    class Product(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("values", weights.weight)
+            self.register_buffer("scales", weights.extra[0])
+            self.register_buffer("zeros", weights.extra[1])
+            self.register_buffer("bias", weights.bias)
+
+        def forward(self, rows):
+            form = weights._replace(weight=self.values, bias=self.bias,
+                                    extra=(self.scales, self.zeros, weights.extra[2]))
+            return lowprec.apply(rows, form)
+
+    path = str(tmp_path / "product.pt2")
+    with torch.no_grad():
+        rows = torch.export.Dim("rows", min=2, max=64)
+        program = torch.export.export(Product().eval(), (torch_tensor(x),),
+                                      dynamic_shapes=({0: rows},))
+        compile_program(program, path, {"freezing": True})
+    import zipfile
+
+    with zipfile.ZipFile(path) as package:
+        code = b"".join(package.read(n) for n in package.namelist() if n.endswith(".cpp"))
+    if internals.get("onednn_linear") is not None:  # oneDNN in this PyTorch
+        assert b"qlinear" in code
+    scales, _, levels = weights.extra
+    dequantized = (weights.weight.numpy().astype(np.float64)
+                   * scales.numpy().astype(np.float64)[:, None]).T
+    four = x[:4]
+    got = load(path)([torch_tensor(four)])[0].numpy()
+    exact = four.astype(np.float64) @ dequantized + bias
+    tol.assert_within(got, exact, int8_product_atol(four, dequantized, bias, levels),
+                      "compiled int8 rows")
+
+
 @pytest.mark.parametrize("emulated", [False, True])
 def test_int8_rows_do_not_depend_on_each_other(product, monkeypatch, emulated):
     """Each row is quantized on its own scale: a row's result is the same alone, in its
@@ -609,10 +697,13 @@ def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
     the compiler packs itself): plain bfloat16 for ``addmm`` where the family has bfloat16
     units, else float32 holding the bfloat16-rounded values (a compiled bfloat16 ``addmm``
     would run PyTorch's slow loop there), with a warning; the same numbers either way.
-    int8's are int8 values and bfloat16 scales on every family, widened for many rows to
-    bfloat16 values where it has the units, else to float32 ones."""
+    int8's are int8 values and bfloat16 scales on every family; for many rows the same
+    values with each input row quantized to the family's levels (255 with VNNI, else 127),
+    or where those operators are missing widened to bfloat16 values where it has the units,
+    else to float32 ones."""
     import torch
 
+    from transformerkit import internals
     from transformerkit.kernels import lowprec, products
 
     cpu = inject(monkeypatch, family)
@@ -637,7 +728,20 @@ def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
     weights = products.inference_linear([kernel], [bias], precision="int8", packed=False)
     assert weights.kind == "int8-weights" and weights.weight.dtype == torch.int8
     assert weights.extra.dtype == torch.bfloat16 and weights.weight.shape == (4, 3)
-    widened = lowprec.widen_int8(weights)  # for many rows: float32 without bfloat16 units
+    many = lowprec.many_rows_int8(weights)
+    assert many.kind == "int8-rows" and many.weight is weights.weight
+    scales, zeros, levels = many.extra
+    assert levels == (255 if cpu.has("vnni") else 127)
+    np.testing.assert_array_equal(scales.numpy(), weights.extra.float().numpy())
+    for cap, vnni in (("AVX2", False), ("AVX512_CORE", False), ("AVX512_CORE_VNNI", True)):
+        set_onednn_cap(monkeypatch, cap)  # oneDNN's kernels below VNNI saturate 8 bits
+        capped = lowprec.many_rows_int8(weights).extra[2]
+        assert capped == (255 if vnni and cpu.has("vnni") else 127), cap
+    set_onednn_cap(monkeypatch, None)
+    assert zeros.dtype == torch.long and not zeros.any()
+    monkeypatch.setitem(internals._found, "quantized_decomposed", None)  # the fallback:
+    widened = lowprec.many_rows_int8(weights)  # float32 values without bfloat16 units
+    assert widened.kind == "int8-weights"
     assert widened.weight.dtype == (torch.bfloat16 if cpu.has("bfloat16") else torch.float32)
     np.testing.assert_array_equal(widened.weight.float().numpy(),
                                   weights.weight.t().float().numpy())

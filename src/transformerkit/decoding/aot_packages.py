@@ -48,9 +48,12 @@ def compile_program(program, path, configs=None):
     handle, partial = tempfile.mkstemp(suffix=".pt2", dir=folder)
     os.close(handle)
     try:
-        internals.get("aoti_compile_and_package")(
-            program, package_path=partial,
-            inductor_configs=dict(configs or {}))  # a copy: the compiler adds entries to it
+        with warnings.catch_warnings():  # Inductor's own, from its int8 lowering's code
+            warnings.filterwarnings("ignore", "To copy construct from a tensor",
+                                    UserWarning)
+            internals.get("aoti_compile_and_package")(
+                program, package_path=partial,
+                inductor_configs=dict(configs or {}))  # a copy: the compiler adds to it
         os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
         os.replace(partial, path)
     finally:

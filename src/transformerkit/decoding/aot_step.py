@@ -19,8 +19,8 @@ library that the loop calls once per step:
 - **dynamic shapes**: the rows, the cache length and the source length vary, so one graph
   serves greedy search, sampling and beam search of any width. Packages are built per row
   bucket (:data:`BUCKETS`): a step of at most :data:`SMALL_ROWS` rows runs a package
-  whose products were chosen by measuring them at 2 rows (``max_autotune``: Inductor's own
-  small-matrix kernels, several times faster there than the library's), a larger step one
+  whose products were chosen by measuring Inductor's own small-matrix kernels at 2 rows
+  (``max_autotune``; several times faster there than the library's), a larger step one
   made for many rows (the packed library products; the small-row kernels are slower
   there): ``bench/results/decode_compiled_rows.epyc-avx512bf16.md``;
 - **the cross-attention memory**: in the many-rows package one per sentence, as in the
@@ -49,14 +49,20 @@ graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporti
 Greedy search's arg-max and the beam's cache reordering stay eager.
 
 At ``precision="int8"`` the products' weights are int8, quantized per output channel
-(weight-only: :func:`~transformerkit.kernels.lowprec.plain_int8`; the input is rounded to
-bfloat16 as at bfloat16, not quantized): the small-rows package multiplies by the int8
-bytes (``_weight_int8pack_mm``, whose Inductor template reads a quarter of float32's bytes:
-at one row, bound by reading the weights, about twice bfloat16's speed,
-``bench/results/gpt2_generate_openvino.*``), the large-rows package and the encoder's by
-their bfloat16 widening (the int8 kernel's cost grows with the rows; at 64 it is tens of
-times the bfloat16 product's). The keras engine's int8, each input row quantized on its own
-scale, is a packed library kernel the compiler cannot capture.
+(:func:`~transformerkit.kernels.lowprec.plain_int8`): the small-rows package rounds the
+input to bfloat16 and multiplies by the int8 bytes (``_weight_int8pack_mm``, whose Inductor
+template reads a quarter of float32's bytes: at one row, bound by reading the weights, about
+twice bfloat16's speed, ``bench/results/gpt2_generate_openvino.*``); the large-rows package
+and the encoder's quantize each input row on its own scale, as the keras engine's int8
+(:func:`~transformerkit.kernels.lowprec.many_rows_int8`), which Inductor's freezing runs on
+oneDNN's packed int8 product (the weight-only kernel's cost grows with the rows). The two
+buckets round differently: an int8 sentence's scores depend, within int8's rounding, on the
+rows its steps run with.
+
+The small-rows package picks its products' kernels among Inductor's own C++ kernels only
+(``max_autotune_gemm_backends``): with the library's among the candidates, the build-time
+timings picked the library's slower one-row kernels for some products in one build and not
+the next (``docs/decoding.md``).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
 aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
@@ -83,12 +89,15 @@ _DIGESTS = weakref.WeakKeyDictionary()  # model -> (its weights' versions, their
 SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # bucket -> (rows of the example the products are chosen for, Inductor's options, rows a
 # sentence of the example: 1, the graph takes one memory per row; 2, one per sentence)
-BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True}, 1),
+BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
+                       "max_autotune_gemm_backends": "CPP"}, 1),
            "large": (64, {"freezing": True}, 2)}
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
 FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
+INT8_FORM = 2  # int8 packages' products (2: many rows quantize each input row); a change
+# makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
 
 
@@ -134,6 +143,8 @@ def package_key(model, bucket="small", precision="float32", weights=None, descri
     description = description or model_description(model)
     digest = hashlib.sha256()
     packaged = [ENCODER, ENCODER_CONFIGS] if bucket == ENCODER else BUCKETS[bucket]
+    if precision == "int8":
+        packaged = [*packaged, INT8_FORM]
     digest.update(json.dumps({"format": FORMAT, "bucket": packaged,
                               "precision": precision,
                               "torch": torch.__version__,
@@ -158,18 +169,19 @@ def package_path(directory, bucket, precision, weights, description):
 def _weights_module(model, precision, forward, encoder=False, many_rows=False):
     """A ``torch.nn.Module`` for ``torch.export`` calling ``forward(weights, *inputs)`` with
     ``model``'s step weights (at ``precision``, unpacked: :meth:`step_weights`) held as
-    buffers; the encoder's only where ``encoder``; int8 weights widened for ``many_rows``
-    (:func:`~transformerkit.kernels.lowprec.widen_int8`)."""
+    buffers; the encoder's only where ``encoder``; int8 weights in their form for
+    ``many_rows`` (:func:`~transformerkit.kernels.lowprec.many_rows_int8`)."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-    from transformerkit.kernels.lowprec import LowPrecisionLinear, widen_int8
+    from transformerkit.kernels.lowprec import LowPrecisionLinear, many_rows_int8
 
     weights = dict(model.step_weights(precision, packed=False))
     if not encoder:
         weights.pop("encoder", None)
     if many_rows:
-        weights = tree_map(lambda leaf: widen_int8(leaf) if isinstance(leaf, LowPrecisionLinear)
+        weights = tree_map(lambda leaf: many_rows_int8(leaf)
+                           if isinstance(leaf, LowPrecisionLinear)
                            and leaf.kind == "int8-weights" else leaf, weights,
                            is_leaf=lambda leaf: isinstance(leaf, LowPrecisionLinear))
     leaves, spec = tree_flatten(weights)

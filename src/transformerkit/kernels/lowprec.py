@@ -179,13 +179,38 @@ def plain_int8(weight, bias):
                                   scales)
 
 
+def many_rows_int8(weights):
+    """``int8-weights`` ``weights`` (:func:`plain_int8`) for steps of many rows, where the
+    int8 kernel of few rows is slow (its cost grows with the rows: at 64, several times the
+    bfloat16 product's): kind ``int8-rows``, the same int8 values and scales (``extra``:
+    ``(scales float32 (d_out,), zero points (d_out,), levels)``) by each input row quantized
+    on its own scale, as the keras engine's int8 has it (:func:`_int8_rows`): the row divided
+    by its largest magnitude ``p``, quantized to uint8 steps of ``2 / levels`` from zero point
+    ``(levels + 1) // 2`` (``levels`` 255 where oneDNN may use the CPU's VNNI, else 127:
+    :func:`~transformerkit.precisions.onednn_vnni`), the product of
+    the dequantized values times ``p``. Written with PyTorch's quantize/dequantize operators
+    (``torch.ao``'s decomposed ones), which Inductor's freezing replaces by oneDNN's int8
+    product with the weight packed once (u8 by s8, int32 sums: on an AVX-512 VNNI CPU 1.4-1.9x
+    the bfloat16 product at 8-64 rows, ``docs/decoding.md``). Where those operators are
+    missing: :func:`widen_int8`."""
+    import torch
+
+    if not internals.available("quantized_decomposed"):
+        return widen_int8(weights)
+    levels = activation_levels(not precisions.onednn_vnni())  # oneDNN's kernel, its cap
+    scales = weights.extra.float()
+    zeros = torch.zeros(scales.shape, dtype=torch.long, device=scales.device)
+    return LowPrecisionLinear("int8-rows", weights.weight, weights.bias,
+                              (scales, zeros, levels), None)
+
+
 def widen_int8(weights):
     """``int8-weights`` ``weights`` (:func:`plain_int8`) with their values as bfloat16 ``(d_in,
     d_out)`` (exact): the same products by the library's bfloat16 kernel, for steps of many
-    rows (the int8 kernel's cost grows with the rows: at 64 it is tens of times slower),
-    which round each sum to bfloat16 once more, before its scale. On a CPU without bfloat16
-    units the values are float32 and the product float32, with the same roundings (a
-    compiled bfloat16 product would run PyTorch's slow bfloat16 loop there)."""
+    rows where :func:`many_rows_int8`'s operators are missing, which round each sum to
+    bfloat16 once more, before its scale. On a CPU without bfloat16 units the values are
+    float32 and the product float32, with the same roundings (a compiled bfloat16 product
+    would run PyTorch's slow bfloat16 loop there)."""
     import torch
 
     usable, _ = precisions.bfloat16_units()
@@ -269,6 +294,8 @@ def apply(x, weights, activation=None, low_output=False):
                  else torch.addmm(weights.bias, low, weights.weight)).float()
         elif kind == "int8-weights":
             y = _int8_weights_rows(rows.to(torch.bfloat16), weights)
+        elif kind == "int8-rows":
+            y = _int8_quantized_rows(rows, weights)
         else:
             y = _int8_rows(rows, weights)
         if activation is not None:  # "relu", the one :func:`products.linear` allows
@@ -309,6 +336,24 @@ def _int8_rows(rows, weights):
         y = internals.get("int8_linear")(unit, weights.weight, weights.extra)[:-2]
     else:  # int8-emulated
         y = _int8_emulated(unit, weights)[:-2]
+    return y * peak if weights.bias is None else torch.addcmul(weights.bias, y, peak)
+
+
+def _int8_quantized_rows(rows, weights):
+    """The product of float32 ``rows`` ``(m, d_in)`` by ``int8-rows`` weights
+    (:func:`many_rows_int8`), each row quantized on its own scale, float32 ``(m, d_out)``."""
+    import torch
+    import torch.nn.functional as F
+
+    ops = torch.ops.quantized_decomposed  # registered where ``available``
+    scales, zeros, levels = weights.extra
+    step, zero = 2.0 / levels, (levels + 1) // 2
+    peak = rows.abs().amax(1, keepdim=True).clamp(min=_TINY)
+    quantized = ops.quantize_per_tensor.default(rows / peak, step, zero, 0, levels, torch.uint8)
+    unit = ops.dequantize_per_tensor.default(quantized, step, zero, 0, levels, torch.uint8)
+    weight = ops.dequantize_per_channel.default(weights.weight, scales, zeros, 0, -128, 127,
+                                                torch.int8)
+    y = F.linear(unit, weight)
     return y * peak if weights.bias is None else torch.addcmul(weights.bias, y, peak)
 
 
