@@ -72,11 +72,14 @@ def user_cache_directory(*parts):
     """The user's cache folder for transformerkit joined with ``parts`` (``"compiled"``,
     ``"digests"``, ``"token-cache"``): ``$TRANSFORMERKIT_CACHE``, else
     ``$XDG_CACHE_HOME/transformerkit``, else ``~/.cache/transformerkit``."""
-    root = os.environ.get("TRANSFORMERKIT_CACHE")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-        root = os.path.join(base, "transformerkit")
+    root = os.environ.get("TRANSFORMERKIT_CACHE") or os.path.join(xdg_cache_home(),
+                                                                   "transformerkit")
     return os.path.join(os.path.expanduser(root), *parts)
+
+
+def xdg_cache_home():
+    """The user's cache root: ``$XDG_CACHE_HOME``, else ``~/.cache`` (expanded)."""
+    return os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"))
 
 
 def remembered_sha256(path, directory=None):

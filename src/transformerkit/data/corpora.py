@@ -21,7 +21,7 @@ import urllib.request
 
 from transformerkit.data import sources
 from transformerkit.extras import require
-from transformerkit.files import atomic_path, file_sha256
+from transformerkit.files import atomic_path, file_sha256, xdg_cache_home
 
 LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SPLITS = ("train", "val", "test2016")
@@ -70,8 +70,7 @@ def resolve_data_dir(data_dir=None):
         return pathlib.Path(data_dir).expanduser()
     if os.environ.get("TRANSFORMERKIT_DATA"):
         return pathlib.Path(os.environ["TRANSFORMERKIT_DATA"]).expanduser()
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
-    return cache / "transformerkit"
+    return pathlib.Path(xdg_cache_home()) / "transformerkit"
 
 
 def _decode_utf8(data, path):

@@ -29,8 +29,12 @@ import tempfile
 
 import numpy as np
 
-from transformerkit import files
-from transformerkit.files import atomic_write_text, file_sha256, remembered_sha256
+from transformerkit.files import (
+    atomic_write_text,
+    file_sha256,
+    remembered_sha256,
+    user_cache_directory,
+)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -47,11 +51,11 @@ class CacheCorrupt(ValueError):
 
 
 def default_cache_root():
-    """``token-cache`` in the user's cache folder (:func:`files.user_cache_directory`:
-    ``$TRANSFORMERKIT_CACHE``, else ``$XDG_CACHE_HOME/transformerkit``, else
-    ``~/.cache/transformerkit``): shared by all runs of the user, so a second run on the
-    same corpus starts at once."""
-    return files.user_cache_directory(TOKEN_CACHE)
+    """``token-cache`` in the user's cache folder
+    (:func:`transformerkit.files.user_cache_directory`: ``$TRANSFORMERKIT_CACHE``, else
+    ``$XDG_CACHE_HOME/transformerkit``, else ``~/.cache/transformerkit``): shared by all
+    runs of the user, so a second run on the same corpus starts at once."""
+    return user_cache_directory(TOKEN_CACHE)
 
 
 def key_of(parts):

@@ -199,8 +199,9 @@ class RuntimeOptions(_Checked):
     precision: str = option("float32", choices=DECODE_PRECISIONS,
                             help="the Dense products of the keras and compiled engines: "
                                  "float32, bfloat16 (faster products on CPUs with AVX512-BF16 "
-                                 "or AMX), int8 (keras engine: dynamic quantization; compiled: "
-                                 "int8 weights) or auto (bfloat16 where the CPU has bfloat16 "
+                                 "or AMX), int8 (int8 weights; each input row quantized too, "
+                                 "except in the compiled engine's steps of 1-4 rows) or auto "
+                                 "(bfloat16 where the CPU has bfloat16 "
                                  "units, else float32); CTranslate2's is chosen at export")
     threads: int = option(0, minimum=0,
                           help="CPU threads of every engine: 0, the cores this process may "
