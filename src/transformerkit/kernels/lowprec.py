@@ -190,9 +190,9 @@ def many_rows_int8(weights):
     :func:`~transformerkit.precisions.onednn_vnni`), the product of
     the dequantized values times ``p``. Written with PyTorch's quantize/dequantize operators
     (``torch.ao``'s decomposed ones), which Inductor's freezing replaces by oneDNN's int8
-    product with the weight packed once (u8 by s8, int32 sums: on an AVX-512 VNNI CPU 1.4-1.9x
-    the bfloat16 product at 8-64 rows, ``docs/decoding.md``). Where those operators are
-    missing: :func:`widen_int8`."""
+    product with the weight packed once (u8 by s8, int32 sums; its speed against bfloat16 in
+    ``bench/results/gpt2_generate_openvino.*`` and ``decode_compiled_search.*``). Where those
+    operators are missing: :func:`widen_int8`."""
     import torch
 
     if not internals.available("quantized_decomposed"):
