@@ -157,7 +157,7 @@ def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(trans
     """``precision="int8"``: the compiled step (int8 weights by bfloat16 rows at few rows,
     by each row quantized to 8 bits at many, ``kernels/lowprec.py``) against the eager
     ``decode_step`` of the same weights in the same form (``step_weights("int8",
-    packed=False)``, the many-rows form by ``many_rows_int8``), in both row buckets: within
+    packed=False)``, the many-rows form by ``many_rows_weights``), in both row buckets: within
     two bfloat16 paths' bound (at few rows each product rounds its input once and its output
     once, within the three roundings a product of :func:`bfloat16_bounds.decoding_atol`
     counts; at many rows the integer sums are exact and the two differ by float32 sums and
@@ -165,7 +165,6 @@ def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(trans
     ``2 |x|max / 255`` times a weight); the package is its own, and int8 changed the products
     (the bfloat16 step's logits are not its)."""
     import torch
-    from torch.utils._pytree import tree_map
 
     from transformerkit.decoding import aot_step
     from transformerkit.decoding.steps import make_steps
@@ -182,10 +181,7 @@ def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(trans
             weights = packed_weights(self, precision, False)
             if not many_rows:
                 return weights
-            return tree_map(lambda leaf: lowprec.many_rows_int8(leaf)
-                            if isinstance(leaf, lowprec.LowPrecisionLinear) else leaf,
-                            weights, is_leaf=lambda leaf: isinstance(leaf,
-                                                                     lowprec.LowPrecisionLinear))
+            return lowprec.many_rows_weights(weights)
         return step_weights
 
     def teacher_forced(steps, source):

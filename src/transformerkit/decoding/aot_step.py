@@ -170,20 +170,17 @@ def _weights_module(model, precision, forward, encoder=False, many_rows=False):
     """A ``torch.nn.Module`` for ``torch.export`` calling ``forward(weights, *inputs)`` with
     ``model``'s step weights (at ``precision``, unpacked: :meth:`step_weights`) held as
     buffers; the encoder's only where ``encoder``; int8 weights in their form for
-    ``many_rows`` (:func:`~transformerkit.kernels.lowprec.many_rows_int8`)."""
+    ``many_rows`` (:func:`~transformerkit.kernels.lowprec.many_rows_weights`)."""
     import torch
-    from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+    from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from transformerkit.kernels.lowprec import LowPrecisionLinear, many_rows_int8
+    from transformerkit.kernels.lowprec import many_rows_weights
 
     weights = dict(model.step_weights(precision, packed=False))
     if not encoder:
         weights.pop("encoder", None)
     if many_rows:
-        weights = tree_map(lambda leaf: many_rows_int8(leaf)
-                           if isinstance(leaf, LowPrecisionLinear)
-                           and leaf.kind == "int8-weights" else leaf, weights,
-                           is_leaf=lambda leaf: isinstance(leaf, LowPrecisionLinear))
+        weights = many_rows_weights(weights)
     leaves, spec = tree_flatten(weights)
 
     class Captured(torch.nn.Module):

@@ -204,6 +204,20 @@ def many_rows_int8(weights):
                               (scales, zeros, levels), None)
 
 
+def many_rows_weights(weights):
+    """A tree of step weights (``step_weights(precision, packed=False)``) with each
+    ``int8-weights`` leaf in its many-rows form (:func:`many_rows_int8`), the rest as given:
+    the weights of a compiled package made for many rows."""
+    from torch.utils._pytree import tree_map
+
+    def is_linear(leaf):
+        return isinstance(leaf, LowPrecisionLinear)
+
+    return tree_map(lambda leaf: many_rows_int8(leaf)
+                    if is_linear(leaf) and leaf.kind == "int8-weights" else leaf,
+                    weights, is_leaf=is_linear)
+
+
 def widen_int8(weights):
     """``int8-weights`` ``weights`` (:func:`plain_int8`) with their values as bfloat16 ``(d_in,
     d_out)`` (exact): the same products by the library's bfloat16 kernel, for steps of many
