@@ -16,7 +16,18 @@ answer as JSON on the last line of standard output):
   ``generate`` (greedy or beam 4, ``max_new_tokens``, ``min_new_tokens`` when forced) after
   a warm-up call on the last batch; the outputs are cut before the first end token;
 - ``causal``: ``OVModelForCausalLM`` generates ``new_tokens`` greedy tokens for each batch
-  of prompts: a warm-up call, then ``calls`` timed calls.
+  of prompts: a warm-up call, then ``calls`` timed calls;
+- ``step-convert``: the compiled engine's step as ``torch.export`` captured it (``program``,
+  saved by ``torch.export.save`` in the main venv: ``bench/openvino_step.py``) converted by
+  ``openvino.convert_model`` to IR in ``out`` (``step.xml``), and that IR with NNCF's 8-bit
+  weight compression (``compress_weights``, asymmetric, per output channel:
+  ``step-int8.xml``); the seconds each took;
+- ``step``: serves timings of those IRs, a request a line: the first line of standard input
+  is the spec (``folder``, ``threads``), each further one ``{"rows", "precision", "calls"}``
+  (``float32`` and ``bfloat16``: ``step.xml`` compiled with ``INFERENCE_PRECISION_HINT`` f32
+  / bf16; ``int8``: ``step-int8.xml``, f32), answered by one line: the inputs of
+  ``folder/inputs-ROWS.npz`` run ``calls`` times (after one untimed call), milliseconds a
+  call, and the largest difference of its logits from the file's ``reference`` ones.
 
 Every model compiles for the CPU with ``INFERENCE_NUM_THREADS`` = ``threads``, one stream,
 the latency hint and ``INFERENCE_PRECISION_HINT`` ``f32`` (OpenVINO would otherwise pick
@@ -212,13 +223,76 @@ def causal(spec):
     return dict(results=results, versions=versions(), **device_info([model]))
 
 
-MODES = {"convert": convert, "seq2seq": seq2seq, "causal": causal}
+def step_convert(spec):
+    """The step program ``spec["program"]`` as IR in ``spec["out"]``, float32 and int8
+    weights (see the module docstring)."""
+    import nncf
+    import openvino as ov
+    import torch
+
+    started = time.perf_counter()
+    model = ov.convert_model(torch.export.load(spec["program"]))
+    ov.save_model(model, os.path.join(spec["out"], "step.xml"), compress_to_fp16=False)
+    convert_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    ov.save_model(compressed, os.path.join(spec["out"], "step-int8.xml"),
+                  compress_to_fp16=False)
+    return {"convert_seconds": round(convert_seconds, 1),
+            "int8_seconds": round(time.perf_counter() - started, 1)}
+
+
+STEP_MODELS = {"float32": ("step.xml", "f32"), "bfloat16": ("step.xml", "bf16"),
+               "int8": ("step-int8.xml", "f32")}
+
+
+def step(spec):
+    """Answer timing requests of the step IRs in ``spec["folder"]`` (see the module
+    docstring) until standard input ends; returns what the models were compiled as."""
+    import numpy as np
+    import openvino as ov
+
+    core = ov.Core()
+    compiled, requests = {}, {}
+    for precision, (file, hint) in STEP_MODELS.items():
+        config = dict(ov_config(spec["threads"]), INFERENCE_PRECISION_HINT=hint)
+        compiled[precision] = core.compile_model(
+            core.read_model(os.path.join(spec["folder"], file)), "CPU", config)
+        requests[precision] = compiled[precision].create_infer_request()
+    print(json.dumps({"ready": True}), flush=True)
+    inputs = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        rows = request["rows"]
+        if rows not in inputs:
+            with np.load(os.path.join(spec["folder"], f"inputs-{rows}.npz")) as found:
+                inputs[rows] = ([found[f"input_{i}"] for i in range(len(found.files) - 1)],
+                                found["reference"])
+        tensors, reference = inputs[rows]
+        infer = requests[request["precision"]]
+        logits = infer.infer(tensors, share_inputs=True)[0]
+        started = time.perf_counter()
+        for _ in range(request["calls"]):
+            infer.infer(tensors, share_inputs=True)
+        ms = (time.perf_counter() - started) / request["calls"] * 1000
+        print(json.dumps({"ms": ms, "max_diff": float(np.abs(logits - reference).max())}),
+              flush=True)
+    return {"precision_hints": {p: str(c.get_property("INFERENCE_PRECISION_HINT"))
+                                for p, c in compiled.items()},
+            "device": core.get_property("CPU", "FULL_DEVICE_NAME"),
+            "capabilities": list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
+            "versions": versions()}
+
+
+MODES = {"convert": convert, "seq2seq": seq2seq, "causal": causal,
+         "step-convert": step_convert, "step": step}
 
 
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in MODES:
         raise SystemExit(f"usage: openvino_worker.py {{{','.join(MODES)}}} < spec.json")
-    spec = json.load(sys.stdin)
+    # ``step`` reads its requests after the spec's line
+    spec = json.loads(sys.stdin.readline()) if sys.argv[1] == "step" else json.load(sys.stdin)
     if sys.argv[1] != "convert":
         keep_freed_memory()  # as the other systems' workers
     print(json.dumps(MODES[sys.argv[1]](spec)))

@@ -266,21 +266,32 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
     return (tokens, index, caches, memories), ({0: row_dim}, None, cache_dims, memory_dims)
 
 
-def build_package(model, bucket, path, precision="float32"):
-    """Capture ``model``'s step with its products at ``precision`` and compile it for the
-    row ``bucket`` into the package ``path`` (written atomically)."""
+def export_step(model, bucket, precision="float32"):
+    """``model``'s step (or, for :data:`ENCODER`, its encoder pass) with its products at
+    ``precision``, as the row ``bucket``'s package captures it: ``torch.export``'s program,
+    its rows, cache length and source length dynamic (the graph
+    ``bench/openvino_step.py`` also hands to OpenVINO)."""
     import torch
 
     if bucket == ENCODER:
-        module, configs = _encoder_module(model, precision), ENCODER_CONFIGS
-        inputs, dims = _encoder_inputs(model)
+        module, (inputs, dims) = _encoder_module(model, precision), _encoder_inputs(model)
     else:
-        rows, configs, copies = BUCKETS[bucket]
+        rows, _, copies = BUCKETS[bucket]
         module = _step_module(model, precision, many_rows=bucket != "small")
         inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies)
     with torch.no_grad():
         # the module's forward takes *inputs: one tuple, whose dimensions are ``dims``
-        program = torch.export.export(module, inputs, dynamic_shapes=(dims,), strict=False)
+        return torch.export.export(module, inputs, dynamic_shapes=(dims,), strict=False)
+
+
+def build_package(model, bucket, path, precision="float32"):
+    """Capture ``model``'s step with its products at ``precision`` (:func:`export_step`) and
+    compile it for the row ``bucket`` into the package ``path`` (written atomically)."""
+    import torch
+
+    configs = ENCODER_CONFIGS if bucket == ENCODER else BUCKETS[bucket][1]
+    program = export_step(model, bucket, precision)
+    with torch.no_grad():
         aot_packages.compile_program(program, path, configs)
 
 

@@ -1,0 +1,51 @@
+"""``bench/openvino_step.py``: the inputs it hands both runtimes are the exported step's, in
+the order OpenVINO's converted graph takes them (``torch.export``'s flattening order), and
+they give the eager step's logits."""
+
+import keras
+import numpy as np
+from paths import load_bench
+
+
+def test_saved_inputs_are_the_exported_steps_flat_inputs_and_give_its_logits(tmp_path):
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    from transformerkit.decoding import aot_step
+    from transformerkit.models import Transformer
+
+    bench = load_bench("openvino_step")
+    keras.utils.set_random_seed(2)
+    model = Transformer(30, 25, num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=0.0,
+                        max_length=24)
+    model.build(None)
+    bench.write_inputs(model, str(tmp_path), [1, 3], position=4, source_len=5)
+    program = aot_step.export_step(model, "small")
+    for rows in (1, 3):
+        inputs, reference = bench.inputs_of(str(tmp_path), rows, model.num_decoder_layers)
+        tokens, index, caches, memories = inputs
+        assert tokens.shape == (rows,) and int(index) == 4
+        assert caches[0][0].shape == (9, rows, 2, 8) and memories[0][2].shape == (rows, 1, 1, 5)
+        leaves, _ = tree_flatten(inputs)
+        with np.load(tmp_path / f"inputs-{rows}.npz") as saved:
+            assert len(saved.files) - 1 == len(leaves) == 2 + 2 * 2 + 2 * 4  # 2 blocks
+            for i, leaf in enumerate(leaves):  # the file's order is the flattening order
+                np.testing.assert_array_equal(saved[f"input_{i}"], leaf.numpy())
+        with torch.no_grad():
+            # the exported step on those inputs: the eager float32 step's logits
+            got = program.module()(tokens, index, [tuple(t.clone() for t in pair)
+                                                   for pair in caches], memories)
+            assert np.abs(reference).max() > 0.1
+            np.testing.assert_allclose(got.numpy(), reference, rtol=0, atol=1e-5)
+            # a different position's logits are not these: the index is read
+            other = program.module()(tokens, torch.tensor(2), [tuple(t.clone() for t in pair)
+                                                               for pair in caches], memories)
+            assert np.abs(other.numpy() - reference).max() > 1e-3
+
+
+def test_table_gives_each_row_count_and_precision_with_the_ratio():
+    bench = load_bench("openvino_step")
+    results = [{"rows": 1, "precision": "float32", "ours_ms": 0.25, "openvino_ms": 1.0,
+                "ours_max_diff": 1e-6, "openvino_max_diff": 2e-6}]
+    lines = bench.table(results, 1).splitlines()
+    assert lines[2] == "| 1 | float32 | 0.250 | 1.000 | 4.00 | 1e-06 / 2e-06 |"
