@@ -47,7 +47,8 @@ PRECISIONS = ("float32", "bfloat16", "int8")
 
 def prepare(run, folder, rows_list, position, source_len, threads):
     """The step program, its OpenVINO IRs and each row count's inputs in ``folder`` (made
-    again when the run's weights change); returns the conversion's record."""
+    again when the run's weights change); returns the conversion's record and the steps'
+    operations (:func:`write_inputs`)."""
     import torch
 
     from transformerkit.decoding import aot_step
@@ -69,23 +70,28 @@ def prepare(run, folder, rows_list, position, source_len, threads):
         found["export_seconds"] = round(export_seconds, 1)
         with open(record_file, "w", encoding="utf-8") as f:
             json.dump(found, f)
-    write_inputs(model, folder, rows_list, position, source_len)
+    flops = write_inputs(model, folder, rows_list, position, source_len)
     with open(record_file, encoding="utf-8") as f:
-        return json.load(f)
+        return json.load(f), flops
 
 
 def write_inputs(model, folder, rows_list, position, source_len):
     """``folder/inputs-ROWS.npz`` for each of ``rows_list``: the step's inputs in
     ``torch.export``'s flattening order (``input_0`` ...: tokens, index, each block's cache
     keys and values, each block's memory ``(keys, values, bias, keep)``; see the module
-    docstring) and the eager float32 step's logits (``reference``)."""
+    docstring) and the eager float32 step's logits (``reference``, with the unpacked
+    weights, whose products PyTorch's ``FlopCounterMode`` counts). Returns ``{rows: the
+    step's floating-point operations}`` (its matrix products: the projections, the
+    attention, the output layer)."""
     import numpy as np
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     from transformerkit.decoding.eager_steps import source_memories
 
     seq2seq = hasattr(model, "decoder_blocks")
-    weights = model.step_weights("float32")
+    weights = model.step_weights("float32", packed=False)
+    flops = {}
     layers = model.num_decoder_layers if seq2seq else model.num_layers
     rng = np.random.default_rng(0)
     for rows in rows_list:
@@ -106,12 +112,15 @@ def write_inputs(model, folder, rows_list, position, source_len):
                                                           weights)]
         flat = [tokens, index, *[t for pair in caches for t in pair],
                 *[t for memory in memories or () for t in memory]]
-        with torch.no_grad():  # the eager float32 step, on copies of the caches
+        # the eager float32 step, on copies of the caches
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
             reference = model.decode_step(tokens, position,
                                           [tuple(t.clone() for t in pair) for pair in caches],
                                           weights, memories, 1)
+        flops[rows] = counter.get_total_flops()
         np.savez(os.path.join(folder, f"inputs-{rows}.npz"), reference=reference.numpy(),
                  **{f"input_{i}": t.numpy() for i, t in enumerate(flat)})
+    return flops
 
 
 def inputs_of(folder, rows, layers):
@@ -179,19 +188,24 @@ def time_ours(step, inputs, reference, calls):
     return {"ms": ms, "max_diff": float(np.abs(logits.numpy() - reference).max())}
 
 
-def table(results, threads):
-    lines = ["| rows | precision | compiled step (ms) | OpenVINO (ms) | OpenVINO's / ours | "
-             "max abs. logit diff., ours / OpenVINO |",
-             "|---:|---|---:|---:|---:|---:|"]
+def table(results, threads, peaks):
+    lines = ["| rows | precision | GFLOP a step | compiled step (ms) | OpenVINO (ms) | "
+             "OpenVINO's / ours | compiled GFLOP/s | max abs. logit diff., ours / OpenVINO |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['rows']} | {r['precision']} | {r['ours_ms']:.3f} | "
-                     f"{r['openvino_ms']:.3f} | {r['openvino_ms'] / r['ours_ms']:.2f} | "
+        lines.append(f"| {r['rows']} | {r['precision']} | {r['flops'] / 1e9:.4g} | "
+                     f"{r['ours_ms']:.3f} | {r['openvino_ms']:.3f} | "
+                     f"{r['openvino_ms'] / r['ours_ms']:.2f} | "
+                     f"{r['flops'] / r['ours_ms'] / 1e6:.1f} | "
                      f"{r['ours_max_diff']:.2g} / {r['openvino_max_diff']:.2g} |")
     lines.append("")
     lines.append(f"One decoder step of all rows, {threads} thread(s) each, best of the "
                  "interleaved rounds; the differences are from the eager float32 step's "
                  "logits on the same inputs. OpenVINO runs the same exported graph and "
-                 "drops the cache writes (a lower bound of its step).")
+                 "drops the cache writes (a lower bound of its step). This machine's "
+                 "matrix-product peak on as many threads (2048-square products): "
+                 + ", ".join(f"{dtype} {value:.1f} GFLOP/s" for dtype, value in peaks.items())
+                 + ".")
     return "\n".join(lines)
 
 
@@ -223,8 +237,9 @@ def main():
     run = transformerkit.load(args.run)
     model = run.model
     folder = os.path.join(os.fspath(run.run_dir), "openvino", "step")
-    conversion = prepare(run, folder, rows_list, args.position, args.source_len,
-                         args.threads)
+    conversion, flops = prepare(run, folder, rows_list, args.position, args.source_len,
+                                args.threads)
+    peaks = {dtype: common.matmul_peak(3.0, dtype=dtype) for dtype in ("float32", "bfloat16")}
     layers = model.num_decoder_layers if hasattr(model, "decoder_blocks") else model.num_layers
     runners = {p: aot_step.CompiledSteps(model, p).runner() for p in precisions}
     if any(r is None for r in runners.values()):
@@ -241,7 +256,7 @@ def main():
                 theirs = openvino.time(rows, precision, args.calls)
                 key = (rows, precision)
                 kept = best.setdefault(key, {"rows": rows, "precision": precision,
-                                             "ours_ms": ours["ms"],
+                                             "flops": flops[rows], "ours_ms": ours["ms"],
                                              "openvino_ms": theirs["ms"]})
                 kept["ours_ms"] = min(kept["ours_ms"], ours["ms"])
                 kept["openvino_ms"] = min(kept["openvino_ms"], theirs["ms"])
@@ -255,8 +270,9 @@ def main():
     payload = {"machine": dict(common.machine(), threads_per_system=args.threads),
                "run": os.fspath(run.run_dir), "position": args.position,
                "source_len": args.source_len, "calls": args.calls, "rounds": args.rounds,
+               "matmul_peak_gflops": {k: round(v, 1) for k, v in peaks.items()},
                "conversion": conversion, "openvino": record, "results": results}
-    common.write_results(args.name, payload, table(results, args.threads))
+    common.write_results(args.name, payload, table(results, args.threads, peaks))
 
 
 if __name__ == "__main__":

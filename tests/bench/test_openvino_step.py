@@ -19,7 +19,13 @@ def test_saved_inputs_are_the_exported_steps_flat_inputs_and_give_its_logits(tmp
     model = Transformer(30, 25, num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=0.0,
                         max_length=24)
     model.build(None)
-    bench.write_inputs(model, str(tmp_path), [1, 3], position=4, source_len=5)
+    flops = bench.write_inputs(model, str(tmp_path), [1, 3], position=4, source_len=5)
+    # the step's products by hand: per row and block, the self-attention's four
+    # projections, the cross-attention's query and output ones, two feed-forward ones, the
+    # attention over 5 cached and 5 source positions (scores and sums); the output layer
+    per_row = 2 * (2 * (4 * 16 * 16 + 2 * 16 * 16 + 2 * 16 * 32 + 2 * (5 + 5) * 16)
+                   + 16 * 25)
+    assert flops == {1: per_row, 3: 3 * per_row}
     program = aot_step.export_step(model, "small")
     for rows in (1, 3):
         inputs, reference = bench.inputs_of(str(tmp_path), rows, model.num_decoder_layers)
@@ -45,7 +51,8 @@ def test_saved_inputs_are_the_exported_steps_flat_inputs_and_give_its_logits(tmp
 
 def test_table_gives_each_row_count_and_precision_with_the_ratio():
     bench = load_bench("openvino_step")
-    results = [{"rows": 1, "precision": "float32", "ours_ms": 0.25, "openvino_ms": 1.0,
-                "ours_max_diff": 1e-6, "openvino_max_diff": 2e-6}]
-    lines = bench.table(results, 1).splitlines()
-    assert lines[2] == "| 1 | float32 | 0.250 | 1.000 | 4.00 | 1e-06 / 2e-06 |"
+    results = [{"rows": 1, "precision": "float32", "flops": 5e6, "ours_ms": 0.25,
+                "openvino_ms": 1.0, "ours_max_diff": 1e-6, "openvino_max_diff": 2e-6}]
+    lines = bench.table(results, 1, {"float32": 90.0}).splitlines()
+    assert lines[2] == "| 1 | float32 | 0.005 | 0.250 | 1.000 | 4.00 | 20.0 | 1e-06 / 2e-06 |"
+    assert "float32 90.0 GFLOP/s" in lines[-1]
