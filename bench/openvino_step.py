@@ -221,7 +221,15 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="openvino_step")
     args = parser.parse_args()
-    rows_list = [int(r) for r in args.rows.split(",")]
+    try:
+        rows_list = sorted({int(r) for r in args.rows.split(",") if r.strip()})
+    except ValueError:
+        rows_list = []
+    if not rows_list or rows_list[0] < 1 or args.position < 1 or args.source_len < 1 \
+            or args.calls < 1 or args.rounds < 1:
+        raise SystemExit("--rows takes positive whole numbers separated by commas, e.g. "
+                         "1,4,16,64; --position, --source-len, --calls and --rounds are "
+                         "positive whole numbers")
     precisions = [p for p in args.precisions.split(",") if p]
     unknown = set(precisions) - set(PRECISIONS)
     if unknown:
@@ -236,6 +244,10 @@ def main():
     torch.set_num_threads(args.threads)
     run = transformerkit.load(args.run)
     model = run.model
+    if 2 * args.position > model.max_length or args.source_len > model.max_length:
+        raise SystemExit(f"the model takes {model.max_length} positions: --position at most "
+                         f"{model.max_length // 2} (its caches hold 2 * position + 1), "
+                         f"--source-len at most {model.max_length}")
     folder = os.path.join(os.fspath(run.run_dir), "openvino", "step")
     conversion, flops = prepare(run, folder, rows_list, args.position, args.source_len,
                                 args.threads)
