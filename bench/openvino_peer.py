@@ -58,15 +58,20 @@ def require_venv():
                          f"missing; make it in {ROOT} with: {VENV_COMMANDS}")
 
 
+def worker_env(threads):
+    """The OpenVINO worker's environment: this one without this venv's paths, ``threads``
+    threads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return dict(env, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+
+
 def run_worker(mode, spec, threads, timeout=3600):
     """``bench/openvino_worker.py MODE`` in the OpenVINO venv, ``spec`` on its standard
-    input, ``threads`` threads, this venv's paths left out of its environment; the JSON of
-    its last line, or ``{"error": ...}`` (:func:`common.run_worker`)."""
+    input, in :func:`worker_env`; the JSON of its last line, or ``{"error": ...}``
+    (:func:`common.run_worker`)."""
     require_venv()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return common.run_worker(WORKER, [mode], dict(OMP_NUM_THREADS=str(threads),
-                                                  TOKENIZERS_PARALLELISM="false"),
-                             timeout=timeout, python=PYTHON, stdin=json.dumps(spec), env=env)
+    return common.run_worker(WORKER, [mode], timeout=timeout, python=PYTHON,
+                             stdin=json.dumps(spec), env=worker_env(threads))
 
 
 def fresh_folder(base, source_file):

@@ -85,6 +85,7 @@ def write_inputs(model, folder, rows_list, position, source_len):
     attention, the output layer)."""
     import numpy as np
     import torch
+    from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import FlopCounterMode
 
     from transformerkit.decoding.eager_steps import source_memories
@@ -110,8 +111,7 @@ def write_inputs(model, folder, rows_list, position, source_len):
                              if memory[3] is None else memory[3])
                             for memory in source_memories(model, torch.as_tensor(source),
                                                           weights)]
-        flat = [tokens, index, *[t for pair in caches for t in pair],
-                *[t for memory in memories or () for t in memory]]
+        flat, _ = tree_flatten((tokens, index, caches, memories))  # torch.export's order
         # the eager float32 step, on copies of the caches
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             reference = model.decode_step(tokens, position,
@@ -143,11 +143,9 @@ class OpenVINOSteps:
 
     def __init__(self, folder, threads):
         openvino_peer.require_venv()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env.update(OMP_NUM_THREADS=str(threads))
         self.process = subprocess.Popen([openvino_peer.PYTHON, openvino_peer.WORKER, "step"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=env)
+                                        text=True, env=openvino_peer.worker_env(threads))
         self._send({"folder": folder, "threads": threads})
         self._answer()  # compiled and ready
 
