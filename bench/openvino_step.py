@@ -4,13 +4,15 @@ should run it.
 The step is the one ``--engine compiled`` compiles: the model's own ``decode_step`` as
 ``torch.export`` captures it (``transformerkit.decoding.aot_step.export_step``, the
 small-rows package's graph: one memory per row, the rows, cache length and source length
-dynamic). Here that float32 program is saved (``torch.export.save``) and converted by
-``openvino.convert_model`` in OpenVINO's venv (``bench/openvino_worker.py``'s
-``step-convert``: the IR, and the IR with NNCF's 8-bit weight compression); OpenVINO then
-runs it as float32 (``INFERENCE_PRECISION_HINT`` f32), bfloat16 (the hint bf16: OpenVINO's
-own bfloat16 inference where the CPU has bfloat16 units) and with int8 weights. Our side
-runs the engine's packages at each precision (built into the engine's cache if missing:
-the small-rows package up to ``aot_step.SMALL_ROWS`` rows, the many-rows one above).
+dynamic; besides the logits it returns greedy search's choice, given a bias row of the
+vocabulary's width, here zeros). Here that float32 program is saved (``torch.export.save``)
+and converted by ``openvino.convert_model`` in OpenVINO's venv
+(``bench/openvino_worker.py``'s ``step-convert``: the IR, and the IR with NNCF's 8-bit
+weight compression); OpenVINO then runs it as float32 (``INFERENCE_PRECISION_HINT`` f32),
+bfloat16 (the hint bf16: OpenVINO's own bfloat16 inference where the CPU has bfloat16 units)
+and with int8 weights. Our side runs the engine's packages at each precision (built into the
+engine's cache if missing: the small-rows package up to ``aot_step.SMALL_ROWS`` rows, the
+many-rows one above).
 
 Both sides get the same inputs for each row count: ``--rows`` rows of the token at position
 ``--position`` with caches of ``2 * position + 1`` positions (random keys and values) and
@@ -20,7 +22,7 @@ untimed one, one thread each (``--threads``), the two sides alternating in ``--r
 rounds (best kept). Each system's logits are compared with the eager float32 step's on the
 same inputs (largest absolute difference).
 
-OpenVINO's graph returns the logits only: where the PyTorch step writes the new key and
+OpenVINO's graph returns the logits and the choice: where the PyTorch step writes the new key and
 value into the caches in place, OpenVINO's conversion writes them into a copy it drops
 (a decoder that used it would also have to return or keep the caches: not timed here), so
 OpenVINO's times are a lower bound of what an engine on it would take.
@@ -78,9 +80,9 @@ def prepare(run, folder, rows_list, position, source_len, threads):
 def write_inputs(model, folder, rows_list, position, source_len):
     """``folder/inputs-ROWS.npz`` for each of ``rows_list``: the step's inputs in
     ``torch.export``'s flattening order (``input_0`` ...: tokens, index, each block's cache
-    keys and values, each block's memory ``(keys, values, bias, keep)``; see the module
-    docstring) and the eager float32 step's logits (``reference``, with the unpacked
-    weights, whose products PyTorch's ``FlopCounterMode`` counts). Returns ``{rows: the
+    keys and values, each block's memory ``(keys, values, bias, keep)``, the choice's bias
+    row; see the module docstring) and the eager float32 step's logits (``reference``, with
+    the unpacked weights, whose products PyTorch's ``FlopCounterMode`` counts). Returns ``{rows: the
     step's floating-point operations}`` (its matrix products: the projections, the
     attention, the output layer)."""
     import numpy as np
@@ -111,7 +113,8 @@ def write_inputs(model, folder, rows_list, position, source_len):
                              if memory[3] is None else memory[3])
                             for memory in source_memories(model, torch.as_tensor(source),
                                                           weights)]
-        flat, _ = tree_flatten((tokens, index, caches, memories))  # torch.export's order
+        bias = torch.zeros(1, vocab)  # the choice's bias row (every id allowed)
+        flat, _ = tree_flatten((tokens, index, caches, memories, bias))  # torch.export's order
         # the eager float32 step, on copies of the caches
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             reference = model.decode_step(tokens, position,
@@ -124,8 +127,8 @@ def write_inputs(model, folder, rows_list, position, source_len):
 
 
 def inputs_of(folder, rows, layers):
-    """The step's inputs (tokens, index, caches, memories) and reference logits of ``rows``
-    rows, as ``prepare`` saved them."""
+    """The step's inputs (tokens, index, caches, memories, the choice's bias row) and
+    reference logits of ``rows`` rows, as ``prepare`` saved them."""
     import numpy as np
     import torch
 
@@ -133,9 +136,9 @@ def inputs_of(folder, rows, layers):
         flat = [torch.from_numpy(found[f"input_{i}"]) for i in range(len(found.files) - 1)]
         reference = found["reference"]
     caches = [(flat[2 + 2 * i], flat[3 + 2 * i]) for i in range(layers)]
-    rest = flat[2 + 2 * layers:]
+    rest = flat[2 + 2 * layers:-1]
     memories = [tuple(rest[i:i + 4]) for i in range(0, len(rest), 4)] or None
-    return (flat[0], flat[1], caches, memories), reference
+    return (flat[0], flat[1], caches, memories, flat[-1]), reference
 
 
 class OpenVINOSteps:
@@ -178,7 +181,7 @@ def time_ours(step, inputs, reference, calls):
     import torch
 
     with torch.no_grad():
-        logits = step(*inputs)
+        logits = step(*inputs)[0]
         started = time.perf_counter()
         for _ in range(calls):
             step(*inputs)

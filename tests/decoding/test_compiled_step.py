@@ -410,6 +410,48 @@ def test_a_compiled_gpt_generates_as_the_eager_one():
     assert_same_ids_or_near_tie(eager, compiled, next_logits_after(model, prompts=prompts))
 
 
+def test_the_steps_own_greedy_choice_equals_the_loops_choice(transformer, monkeypatch):
+    """Greedy search takes the compiled step's own choice (``step_choosing``: the arg-max
+    inside the package, given the token rules' bias row), which gives the ids the loop's
+    eager choice gives on the same logits: a translation whose first tokens may not be EOS
+    (the rules' other row), its logits returned; a GPT's prompts of different lengths (rows
+    inside their prompt copy it). With an n-gram ban the loop chooses itself."""
+    from transformerkit.decoding import aot_step, generate_ids, greedy_translate
+    from transformerkit.models import GPT
+
+    keras.utils.set_random_seed(3)
+    gpt = GPT(30, **SMALL)
+    calls = []
+    folded = aot_step.CompiledSteps.step_choosing
+
+    def counted(self, *args):
+        calls.append(len(args[0]))
+        return folded(self, *args)
+
+    def searches(**extra):
+        return (greedy_translate(transformer, SOURCE, max_new_tokens=8, min_new_tokens=3,
+                                 use_cache="compiled", return_logits=True, **extra),
+                generate_ids(gpt, [[5, 6], [7, 8, 9, 4]], max_new_tokens=6, temperature=0,
+                             use_cache="compiled", **extra))
+
+    monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", counted)
+    (ids, logits), generated = searches()
+    assert len(calls) >= 8 + 6 - 1  # every step of both searches
+    monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", None)  # the loop's choice
+    (eager_ids, eager_logits), eager_generated = searches()
+    assert ids == eager_ids and generated == eager_generated
+    np.testing.assert_array_equal(logits, eager_logits)
+    assert max(map(len, ids)) >= 3 and np.abs(logits).max() > 0.1
+
+    monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", counted)
+    calls.clear()
+    (banned_ids, _), banned_generated = searches(no_repeat_ngram_size=2)
+    assert not calls
+    monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", None)
+    (again_ids, _), again_generated = searches(no_repeat_ngram_size=2)
+    assert banned_ids == again_ids and banned_generated == again_generated
+
+
 def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, monkeypatch,
                                                                  tmp_path):
     """Packages already built load without the compiler (a deployment may lack it); where

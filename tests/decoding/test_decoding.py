@@ -363,6 +363,43 @@ def test_argmax_ids_equals_numpy():
     assert argmax_ids_equal_numpy()
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="the compiled step's choice is PyTorch's")
+def test_best_allowed_is_the_eager_rules_then_argmax():
+    """:func:`best_allowed` (greedy search's choice inside the compiled step, given the
+    rules' bias row) gives the ids of the eager choice, :meth:`TokenRules.apply` then
+    :func:`argmax_ids`, and of NumPy's argmax with the forbidden columns at -inf: with EOS
+    allowed and forbidden, where the best id is a forbidden one, on ties (the first), -inf
+    rows, NaN (the first NaN; one in a forbidden column does not count), in float32 and
+    bfloat16 logits (taken in float32)."""
+    import torch
+
+    from transformerkit.decoding.common import best_allowed
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(9, 300)).astype("float32")
+    x[0, [0, 1, 2]] = 50.0  # PAD, BOS and EOS the largest: never PAD/BOS, EOS if allowed
+    x[1, [7, 90, 299]] = 9.0  # ties: the first allowed one
+    x[2, 2:] = -np.inf  # only forbidden ids are finite: the first -inf column after them
+    x[3, :] = -np.inf
+    x[4, [40, 200]] = np.nan  # the first NaN
+    x[5, [1, 60]] = np.nan  # NaN on a forbidden id (-inf added: still NaN) and an allowed one
+    rules = TokenRules(300, eos_id=2)
+    for forbid in (False, True):
+        bias = rules.without_eos if forbid else rules.always
+        for logits in (torch.as_tensor(x), torch.as_tensor(x).bfloat16()):
+            got = best_allowed(logits, bias)
+            assert got.dtype == torch.int32
+            floats = logits.float()
+            eager = argmax_ids(rules.apply(floats.clone(), forbid, owned=True))
+            np.testing.assert_array_equal(got.numpy(), eager.numpy())
+            numpy = np.argmax(np.where(np.isneginf(bias.numpy()), -np.inf, floats.numpy()),
+                              axis=1)
+            np.testing.assert_array_equal(got.numpy(), numpy)
+        assert best_allowed(torch.as_tensor(x), bias)[0] == (3 + np.argmax(x[0, 3:]) if forbid
+                                                             else 2)
+
+
 def _plain_top_k(x, k):
     values, indices = ops.top_k(x, k)
     return values, ops.cast(indices, "int32")
@@ -521,6 +558,24 @@ def test_empty_inputs_are_clear_errors():
         translate_texts(model, tokenizer, tokenizer, ["abc", "  "])
     with pytest.raises(ValueError, match="prompt is empty"):
         generate_ids(make_gpt(), [], 5)
+
+
+def test_columns_of_padding_in_every_row_are_dropped_before_the_encoder():
+    """A batch padded wider than its longest sentence (here past ``max_length``) decodes as
+    the same batch padded to its longest sentence: the all-padding columns are dropped."""
+    from transformerkit.decoding.common import prepare_sources
+
+    model = make_transformer(max_length=12)
+    wide = np.zeros((3, 20), "int32")
+    wide[:, :SOURCES.shape[1]] = SOURCES
+    source, active = prepare_sources(model, wide)
+    tight, _ = prepare_sources(model, SOURCES)
+    np.testing.assert_array_equal(source, tight)
+    assert active[:3].all() and source.shape[1] < 12
+    assert greedy_translate(model, wide, max_new_tokens=6) == \
+        greedy_translate(model, SOURCES, max_new_tokens=6)
+    assert [h[0].ids for h in beam_translate(model, wide, beam_size=2, max_new_tokens=6)] == \
+        [h[0].ids for h in beam_translate(model, SOURCES, beam_size=2, max_new_tokens=6)]
 
 
 def test_over_long_inputs_are_truncated_with_a_warning():

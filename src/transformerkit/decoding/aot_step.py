@@ -46,7 +46,12 @@ cross-attention keys and values (:func:`~.eager_steps.source_memories`, the eage
 captured with the sentences and the source length dynamic; where that code would read the
 ids' values to skip the padding mask or the zeroing of sources without tokens, a captured
 graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporting`).
-Greedy search's arg-max and the beam's cache reordering stay eager.
+Greedy search's choice is part of every step package: besides the logits it returns each
+row's best id among those a bias row allows (:func:`~.common.best_allowed`, the token rules
+of :class:`~.common.TokenRules` as 0 / -inf), which the greedy loop takes
+(:meth:`CompiledSteps.step_choosing`) where its rules are the same for every row, in place of
+about ten eager calls a step (the rules, the arg-max over the vocabulary, the casts). The
+beam's cache reordering stays eager.
 
 At ``precision="int8"`` the products' weights are int8, quantized per output channel
 (:func:`~transformerkit.kernels.lowprec.plain_int8`): the small-rows package rounds the
@@ -78,6 +83,7 @@ import weakref
 from transformerkit import precisions
 from transformerkit.decoding import aot_packages
 from transformerkit.decoding.aot_packages import cache_directory
+from transformerkit.decoding.common import best_allowed
 from transformerkit.decoding.eager_steps import EagerSteps, source_memories
 from transformerkit.special_tokens import PAD_ID
 from transformerkit.token_ids import check_token_ids
@@ -95,7 +101,8 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
-FORMAT = 4  # the layout of a package's inputs; a change makes every cached package stale
+FORMAT = 5  # the layout of a package's inputs and outputs; a change makes every cached
+# package stale
 INT8_FORM = 2  # int8 packages' products (2: many rows quantize each input row); a change
 # makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
@@ -202,12 +209,14 @@ def _weights_module(model, precision, forward, encoder=False, many_rows=False):
 
 def _step_module(model, precision="float32", many_rows=False):
     """``model.decode_step`` as a module for ``torch.export`` (:func:`_weights_module`), one
-    memory for the ``rows // sentences`` adjacent rows of each sentence."""
+    memory for the ``rows // sentences`` adjacent rows of each sentence, followed by greedy
+    search's choice: ``(logits, best_allowed(logits, bias))``."""
 
-    def step(weights, tokens, index, caches, memories):
+    def step(weights, tokens, index, caches, memories, bias):
         # a symbolic int: the beams of a sentence, from the rows and the sentences
         copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
-        return model.decode_step(tokens, index, caches, weights, memories, copies)
+        logits = model.decode_step(tokens, index, caches, weights, memories, copies)
+        return logits, best_allowed(logits, bias)
 
     return _weights_module(model, precision, step, many_rows=many_rows)
 
@@ -237,8 +246,8 @@ def _encoder_inputs(model):
 
 def _example_inputs(model, seq2seq, rows=2, copies=1):
     """Inputs of the step's signature (``rows`` rows, ``copies`` a sentence, 5 cache
-    positions, 3 source positions) and their dynamic dimensions (``copies`` 1: the
-    sentences are the rows; else a dimension of their own)."""
+    positions, 3 source positions, the choice's bias row) and their dynamic dimensions
+    (``copies`` 1: the sentences are the rows; else a dimension of their own)."""
     import torch
 
     length, source_len, batch = 5, 3, rows // copies
@@ -254,8 +263,9 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
                torch.zeros(length, rows, heads, model.value_dim)) for _ in range(layers)]
     cache_dims = [({0: cache_len, 1: row_dim}, {0: cache_len, 1: row_dim})
                   for _ in range(layers)]
+    bias = torch.zeros(1, model.target_vocab_size if seq2seq else model.vocab_size)
     if not seq2seq:
-        return (tokens, index, caches, None), ({0: row_dim}, None, cache_dims, None)
+        return (tokens, index, caches, None, bias), ({0: row_dim}, None, cache_dims, None, None)
     source = torch.export.Dim("source_len", min=1, max=model.max_length)
     memories = [(torch.zeros(batch, heads, source_len, model.key_dim),
                  torch.zeros(batch, heads, source_len, model.value_dim),
@@ -263,7 +273,8 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
                 for _ in range(layers)]
     memory_dims = [({0: sentences, 2: source}, {0: sentences, 2: source},
                     {0: sentences, 3: source}, {0: sentences}) for _ in range(layers)]
-    return (tokens, index, caches, memories), ({0: row_dim}, None, cache_dims, memory_dims)
+    return ((tokens, index, caches, memories, bias),
+            ({0: row_dim}, None, cache_dims, memory_dims, None))
 
 
 def export_step(model, bucket, precision="float32"):
@@ -353,21 +364,56 @@ class CompiledSteps(EagerSteps):
         state = self._empty_caches(ids.shape[0] * copies, max_len, memories[0][2])
         return state, (weights, memories, copies)
 
-    def _decode(self, tokens, index, caches, static):
-        """The package's step (the eager one where there is none): every step of a
-        search, the first of a beam search's copies included."""
+    def step_choosing(self, buffer, index, state, static, bias):
+        """:meth:`step` and greedy search's choice in the same native call: ``(logits,
+        best_allowed(logits, bias) (rows,) int32, state)`` (:func:`~.common.best_allowed`;
+        ``bias`` ``(1, vocab)`` float32, 0 where an id is allowed, -inf where not: a
+        :class:`~.common.TokenRules` row)."""
         import torch
 
+        tokens = torch.as_tensor(buffer)[:, index].long()
+        logits, best = self._decode(tokens, index, state, static, bias)
+        return logits, best, state
+
+    def _decode(self, tokens, index, caches, static, bias=None):
+        """The package's step (the eager one where there is none): every step of a
+        search, the first of a beam search's copies included. Returns the logits; with a
+        ``bias`` row, ``(logits, best_allowed(logits, bias))``."""
         package = None
         if self._run is not None:
             bucket = self._run.bucket(tokens.shape[0])
             package = self._run.get(bucket)
         if package is None:
-            return self._eager_decode(tokens, index, caches, static)
+            logits = self._eager_decode(tokens, index, caches, static)
+            return logits if bias is None else (logits, best_allowed(logits, bias))
         _, memories, copies = static
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
-        return package(tokens, torch.tensor(index), caches, memories)
+        position = self._index_tensor(index)
+        if bias is None:
+            return package(tokens, position, caches, memories, self._no_bias(tokens.device))[0]
+        return package(tokens, position, caches, memories, bias)
+
+    def _index_tensor(self, index):
+        """``torch.tensor(index)``, made once per position (the loop asks for one a step)."""
+        known = getattr(self, "_indices", None)
+        if known is None:
+            known = self._indices = []
+        if index >= len(known):
+            import torch
+
+            known.extend(torch.tensor(i) for i in range(len(known), index + 1))
+        return known[index]
+
+    def _no_bias(self, device):
+        """The bias row of a step whose choice is not used (every id allowed), on
+        ``device``."""
+        zeros = getattr(self, "_zeros", None)
+        if zeros is None or zeros.device != device:
+            import torch
+
+            zeros = self._zeros = torch.zeros(1, self.vocab_size, device=device)
+        return zeros
 
     def _eager_decode(self, tokens, index, caches, static):
         """The eager step, where this batch's row bucket has no package."""
@@ -426,24 +472,26 @@ class Packages:
 
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
-    row ``bucket`` (``(tokens, index, caches, memories) -> logits``) or as the encoder pass
+    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best)``) or as the
+    encoder pass
     (``source_ids -> memories``)."""
     return _encoder_call(run) if bucket == ENCODER else _flat_call(run)
 
 
 def _flat_call(run):
-    """``package(tokens, index, caches, memories)``, its logits, without the package's own
-    call's per-step work (parsing its input and output specs, flattening and unflattening
-    them: about a third of a one-row step): the tensors handed to its loader's
-    ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
+    """``package(tokens, index, caches, memories, bias)``, its ``(logits, best)``, without
+    the package's own call's per-step work (parsing its input and output specs, flattening
+    and unflattening them: about a third of a one-row step): the tensors handed to its
+    loader's ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
 
-    def step(tokens, index, caches, memories):
+    def step(tokens, index, caches, memories, bias):
         flat = [tokens, index]
         for pair in caches:
             flat.extend(pair)
         for memory in memories or ():
             flat.extend(memory)
-        return run(flat)[0]
+        flat.append(bias)
+        return run(flat)
 
     return step
 

@@ -23,9 +23,11 @@ SOURCE_BUCKET = 8  # source lengths are rounded up to a multiple of this on JAX/
 def prepare_sources(model, source_ids):
     """Check ``(batch, source_len)`` ids and pad them to a shape bucket.
 
-    Returns ``(source, active)``: int32 ids whose rows and columns are rounded up on
-    compiling backends (extra rows hold just EOS; extra columns are padding), and a bool
-    ``(rows,)`` array that is False for the extra rows.
+    Returns ``(source, active)``: int32 ids without the trailing columns that are padding in
+    every row (a batch padded wider than its longest sentence: the encoder would run those
+    positions and every step attend over them, all masked), whose rows and columns are
+    rounded up on compiling backends (extra rows hold just EOS; extra columns are padding),
+    and a bool ``(rows,)`` array that is False for the extra rows.
     """
     source = np.asarray(source_ids)
     if source.ndim != 2:
@@ -37,6 +39,7 @@ def prepare_sources(model, source_ids):
             if source.shape[1] else 0
         raise ValueError(f"source sentence {empty} is empty (only padding); every source needs "
                          "at least one token (the end token)")
+    source = source[:, : int(np.flatnonzero(np.any(source != PAD_ID, axis=0))[-1]) + 1]
     if source.shape[1] > model.max_length:
         raise ValueError(f"source_ids has length {source.shape[1]}, longer than max_length="
                          f"{model.max_length} of this model; truncate the input")
@@ -220,6 +223,19 @@ def argmax_ids(x):
             return torch.max(x, dim=-1).indices.int()
         return _chunked_argmax(x, chunks).int()
     return ops.cast(ops.argmax(x, axis=-1), "int32")
+
+
+def best_allowed(logits, bias):
+    """``(rows,)`` int32: each row's most likely id among those ``bias`` allows (``logits``
+    ``(rows, vocab)``, any float dtype, taken in float32; ``bias`` ``(1, vocab)`` float32, 0
+    where an id may be chosen and -inf where not: a row of :class:`TokenRules`). Greedy
+    search's choice as the compiled step computes it inside its own graph (:mod:`.aot_step`,
+    PyTorch): the forbidden columns set to -inf (even a NaN there), then the first largest
+    column, a NaN counting as the largest: the ids of :meth:`TokenRules.apply` then
+    :func:`argmax_ids`."""
+    import torch
+
+    return torch.argmax(torch.where(bias < 0, NEG_INF, logits.float()), dim=-1).int()
 
 
 def _chunked_argmax(x, chunks):

@@ -15,6 +15,7 @@ tokens. Sampling keeps every row too, so a seed draws the same random numbers ei
 
 import numpy as np
 
+from transformerkit import fastpath
 from transformerkit.decoding.common import (
     TokenRules,
     argmax_ids,
@@ -40,6 +41,37 @@ from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
 def argmax_choice(logits, index):
     """Greedy choice: the most likely id of each row, ``(rows,)`` int32."""
     return argmax_ids(logits)
+
+
+def step_and_choose(steps, rules, choose, buffer, index, state, static, forbid_eos,
+                    no_repeat_ngram_size=0, keep_logits=False):
+    """One step of a token search and its choice: ``(logits (rows, vocab) float32, ids
+    (rows,), state)``. The logits come from ``steps.step``; ``rules`` (a
+    :class:`~.common.TokenRules`, ``forbid_eos`` as its ``apply`` takes it) and the
+    n-gram ban leave the ids ``choose`` may take. Where the step can choose greedily itself
+    (a compiled step's ``step_choosing``: the arg-max inside its native call) and the rules
+    are the same for every row with no n-gram ban, it does, given the rules' bias row: the
+    same ids, without the eager calls. ``keep_logits``: the caller keeps the logits (they
+    are not written to)."""
+    xp = rules.xp
+    fold = getattr(steps, "step_choosing", None)
+    if fold is not None and choose is argmax_choice and not no_repeat_ngram_size:
+        if isinstance(forbid_eos, bool):
+            uniform, forbid = True, forbid_eos
+        else:
+            flags = np.asarray(to_numpy(forbid_eos))
+            forbid = bool(flags.any())
+            uniform = not forbid or bool(flags.all())
+        if uniform:  # one rule for every row
+            bias = rules.without_eos if forbid else rules.always
+            logits, token, state = fold(buffer, index, state, static, bias)
+            return xp.cast(logits, "float32"), token, state
+    logits, state = steps.step(buffer, index, state, static)
+    logits = xp.cast(logits, "float32")
+    allowed = rules.apply(logits, forbid_eos, owned=not keep_logits)
+    token = choose(ban_repeated_ngrams(xp, allowed, buffer, index, no_repeat_ngram_size),
+                   index)
+    return logits, token, state
 
 
 def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_new, min_new,
@@ -94,13 +126,11 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
 
     def body(s):
         index, buf = s["index"], s["buffer"]
-        logits, new_state = steps.step(buf, index, s["state"], static)
-        logits = xp.cast(logits, "float32")
         position = index + 1
         made = position - prompt_lengths  # tokens generated before this one (per row)
-        allowed = rules.apply(logits, made < min_new, owned=not collect_logits)
-        token = choose(ban_repeated_ngrams(xp, allowed, buf, index, no_repeat_ngram_size),
-                       index)
+        logits, token, new_state = step_and_choose(
+            steps, rules, choose, buf, index, s["state"], static, made < min_new,
+            no_repeat_ngram_size, collect_logits)
         if forced_eos:
             token = xp.where(xp.convert_to_tensor(made + 1 >= max_new), eos_id, token)
         if per_row_prompts:  # rows still inside their prompt copy it
@@ -148,41 +178,47 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         if collect_logits else None
     buf = xp.convert_to_tensor(buffer, "int32")
     out[:] = to_numpy(buf)
+    in_place = fastpath.applies(buf)  # PyTorch: the token written into the loop's own copy
+    if in_place:
+        buf = buf.clone()
     live = np.arange(rows)
     index = first_index
+    live_prompts, live_limits = prompts, limits  # theirs of the live rows
 
     def keep_only(keep):
-        nonlocal buf, state, static, live
+        nonlocal buf, state, static, live, live_prompts, live_limits
         kept = xp.convert_to_tensor(keep, "int32")
         buf = xp.take(buf, kept, axis=0)
         state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
         static = steps.select_sources(static, kept)
         live = live[keep]
+        live_prompts, live_limits = prompts[live], limits[live]
 
     active = np.asarray(to_numpy(active), bool)
     if not active.all():
         keep_only(np.flatnonzero(active))
     while index + 1 < width and live.size:
-        logits, state = steps.step(buf, index, state, static)
-        logits = xp.cast(logits, "float32")
         position = index + 1
-        made = position - prompts[live]
+        made = position - live_prompts
         forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
-        allowed = rules.apply(logits, forbid, owned=not collect_logits)
-        token = choose(ban_repeated_ngrams(xp, allowed, buf, index, no_repeat_ngram_size),
-                       index)
-        if forced_eos and (made + 1 >= limits[live]).any():  # the last token a cap allows
-            token = xp.where(xp.convert_to_tensor(made + 1 >= limits[live]), eos_id, token)
-        in_prompt = position < prompts[live]
+        logits, token, state = step_and_choose(steps, rules, choose, buf, index, state, static,
+                                               forbid, no_repeat_ngram_size, collect_logits)
+        capped = made + 1 >= live_limits  # the last token a cap allows
+        if forced_eos and capped.any():
+            token = xp.where(xp.convert_to_tensor(capped), eos_id, token)
+        in_prompt = position < live_prompts
         if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
             token = xp.where(xp.convert_to_tensor(in_prompt),
                               xp.squeeze(token_at(buf, position), 1), token)
         token = xp.cast(token, "int32")
-        buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
+        if in_place:
+            buf[:, position] = token
+        else:
+            buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
         if collect_logits:
             logits_out[live, index] = to_numpy(logits)
         chosen = np.asarray(to_numpy(token))
-        ends = ((chosen == eos_id) | (made + 1 >= limits[live])) & ~in_prompt
+        ends = ((chosen == eos_id) | capped) & ~in_prompt
         index = position
         if ends.any():
             out[live[ends]] = to_numpy(buf)[ends]
