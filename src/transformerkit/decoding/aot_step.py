@@ -355,14 +355,16 @@ class CompiledSteps(EagerSteps):
             return super()._start_seq2seq(source_ids, max_len, copies)
         import torch
 
+        from transformerkit.decoding.loop_ops import tensor_device
+
         model = self.model
-        weights = model.step_weights(self.precision)
         ids = torch.as_tensor(check_token_ids(source_ids, model.source_vocab_size,
                                               model.max_length, "source_ids"),
-                              device=weights["embedding"].device).long()
+                              device=tensor_device()).long()
         memories = encode(ids)
         state = self._empty_caches(ids.shape[0] * copies, max_len, memories[0][2])
-        return state, (weights, memories, copies)
+        # no weights: the packages hold theirs (a step without a package fetches them)
+        return state, (None, memories, copies)
 
     def step_choosing(self, buffer, index, state, static, bias):
         """:meth:`step` and greedy search's choice in the same native call: ``(logits,
@@ -371,7 +373,8 @@ class CompiledSteps(EagerSteps):
         :class:`~.common.TokenRules` row)."""
         import torch
 
-        tokens = torch.as_tensor(buffer)[:, index].long()
+        tokens = (buffer if isinstance(buffer, torch.Tensor)
+                  else torch.as_tensor(buffer))[:, index].long()
         logits, best = self._decode(tokens, index, state, static, bias)
         return logits, best, state
 
@@ -396,14 +399,14 @@ class CompiledSteps(EagerSteps):
 
     def _index_tensor(self, index):
         """``torch.tensor(index)``, made once per position (the loop asks for one a step)."""
-        known = getattr(self, "_indices", None)
-        if known is None:
-            known = self._indices = []
-        if index >= len(known):
+        try:
+            return self._indices[index]
+        except (AttributeError, IndexError):
             import torch
 
+            known = self.__dict__.setdefault("_indices", [])
             known.extend(torch.tensor(i) for i in range(len(known), index + 1))
-        return known[index]
+            return known[index]
 
     def _no_bias(self, device):
         """The bias row of a step whose choice is not used (every id allowed), on
@@ -416,8 +419,12 @@ class CompiledSteps(EagerSteps):
         return zeros
 
     def _eager_decode(self, tokens, index, caches, static):
-        """The eager step, where this batch's row bucket has no package."""
-        return super()._decode(tokens, index, caches, static)
+        """The eager step, where this batch's row bucket has no package (the weights
+        fetched here where the batch started without them)."""
+        weights, memories, copies = static
+        if weights is None:
+            weights = self.model.step_weights(self.precision)
+        return self.model.decode_step(tokens, index, caches, weights, memories, copies)
 
     def search_work(self, work, settings):
         """A beam search's work of a step (``work``, for the search ``settings``) as one

@@ -72,6 +72,8 @@ def to_numpy(x):
     """NumPy value of a backend tensor (on PyTorch without NumPy 2's ``__array__`` warning)."""
     if isinstance(x, (np.ndarray, np.generic, int, float)):
         return np.asarray(x)
+    if getattr(x, "is_cpu", False) and not x.requires_grad:  # a torch tensor in host memory
+        return x.numpy()
     if hasattr(x, "detach") and backend() == "torch":
         return x.detach().cpu().numpy()
     return ops.convert_to_numpy(x)

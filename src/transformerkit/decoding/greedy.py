@@ -183,30 +183,35 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         buf = buf.clone()
     live = np.arange(rows)
     index = first_index
-    live_prompts, live_limits = prompts, limits  # theirs of the live rows
+    # the live rows' prompt lengths, and the position of the last token each one's cap
+    # allows (a row's ``made + 1 >= cap`` is ``position >= prompt + cap - 1``)
+    live_prompts, last_positions = prompts, prompts + limits - 1
 
     def keep_only(keep):
-        nonlocal buf, state, static, live, live_prompts, live_limits
+        nonlocal buf, state, static, live, live_prompts, last_positions
         kept = xp.convert_to_tensor(keep, "int32")
         buf = xp.take(buf, kept, axis=0)
         state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
         static = steps.select_sources(static, kept)
         live = live[keep]
-        live_prompts, live_limits = prompts[live], limits[live]
+        live_prompts, last_positions = prompts[live], prompts[live] + limits[live] - 1
 
     active = np.asarray(to_numpy(active), bool)
     if not active.all():
         keep_only(np.flatnonzero(active))
     while index + 1 < width and live.size:
         position = index + 1
-        made = position - live_prompts
-        forbid = bool(made[0] < min_new) if not per_row_prompts else made < min_new
+        if per_row_prompts:
+            forbid = position - live_prompts < min_new  # (rows,): their tokens made so far
+            in_prompt = position < live_prompts
+        else:  # one prompt length: a Python bool, and a NumPy one (``~`` is its "not")
+            forbid = position - prompt_lengths < min_new
+            in_prompt = np.bool_(position < prompt_lengths)
         logits, token, state = step_and_choose(steps, rules, choose, buf, index, state, static,
                                                forbid, no_repeat_ngram_size, collect_logits)
-        capped = made + 1 >= live_limits  # the last token a cap allows
+        capped = position >= last_positions  # the last token a cap allows
         if forced_eos and capped.any():
             token = xp.where(xp.convert_to_tensor(capped), eos_id, token)
-        in_prompt = position < live_prompts
         if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
             token = xp.where(xp.convert_to_tensor(in_prompt),
                               xp.squeeze(token_at(buf, position), 1), token)
@@ -217,12 +222,15 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
             buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
         if collect_logits:
             logits_out[live, index] = to_numpy(logits)
-        chosen = np.asarray(to_numpy(token))
+        chosen = to_numpy(token)
         ends = ((chosen == eos_id) | capped) & ~in_prompt
         index = position
         if ends.any():
             out[live[ends]] = to_numpy(buf)[ends]
-            keep_only(np.flatnonzero(~ends))
+            if ends.all():  # the batch is done: nothing to keep
+                live = live[:0]
+            else:
+                keep_only(np.flatnonzero(~ends))
     if live.size:
         out[live] = to_numpy(buf)
     return out, logits_out

@@ -63,6 +63,9 @@ class TorchLoopOps:
         return self.torch.as_tensor(x, dtype=self._dtype(dtype), device=self.device)
 
     def cast(self, x, dtype):
+        target = self._dtypes[dtype]
+        if isinstance(x, self.torch.Tensor) and x.dtype == target and x.device == self.device:
+            return x  # as ``.to`` would return it, without ``as_tensor``'s checks
         if isinstance(x, self.torch.SymInt):  # a captured step's index (aot_search)
             return self.torch.full((), x, dtype=self._dtypes[dtype], device=self.device)
         return self.torch.as_tensor(x, device=self.device).to(self._dtypes[dtype])
