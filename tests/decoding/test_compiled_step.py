@@ -415,7 +415,8 @@ def test_the_steps_own_greedy_choice_equals_the_loops_choice(transformer, monkey
     inside the package, given the token rules' bias row), which gives the ids the loop's
     eager choice gives on the same logits: a translation whose first tokens may not be EOS
     (the rules' other row), its logits returned; a GPT's prompts of different lengths (rows
-    inside their prompt copy it). With an n-gram ban the loop chooses itself."""
+    inside their prompt copy it); 6 rows, whose package leaves the choice to the loop. With
+    an n-gram ban the loop chooses itself."""
     from transformerkit.decoding import aot_step, generate_ids, greedy_translate
     from transformerkit.models import GPT
 
@@ -432,24 +433,28 @@ def test_the_steps_own_greedy_choice_equals_the_loops_choice(transformer, monkey
         return (greedy_translate(transformer, SOURCE, max_new_tokens=8, min_new_tokens=3,
                                  use_cache="compiled", return_logits=True, **extra),
                 generate_ids(gpt, [[5, 6], [7, 8, 9, 4]], max_new_tokens=6, temperature=0,
-                             use_cache="compiled", **extra))
+                             use_cache="compiled", **extra),
+                # 6 rows: the many-rows package, which leaves the choice to the loop
+                greedy_translate(transformer, np.tile(SOURCE, (2, 1)), max_new_tokens=4,
+                                 use_cache="compiled", **extra))
 
     monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", counted)
-    (ids, logits), generated = searches()
-    assert len(calls) >= 8 + 6 - 1  # every step of both searches
+    (ids, logits), generated, many = searches()
+    assert len(calls) >= 8 + 6 - 1 + 1 and 6 in calls  # every step of the searches
     monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", None)  # the loop's choice
-    (eager_ids, eager_logits), eager_generated = searches()
-    assert ids == eager_ids and generated == eager_generated
+    (eager_ids, eager_logits), eager_generated, eager_many = searches()
+    assert ids == eager_ids and generated == eager_generated and many == eager_many
     np.testing.assert_array_equal(logits, eager_logits)
     assert max(map(len, ids)) >= 3 and np.abs(logits).max() > 0.1
 
     monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", counted)
     calls.clear()
-    (banned_ids, _), banned_generated = searches(no_repeat_ngram_size=2)
+    (banned_ids, _), banned_generated, banned_many = searches(no_repeat_ngram_size=2)
     assert not calls
     monkeypatch.setattr(aot_step.CompiledSteps, "step_choosing", None)
-    (again_ids, _), again_generated = searches(no_repeat_ngram_size=2)
-    assert banned_ids == again_ids and banned_generated == again_generated
+    (again_ids, _), again_generated, again_many = searches(no_repeat_ngram_size=2)
+    assert (banned_ids, banned_generated, banned_many) == (again_ids, again_generated,
+                                                           again_many)
 
 
 def test_without_aotinductor_the_eager_step_runs_with_one_warning(transformer, monkeypatch,

@@ -46,12 +46,15 @@ cross-attention keys and values (:func:`~.eager_steps.source_memories`, the eage
 captured with the sentences and the source length dynamic; where that code would read the
 ids' values to skip the padding mask or the zeroing of sources without tokens, a captured
 graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporting`).
-Greedy search's choice is part of every step package: besides the logits it returns each
+Greedy search's choice is part of the small-rows package: besides the logits it returns each
 row's best id among those a bias row allows (:func:`~.common.best_allowed`, the token rules
 of :class:`~.common.TokenRules` as 0 / -inf), which the greedy loop takes
 (:meth:`CompiledSteps.step_choosing`) where its rules are the same for every row, in place of
 about ten eager calls a step (the rules, the arg-max over the vocabulary, the casts). The
-beam's cache reordering stays eager.
+many-rows package leaves the choice to the loop: there its eager calls cost little beside the
+step, and an arg-max over every row inside the graph (one pass over all the logits that
+beam search and sampling, whose steps have many rows, would not use) cost more (about
+0.25 ms a 64-row step). The beam's cache reordering stays eager.
 
 At ``precision="int8"`` the products' weights are int8, quantized per output channel
 (:func:`~transformerkit.kernels.lowprec.plain_int8`): the small-rows package rounds the
@@ -94,14 +97,15 @@ _RUNNERS = weakref.WeakKeyDictionary()
 _DIGESTS = weakref.WeakKeyDictionary()  # model -> (its weights' versions, their digest)
 SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # bucket -> (rows of the example the products are chosen for, Inductor's options, rows a
-# sentence of the example: 1, the graph takes one memory per row; 2, one per sentence)
+# sentence of the example: 1, the graph takes one memory per row; 2, one per sentence,
+# whether the package also makes greedy search's choice)
 BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
-                       "max_autotune_gemm_backends": "CPP"}, 1),
-           "large": (64, {"freezing": True}, 2)}
+                       "max_autotune_gemm_backends": "CPP"}, 1, True),
+           "large": (64, {"freezing": True}, 2, False)}
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
-FORMAT = 5  # the layout of a package's inputs and outputs; a change makes every cached
+FORMAT = 6  # the layout of a package's inputs and outputs; a change makes every cached
 # package stale
 INT8_FORM = 2  # int8 packages' products (2: many rows quantize each input row); a change
 # makes the cached int8 packages stale
@@ -207,16 +211,16 @@ def _weights_module(model, precision, forward, encoder=False, many_rows=False):
     return Captured().eval()
 
 
-def _step_module(model, precision="float32", many_rows=False):
+def _step_module(model, precision="float32", many_rows=False, chooses=False):
     """``model.decode_step`` as a module for ``torch.export`` (:func:`_weights_module`), one
-    memory for the ``rows // sentences`` adjacent rows of each sentence, followed by greedy
-    search's choice: ``(logits, best_allowed(logits, bias))``."""
+    memory for the ``rows // sentences`` adjacent rows of each sentence; where ``chooses``,
+    followed by greedy search's choice: ``(logits, best_allowed(logits, bias))``."""
 
-    def step(weights, tokens, index, caches, memories, bias):
+    def step(weights, tokens, index, caches, memories, bias=None):
         # a symbolic int: the beams of a sentence, from the rows and the sentences
         copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
         logits = model.decode_step(tokens, index, caches, weights, memories, copies)
-        return logits, best_allowed(logits, bias)
+        return (logits, best_allowed(logits, bias)) if chooses else (logits,)
 
     return _weights_module(model, precision, step, many_rows=many_rows)
 
@@ -244,10 +248,11 @@ def _encoder_inputs(model):
     return (ids,), ({0: sentences, 1: source},)
 
 
-def _example_inputs(model, seq2seq, rows=2, copies=1):
+def _example_inputs(model, seq2seq, rows=2, copies=1, chooses=False):
     """Inputs of the step's signature (``rows`` rows, ``copies`` a sentence, 5 cache
-    positions, 3 source positions, the choice's bias row) and their dynamic dimensions
-    (``copies`` 1: the sentences are the rows; else a dimension of their own)."""
+    positions, 3 source positions, where ``chooses`` the choice's bias row) and their
+    dynamic dimensions (``copies`` 1: the sentences are the rows; else a dimension of their
+    own)."""
     import torch
 
     length, source_len, batch = 5, 3, rows // copies
@@ -263,9 +268,11 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
                torch.zeros(length, rows, heads, model.value_dim)) for _ in range(layers)]
     cache_dims = [({0: cache_len, 1: row_dim}, {0: cache_len, 1: row_dim})
                   for _ in range(layers)]
-    bias = torch.zeros(1, model.target_vocab_size if seq2seq else model.vocab_size)
+    bias = ((torch.zeros(1, model.target_vocab_size if seq2seq else model.vocab_size),)
+            if chooses else ())
     if not seq2seq:
-        return (tokens, index, caches, None, bias), ({0: row_dim}, None, cache_dims, None, None)
+        return ((tokens, index, caches, None, *bias),
+                ({0: row_dim}, None, cache_dims, None, *(None for _ in bias)))
     source = torch.export.Dim("source_len", min=1, max=model.max_length)
     memories = [(torch.zeros(batch, heads, source_len, model.key_dim),
                  torch.zeros(batch, heads, source_len, model.value_dim),
@@ -273,8 +280,8 @@ def _example_inputs(model, seq2seq, rows=2, copies=1):
                 for _ in range(layers)]
     memory_dims = [({0: sentences, 2: source}, {0: sentences, 2: source},
                     {0: sentences, 3: source}, {0: sentences}) for _ in range(layers)]
-    return ((tokens, index, caches, memories, bias),
-            ({0: row_dim}, None, cache_dims, memory_dims, None))
+    return ((tokens, index, caches, memories, *bias),
+            ({0: row_dim}, None, cache_dims, memory_dims, *(None for _ in bias)))
 
 
 def export_step(model, bucket, precision="float32"):
@@ -287,9 +294,10 @@ def export_step(model, bucket, precision="float32"):
     if bucket == ENCODER:
         module, (inputs, dims) = _encoder_module(model, precision), _encoder_inputs(model)
     else:
-        rows, _, copies = BUCKETS[bucket]
-        module = _step_module(model, precision, many_rows=bucket != "small")
-        inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies)
+        rows, _, copies, chooses = BUCKETS[bucket]
+        module = _step_module(model, precision, bucket != "small", chooses)
+        inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies,
+                                       chooses)
     with torch.no_grad():
         # the module's forward takes *inputs: one tuple, whose dimensions are ``dims``
         return torch.export.export(module, inputs, dynamic_shapes=(dims,), strict=False)
@@ -370,7 +378,8 @@ class CompiledSteps(EagerSteps):
         """:meth:`step` and greedy search's choice in the same native call: ``(logits,
         best_allowed(logits, bias) (rows,) int32, state)`` (:func:`~.common.best_allowed`;
         ``bias`` ``(1, vocab)`` float32, 0 where an id is allowed, -inf where not: a
-        :class:`~.common.TokenRules` row)."""
+        :class:`~.common.TokenRules` row), the choice None where the step's package does
+        not make it (many rows: the caller chooses)."""
         import torch
 
         tokens = (buffer if isinstance(buffer, torch.Tensor)
@@ -381,14 +390,15 @@ class CompiledSteps(EagerSteps):
     def _decode(self, tokens, index, caches, static, bias=None):
         """The package's step (the eager one where there is none): every step of a
         search, the first of a beam search's copies included. Returns the logits; with a
-        ``bias`` row, ``(logits, best_allowed(logits, bias))``."""
+        ``bias`` row, ``(logits, best_allowed(logits, bias) or None)``: None where the
+        bucket's package does not choose (or the step runs eagerly)."""
         package = None
         if self._run is not None:
             bucket = self._run.bucket(tokens.shape[0])
             package = self._run.get(bucket)
         if package is None:
             logits = self._eager_decode(tokens, index, caches, static)
-            return logits if bias is None else (logits, best_allowed(logits, bias))
+            return logits if bias is None else (logits, None)
         _, memories, copies = static
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
@@ -479,17 +489,18 @@ class Packages:
 
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
-    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best)``) or as the
-    encoder pass
+    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best or None)``)
+    or as the encoder pass
     (``source_ids -> memories``)."""
-    return _encoder_call(run) if bucket == ENCODER else _flat_call(run)
+    return _encoder_call(run) if bucket == ENCODER else _flat_call(run, BUCKETS[bucket][3])
 
 
-def _flat_call(run):
-    """``package(tokens, index, caches, memories, bias)``, its ``(logits, best)``, without
-    the package's own call's per-step work (parsing its input and output specs, flattening
-    and unflattening them: about a third of a one-row step): the tensors handed to its
-    loader's ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
+def _flat_call(run, chooses):
+    """``package(tokens, index, caches, memories, bias)``, its ``(logits, best)`` (``best``
+    None where the package does not ``chooses``: ``bias`` is not passed), without the
+    package's own call's per-step work (parsing its input and output specs, flattening and
+    unflattening them: about a third of a one-row step): the tensors handed to its loader's
+    ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
 
     def step(tokens, index, caches, memories, bias):
         flat = [tokens, index]
@@ -497,8 +508,10 @@ def _flat_call(run):
             flat.extend(pair)
         for memory in memories or ():
             flat.extend(memory)
-        flat.append(bias)
-        return run(flat)
+        if chooses:
+            flat.append(bias)
+            return run(flat)
+        return run(flat)[0], None
 
     return step
 

@@ -49,12 +49,13 @@ def step_and_choose(steps, rules, choose, buffer, index, state, static, forbid_e
     (rows,), state)``. The logits come from ``steps.step``; ``rules`` (a
     :class:`~.common.TokenRules`, ``forbid_eos`` as its ``apply`` takes it) and the
     n-gram ban leave the ids ``choose`` may take. Where the step can choose greedily itself
-    (a compiled step's ``step_choosing``: the arg-max inside its native call) and the rules
-    are the same for every row with no n-gram ban, it does, given the rules' bias row: the
-    same ids, without the eager calls. ``keep_logits``: the caller keeps the logits (they
-    are not written to)."""
+    (a compiled step's ``step_choosing``: the arg-max inside the small-rows package's native
+    call) and the rules are the same for every row with no n-gram ban, it does, given the
+    rules' bias row: the same ids, without the eager calls. ``keep_logits``: the caller keeps
+    the logits (they are not written to)."""
     xp = rules.xp
     fold = getattr(steps, "step_choosing", None)
+    logits = None
     if fold is not None and choose is argmax_choice and not no_repeat_ngram_size:
         if isinstance(forbid_eos, bool):
             uniform, forbid = True, forbid_eos
@@ -65,9 +66,13 @@ def step_and_choose(steps, rules, choose, buffer, index, state, static, forbid_e
         if uniform:  # one rule for every row
             bias = rules.without_eos if forbid else rules.always
             logits, token, state = fold(buffer, index, state, static, bias)
-            return xp.cast(logits, "float32"), token, state
-    logits, state = steps.step(buffer, index, state, static)
-    logits = xp.cast(logits, "float32")
+            logits = xp.cast(logits, "float32")
+            if token is not None:
+                return logits, token, state
+            # the step did not choose (a many-rows package): the loop does, on its logits
+    if logits is None:
+        logits, state = steps.step(buffer, index, state, static)
+        logits = xp.cast(logits, "float32")
     allowed = rules.apply(logits, forbid_eos, owned=not keep_logits)
     token = choose(ban_repeated_ngrams(xp, allowed, buffer, index, no_repeat_ngram_size),
                    index)
