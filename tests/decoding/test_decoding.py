@@ -371,7 +371,8 @@ def test_best_allowed_is_the_eager_rules_then_argmax():
     :func:`argmax_ids`, and of NumPy's argmax with the forbidden columns at -inf: with EOS
     allowed and forbidden, where the best id is a forbidden one, on ties (the first), -inf
     rows, NaN (the first NaN; one in a forbidden column does not count), in float32 and
-    bfloat16 logits (taken in float32)."""
+    bfloat16 logits (taken in float32). Without the PyTorch shortcuts the eager rules add
+    the bias, and a NaN in a forbidden column stays: that row is left out there."""
     import torch
 
     from transformerkit.decoding.common import best_allowed
@@ -391,8 +392,11 @@ def test_best_allowed_is_the_eager_rules_then_argmax():
             got = best_allowed(logits, bias)
             assert got.dtype == torch.int32
             floats = logits.float()
-            eager = argmax_ids(rules.apply(floats.clone(), forbid, owned=True))
-            np.testing.assert_array_equal(got.numpy(), eager.numpy())
+            eager = argmax_ids(rules.apply(floats.clone(), forbid, owned=True)).numpy()
+            # the shortcut's rules fill the forbidden columns; the plain keras.ops rules add
+            # the bias, which leaves a NaN there (row 5) a NaN
+            rows = slice(None) if fastpath.applies() else [0, 1, 2, 3, 4, 6, 7, 8]
+            np.testing.assert_array_equal(got.numpy()[rows], eager[rows])
             numpy = np.argmax(np.where(np.isneginf(bias.numpy()), -np.inf, floats.numpy()),
                               axis=1)
             np.testing.assert_array_equal(got.numpy(), numpy)
