@@ -15,6 +15,7 @@ A leaf module: plain Python, importing nothing from transformerkit, so that the 
 (level 2) and the decoding options (level 3) can both use it.
 """
 
+import functools
 import math
 import numbers
 import typing
@@ -46,6 +47,7 @@ def option(default=MISSING, *, help, choices=None, minimum=None, above=None, max
         below=below, **extra))
 
 
+@functools.cache  # every options object checks each of its fields on construction
 def value_types(f):
     """The types a field's values may have: ``(int,)`` for ``int | None``, ``(int, str)``
     for ``int | str``."""
@@ -57,6 +59,7 @@ def value_type(f):
     return value_types(f)[0]
 
 
+@functools.cache
 def nullable(f):
     """Whether a field may be None (declared ``X | None``)."""
     return type(None) in typing.get_args(f.type)

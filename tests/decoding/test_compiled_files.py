@@ -379,8 +379,9 @@ def test_a_prompt_longer_than_the_stepped_prefix_loads_the_model(gpt_trained, gp
 
 
 @pytest.mark.slow
-def test_the_server_generates_from_the_gpt_package(gpt_trained):
-    """``transformerkit serve --engine compiled`` over a GPT run loaded from its package:
+def test_the_server_generates_from_the_gpt_package(gpt_trained, gpt_built):
+    """``transformerkit serve --engine compiled`` over a GPT run loaded from its package
+    (recorded by ``gpt_built``, whichever test ran before in this process):
     ``POST /generate`` answers as ``Run.generate`` does, streamed (server-sent events) the
     same text, and the model is never loaded."""
     pytest.importorskip("fastapi")

@@ -252,16 +252,13 @@ class PackagedSteps(CompiledSteps):
             self._decode(buffer[:, index], index, state, static)
         return state, static
 
-    def _eager_decode(self, tokens, index, caches, static):
-        """The loaded model's eager step (a row bucket without a package)."""
-        weights, memories, copies = static
-        model = self.model.loaded()
-        if weights is None:
-            weights = model.step_weights(self.precision)
-        return model.decode_step(tokens, index, caches, weights, memories, copies)
+    def _eager_model(self):
+        """The loaded model (its Keras file read on first use), whose eager step stands in
+        for a row bucket without a package."""
+        return self.model.loaded()
 
     def _eager(self):
         """The loaded model's eager steps (:class:`~.eager_steps.EagerSteps`)."""
         from transformerkit.decoding.eager_steps import EagerSteps
 
-        return EagerSteps(self.model.loaded(), self.precision)
+        return EagerSteps(self._eager_model(), self.precision)

@@ -94,6 +94,7 @@ from transformerkit.token_ids import check_token_ids
 _TENSOR = object()  # marks a weight leaf held as a buffer
 # model -> {directory: (the weights' versions, the compiled step or None)}
 _RUNNERS = weakref.WeakKeyDictionary()
+_INDICES = []  # CompiledSteps._index_tensor: the scalar tensor of each position, made once
 _DIGESTS = weakref.WeakKeyDictionary()  # model -> (its weights' versions, their digest)
 SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # bucket -> (rows of the example the products are chosen for, Inductor's options, rows a
@@ -407,16 +408,17 @@ class CompiledSteps(EagerSteps):
             return package(tokens, position, caches, memories, self._no_bias(tokens.device))[0]
         return package(tokens, position, caches, memories, bias)
 
-    def _index_tensor(self, index):
-        """``torch.tensor(index)``, made once per position (the loop asks for one a step)."""
+    @staticmethod
+    def _index_tensor(index):
+        """``torch.tensor(index)``, made once per position for the process (the loop asks
+        for one a step; a package only reads it)."""
         try:
-            return self._indices[index]
-        except (AttributeError, IndexError):
+            return _INDICES[index]
+        except IndexError:
             import torch
 
-            known = self.__dict__.setdefault("_indices", [])
-            known.extend(torch.tensor(i) for i in range(len(known), index + 1))
-            return known[index]
+            _INDICES.extend(torch.tensor(i) for i in range(len(_INDICES), index + 1))
+            return _INDICES[index]
 
     def _no_bias(self, device):
         """The bias row of a step whose choice is not used (every id allowed), on
@@ -432,9 +434,14 @@ class CompiledSteps(EagerSteps):
         """The eager step, where this batch's row bucket has no package (the weights
         fetched here where the batch started without them)."""
         weights, memories, copies = static
+        model = self._eager_model()
         if weights is None:
-            weights = self.model.step_weights(self.precision)
-        return self.model.decode_step(tokens, index, caches, weights, memories, copies)
+            weights = model.step_weights(self.precision)
+        return model.decode_step(tokens, index, caches, weights, memories, copies)
+
+    def _eager_model(self):
+        """The model whose eager step stands in for a missing package."""
+        return self.model
 
     def search_work(self, work, settings):
         """A beam search's work of a step (``work``, for the search ``settings``) as one

@@ -100,7 +100,7 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
     finished sentences leave the batch in the eager loop (ignored by compiled loops)."""
     xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     vocab = steps.vocab_size
-    rules = TokenRules(vocab, eos_id)
+    rules = TokenRules.shared(vocab, eos_id)
     beam, alpha, form = options.width, options.alpha, options.penalty
     stopping = options.stopping
 

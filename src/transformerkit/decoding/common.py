@@ -97,6 +97,22 @@ class TokenRules:
                                                   device=device)
                             for flag, row in ((False, always), (True, without_eos))}
 
+    @classmethod
+    def shared(cls, vocab, eos_id):
+        """``TokenRules(vocab, eos_id)``, made once per vocabulary, end token and device in
+        the eager PyTorch loop (a one-sentence translation would otherwise build its rows
+        every call; nothing writes to them). Elsewhere a new one: a JAX/TensorFlow loop
+        builds its rules inside the function it traces."""
+        if not fastpath.applies():
+            return cls(vocab, eos_id)
+        from transformerkit.decoding.loop_ops import tensor_device
+
+        key = (vocab, eos_id, str(tensor_device()))
+        rules = _SHARED_RULES.get(key)
+        if rules is None:
+            rules = _SHARED_RULES[key] = cls(vocab, eos_id)
+        return rules
+
     def force_eos(self, scores, row_scores, rows):
         """``(rows, vocab)`` candidate ``scores`` where the rows of ``rows`` (a ``(rows,)``
         bool tensor) may only end: their end token scores ``row_scores`` (the prefix's
@@ -121,6 +137,9 @@ class TokenRules:
         if len(forbid_eos.shape) == 1:
             forbid_eos = self.xp.expand_dims(forbid_eos, 1)
         return logits + self.xp.where(forbid_eos, self.without_eos, self.always)
+
+
+_SHARED_RULES = {}  # TokenRules.shared: (vocab, eos_id, device) -> TokenRules
 
 
 def ban_repeated_ngrams(xp, scores, tokens, index, n):

@@ -121,7 +121,7 @@ def token_search(steps, static, state, buffer, first_index, prompt_lengths, max_
                                  max_new, min_new, choose, eos_id, active, collect_logits,
                                  forced_eos, no_repeat_ngram_size)
     rows, width = buffer.shape
-    rules = TokenRules(steps.vocab_size, eos_id)
+    rules = TokenRules.shared(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
     xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch (no Keras import needed)
 
@@ -173,7 +173,7 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
     the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
     xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     rows, width = buffer.shape
-    rules = TokenRules(steps.vocab_size, eos_id)
+    rules = TokenRules.shared(steps.vocab_size, eos_id)
     per_row_prompts = not isinstance(prompt_lengths, int)
     prompts = np.broadcast_to(np.asarray(to_numpy(prompt_lengths)), (rows,))
     limits = np.broadcast_to(np.asarray(to_numpy(max_new)), (rows,))
@@ -189,17 +189,20 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
     live = np.arange(rows)
     index = first_index
     # the live rows' prompt lengths, and the position of the last token each one's cap
-    # allows (a row's ``made + 1 >= cap`` is ``position >= prompt + cap - 1``)
+    # allows (a row's ``made + 1 >= cap`` is ``position >= prompt + cap - 1``); before the
+    # first of those positions no row is capped (no array test a step)
     live_prompts, last_positions = prompts, prompts + limits - 1
+    first_cap = int(last_positions.min())
 
     def keep_only(keep):
-        nonlocal buf, state, static, live, live_prompts, last_positions
+        nonlocal buf, state, static, live, live_prompts, last_positions, first_cap
         kept = xp.convert_to_tensor(keep, "int32")
         buf = xp.take(buf, kept, axis=0)
         state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
         static = steps.select_sources(static, kept)
         live = live[keep]
         live_prompts, last_positions = prompts[live], prompts[live] + limits[live] - 1
+        first_cap = int(last_positions.min())
 
     active = np.asarray(to_numpy(active), bool)
     if not active.all():
@@ -209,13 +212,14 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         if per_row_prompts:
             forbid = position - live_prompts < min_new  # (rows,): their tokens made so far
             in_prompt = position < live_prompts
-        else:  # one prompt length: a Python bool, and a NumPy one (``~`` is its "not")
+        else:  # one prompt length: Python bools
             forbid = position - prompt_lengths < min_new
-            in_prompt = np.bool_(position < prompt_lengths)
+            in_prompt = position < prompt_lengths
         logits, token, state = step_and_choose(steps, rules, choose, buf, index, state, static,
                                                forbid, no_repeat_ngram_size, collect_logits)
-        capped = position >= last_positions  # the last token a cap allows
-        if forced_eos and capped.any():
+        # the rows at the last token their cap allows (None: none yet)
+        capped = position >= last_positions if position >= first_cap else None
+        if forced_eos and capped is not None and capped.any():
             token = xp.where(xp.convert_to_tensor(capped), eos_id, token)
         if per_row_prompts and in_prompt.any():  # rows still inside their prompt copy it
             token = xp.where(xp.convert_to_tensor(in_prompt),
@@ -227,8 +231,13 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
             buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
         if collect_logits:
             logits_out[live, index] = to_numpy(logits)
-        chosen = to_numpy(token)
-        ends = ((chosen == eos_id) | capped) & ~in_prompt
+        ends = to_numpy(token) == eos_id
+        if capped is not None:
+            ends |= capped
+        if per_row_prompts:
+            ends &= ~in_prompt
+        elif in_prompt:
+            ends[:] = False
         index = position
         if ends.any():
             out[live[ends]] = to_numpy(buf)[ends]
