@@ -389,6 +389,33 @@ def test_changed_weights_get_a_package_of_their_own(transformer, package_directo
     assert aot_step.package_key(transformer) == first
 
 
+def test_a_package_is_named_by_the_threads_its_kernels_run_on(transformer):
+    """Inductor writes PyTorch's intra-op thread count at build time into a package's C++
+    (its GEMM templates' ``num_threads``, its loops' OpenMP regions): a process on another
+    count gets step, encoder and search packages of its own, not one made for 1 thread run
+    on 2 (or for 2 on 1)."""
+    import torch
+
+    from transformerkit.decoding import aot_search, aot_step
+
+    def keys():
+        return (aot_step.package_key(transformer), aot_step.package_key(transformer, "large"),
+                aot_step.package_key(transformer, aot_step.ENCODER),
+                aot_search.package_key(work, {"beam": 4}))
+
+    def work(logits, s, index):  # a search's work of a step, as aot_search takes one
+        return logits
+
+    before = torch.get_num_threads()
+    first = keys()
+    try:
+        torch.set_num_threads(before + 1)
+        other = keys()
+    finally:
+        torch.set_num_threads(before)
+    assert all(a != b for a, b in zip(first, other, strict=True)) and keys() == first
+
+
 def test_a_compiled_gpt_generates_as_the_eager_one():
     """``generate_ids`` with the compiled step (a prompt prefix through the Keras call,
     then the package): the eager step's tokens, or apart at a near-tie; streamed piece by

@@ -40,6 +40,17 @@ def cache_directory():
     return user_cache_directory("compiled")
 
 
+def kernel_threads():
+    """The threads a package built now runs its own kernels on: Inductor writes PyTorch's
+    intra-op thread count at build time into the C++ it generates (its loops' OpenMP regions
+    and its GEMM templates' ``num_threads``), whatever a later process asks with
+    ``torch.set_num_threads``. So a package is named by it, and a process on another count
+    builds its own rather than run one made for 1 thread on 2 (or for 16 on 1)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def compile_program(program, path, configs=None):
     """Compile the exported ``program`` with AOTInductor (its ``configs``, e.g.
     ``{"freezing": True}``) into the package ``path``, written atomically."""

@@ -61,13 +61,15 @@ def _sources_digest(source):
 
 def package_key(work, settings):
     """The hex digest naming the package of ``work`` for the search ``settings`` (a
-    JSON-able dict)."""
+    JSON-able dict), the CPU, the kernel caps and the threads it is built for
+    (:func:`~.aot_step.package_key`)."""
     import torch
 
     text = json.dumps({"format": FORMAT, "settings": settings, "torch": torch.__version__,
                        "cpu": sorted(precisions.cpu_flags()),
                        "vendor": precisions.cpu_vendor(),
                        "caps": {k: os.environ.get(k) for k in precisions.KERNEL_CAPS},
+                       "threads": aot_packages.kernel_threads(),
                        "sources": _sources_digest(work.__code__.co_filename)},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

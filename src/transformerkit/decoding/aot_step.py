@@ -146,9 +146,11 @@ def package_key(model, bucket="small", precision="float32", weights=None, descri
     :data:`ENCODER`'s) and the products' ``precision``: its weights' bytes (``weights``: their
     :func:`weights_digest` where already known, since a model's packages share it), its
     :func:`model_description` (``description``, where ``model`` is None: a model not loaded),
-    the package format and options, PyTorch's version, the CPU's flags and the kernel caps
+    the package format and options, PyTorch's version, the CPU's flags, the kernel caps
     in the environment (:data:`KERNEL_CAPS`; a package runs the kernels chosen for the CPU
-    and caps it was built under)."""
+    and caps it was built under) and PyTorch's intra-op threads
+    (:func:`~.aot_packages.kernel_threads`: a package's own kernels run as many as there were
+    when it was built)."""
     import torch
 
     weights = weights or weights_digest(model)
@@ -164,7 +166,8 @@ def package_key(model, bucket="small", precision="float32", weights=None, descri
                               "options": description["options"],
                               "cpu": sorted(precisions.cpu_flags()),
                               "vendor": precisions.cpu_vendor(),
-                              "caps": {k: os.environ.get(k) for k in KERNEL_CAPS}},
+                              "caps": {k: os.environ.get(k) for k in KERNEL_CAPS},
+                              "threads": aot_packages.kernel_threads()},
                              sort_keys=True, default=str).encode())
     digest.update(weights.encode())
     return digest.hexdigest()[:32]
