@@ -416,6 +416,62 @@ def test_a_package_is_named_by_the_threads_its_kernels_run_on(transformer):
     assert all(a != b for a, b in zip(first, other, strict=True)) and keys() == first
 
 
+def test_a_package_runs_from_its_library_extracted_once(tmp_path):
+    """A CPU package's library is extracted once beside it (named by its CRC-32) and runs
+    from there, giving what PyTorch's own package loader gives; a library damaged on disk is
+    removed and the package loads all the same (extracted again at the next load); a
+    package holding more than its library, sources and metadata loads through PyTorch's
+    loader, with nothing extracted."""
+    import zipfile
+
+    import torch
+
+    from transformerkit import internals
+    from transformerkit.decoding import aot_packages
+
+    if internals.get("aoti_runner_cpu") is None:
+        pytest.skip("this PyTorch has no AOTInductor CPU runner")
+
+    class Product(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("weight", torch.randn(4, 8, generator=torch.manual_seed(0)))
+
+        def forward(self, rows):
+            return (torch.relu(rows @ self.weight.T),)
+
+    path = str(tmp_path / "product.pt2")
+    with torch.no_grad():
+        program = torch.export.export(Product().eval(), (torch.randn(3, 8),))
+    aot_packages.compile_program(program, path)
+    rows = torch.randn(3, 8, generator=torch.manual_seed(1))
+    with zipfile.ZipFile(path) as archive:
+        crc = next(e.CRC for e in archive.infolist() if e.filename.endswith(".so"))
+    library = tmp_path / f"product-{crc:08x}.so"
+    assert aot_packages._extracted_library(path) == str(library)
+    # damaged before any load (a dlopen'ed library is never written: extraction replaces)
+    library.write_bytes(b"\0" * library.stat().st_size)
+    loader = internals.get("aoti_package_loader")(path, "model", False, 1, -1)
+    expected = loader.boxed_run([rows])[0]
+    assert torch.equal(aot_packages.load(path)([rows])[0], expected)  # the package's loader
+    assert not library.exists()
+
+    got = aot_packages.load(path)([rows])[0]  # extracted again, and run from there
+    assert sorted(p.name for p in tmp_path.glob("*.so")) == [library.name]
+    assert torch.equal(got, expected)  # the same library: the same kernels, bit for bit
+    written = library.stat().st_mtime_ns
+    assert torch.equal(aot_packages.load(path)([rows])[0], expected)
+    assert library.stat().st_mtime_ns == written  # not extracted again
+
+    other = tmp_path / "other.pt2"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(other, "w") as copy:
+        for entry in source.infolist():
+            copy.writestr(entry, source.read(entry))
+        copy.writestr("product/data/constants/weights.bin", b"weights kept apart")
+    assert torch.equal(aot_packages.load(str(other))([rows])[0], expected)
+    assert not list(tmp_path.glob("other-*.so"))
+
+
 def test_a_compiled_gpt_generates_as_the_eager_one():
     """``generate_ids`` with the compiled step (a prompt prefix through the Keras call,
     then the package): the eager step's tokens, or apart at a near-tie; streamed piece by

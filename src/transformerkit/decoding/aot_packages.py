@@ -19,12 +19,20 @@ this one does what they share:
   skips the package's own parsing of its input and output specs on every call. The loader
   is made directly (``torch._C._aoti.AOTIModelPackageLoader``): loading through
   ``aoti_load_package`` first imports Inductor and the export archive modules, about 2 s of
-  a one-sentence ``translate`` that needs neither.
+  a one-sentence ``translate`` that needs neither. That loader copies the package's
+  compiled library (weights included: 657 MB for GPT-2 124M in float32) out of the archive
+  into a temporary folder at every load; so a CPU package whose archive holds nothing but
+  its library, sources and metadata has its library extracted once, beside it
+  (``NAME-CRC.so``, written atomically, named by the library's CRC-32 in the archive so
+  that a rebuilt package never runs an old library), and runs from there
+  (``torch._C._aoti.AOTIModelContainerRunnerCpu``). The cache then holds each library
+  twice; deleting a ``.so`` only costs its next load the extraction.
 
 The PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -105,6 +113,12 @@ def load(path):
     """The package at ``path`` as its call over a flat list of tensors, giving its flat
     outputs (the loader's ``boxed_run``). Raises where the file is not a package this
     PyTorch loads, or where neither loader is there (:mod:`transformerkit.internals`)."""
+    library = _extracted_library(os.fspath(path))
+    if library is not None:
+        try:
+            return internals.get("aoti_runner_cpu")(library, 1).run
+        except Exception:  # noqa: BLE001  # a damaged library: the package itself decides
+            os.remove(library)
     loader_class = internals.get("aoti_package_loader")
     if loader_class is not None:  # (path, model name, single-threaded, runners, device index)
         return loader_class(os.fspath(path), "model", False, 1, -1).boxed_run
@@ -114,6 +128,52 @@ def load(path):
     if run is None:
         raise RuntimeError("this PyTorch has no AOTInductor package loader")
     return run
+
+
+# what a CPU package's archive may hold besides its one library for it to run from that
+# library alone: the generated sources, their metadata and the archive's own markers
+_SIDE_FILES = (".cpp", "_metadata.json", "/archive_format", "/archive_version", "/version",
+               "/byteorder", "/serialization_id")
+
+
+def _extracted_library(path):
+    """The path of the package ``path``'s compiled library, extracted beside it where it is
+    not yet (see the module docstring), or None where the package holds anything more than
+    :data:`_SIDE_FILES` and one ``.so`` (a GPU package's kernels, weights kept apart) or
+    PyTorch lacks the runner. Raises where the file is not a readable archive."""
+    import zipfile
+
+    if internals.get("aoti_runner_cpu") is None:
+        return None
+    with zipfile.ZipFile(path) as archive:
+        entries = archive.infolist()
+        libraries = [e for e in entries if e.filename.endswith(".so")]
+        if len(libraries) != 1 or any(not e.filename.endswith(_SIDE_FILES)
+                                      for e in entries if e not in libraries):
+            return None
+        library = libraries[0]
+        stem = path[:-len(".pt2")] if path.endswith(".pt2") else path
+        target = f"{stem}-{library.CRC:08x}.so"
+        if os.path.isfile(target) and os.path.getsize(target) == library.file_size:
+            return target
+        handle, partial = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path) or ".")
+        try:
+            with os.fdopen(handle, "wb") as out, archive.open(library) as data:
+                shutil.copyfileobj(data, out, 1 << 22)  # checks the CRC-32 as it reads
+            os.chmod(partial, 0o755)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+    prefix = os.path.basename(stem) + "-"
+    folder = os.path.dirname(target) or "."
+    for name in os.listdir(folder):  # a rebuilt package's earlier library
+        if name.startswith(prefix) and name.endswith(".so") and name != os.path.basename(target):
+            try:
+                os.remove(os.path.join(folder, name))
+            except OSError:
+                pass
+    return target
 
 
 def _unavailable(name, reason, eager):
