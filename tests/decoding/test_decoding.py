@@ -359,6 +359,28 @@ def test_token_rules_in_place_equal_the_added_bias_and_log_softmax_plus_numpy():
                       tol.chain_atol(40 + tol.SOFTMAX_EXTRA + 1, reference))
 
 
+def test_shared_token_rules_are_made_once_per_vocabulary_and_kept_for_a_few(monkeypatch):
+    """``TokenRules.shared``: with the PyTorch shortcuts, one object per vocabulary and end
+    token (the rows of ``TokenRules(vocab, eos_id)``), the least recently used dropped past
+    ``SHARED_RULES_KEPT``; elsewhere a new one each call (a traced loop builds its own)."""
+    from transformerkit.decoding import common
+
+    monkeypatch.setattr(common, "_SHARED_RULES", {})
+    monkeypatch.setattr(common, "SHARED_RULES_KEPT", 3)
+    first = TokenRules.shared(40, 2)
+    np.testing.assert_array_equal(ops.convert_to_numpy(first.without_eos),
+                                  ops.convert_to_numpy(TokenRules(40, 2).without_eos))
+    if not fastpath.applies():
+        assert TokenRules.shared(40, 2) is not first
+        return
+    assert TokenRules.shared(40, 2) is first and TokenRules.shared(40, 3) is not first
+    TokenRules.shared(41, 2)
+    assert TokenRules.shared(40, 2) is first  # used again: the (40, 3) rules are the oldest
+    TokenRules.shared(42, 2)  # a fourth vocabulary: (40, 3) leaves
+    assert len(common._SHARED_RULES) == 3 and TokenRules.shared(40, 2) is first
+    assert [key[:2] for key in common._SHARED_RULES] == [(41, 2), (42, 2), (40, 2)]
+
+
 def test_argmax_ids_equals_numpy():
     assert argmax_ids_equal_numpy()
 

@@ -101,16 +101,20 @@ class TokenRules:
     def shared(cls, vocab, eos_id):
         """``TokenRules(vocab, eos_id)``, made once per vocabulary, end token and device in
         the eager PyTorch loop (a one-sentence translation would otherwise build its rows
-        every call; nothing writes to them). Elsewhere a new one: a JAX/TensorFlow loop
-        builds its rules inside the function it traces."""
+        every call; nothing writes to them), the :data:`SHARED_RULES_KEPT` last used kept.
+        Elsewhere a new one: a JAX/TensorFlow loop builds its rules inside the function it
+        traces."""
         if not fastpath.applies():
             return cls(vocab, eos_id)
         from transformerkit.decoding.loop_ops import tensor_device
 
         key = (vocab, eos_id, str(tensor_device()))
-        rules = _SHARED_RULES.get(key)
+        rules = _SHARED_RULES.pop(key, None)
         if rules is None:
-            rules = _SHARED_RULES[key] = cls(vocab, eos_id)
+            rules = cls(vocab, eos_id)
+            while len(_SHARED_RULES) >= SHARED_RULES_KEPT:  # the least recently used leaves
+                del _SHARED_RULES[next(iter(_SHARED_RULES))]
+        _SHARED_RULES[key] = rules  # last: the most recently used
         return rules
 
     def force_eos(self, scores, row_scores, rows):
@@ -140,6 +144,7 @@ class TokenRules:
 
 
 _SHARED_RULES = {}  # TokenRules.shared: (vocab, eos_id, device) -> TokenRules
+SHARED_RULES_KEPT = 8  # the vocabularies a process keeps rules for (servers of many models)
 
 
 def ban_repeated_ngrams(xp, scores, tokens, index, n):
