@@ -420,8 +420,8 @@ def test_a_package_runs_from_its_library_extracted_once(tmp_path):
     """A CPU package's library is extracted once beside it (named by its CRC-32) and runs
     from there, giving what PyTorch's own package loader gives; a library damaged on disk is
     removed and the package loads all the same (extracted again at the next load); a
-    package holding more than its library, sources and metadata loads through PyTorch's
-    loader, with nothing extracted."""
+    package holding more than its library, sources and metadata, or whose library cannot be
+    written, loads through PyTorch's loader, with nothing extracted."""
     import zipfile
 
     import torch
@@ -462,6 +462,13 @@ def test_a_package_runs_from_its_library_extracted_once(tmp_path):
     written = library.stat().st_mtime_ns
     assert torch.equal(aot_packages.load(path)([rows])[0], expected)
     assert library.stat().st_mtime_ns == written  # not extracted again
+
+    library.unlink()  # where it cannot be written (a full disk): the package's loader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aot_packages.tempfile, "mkstemp",
+                      lambda **_: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+        assert torch.equal(aot_packages.load(path)([rows])[0], expected)
+    assert not library.exists()
 
     other = tmp_path / "other.pt2"
     with zipfile.ZipFile(path) as source, zipfile.ZipFile(other, "w") as copy:

@@ -31,6 +31,7 @@ this one does what they share:
 The PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
 
+import contextlib
 import os
 import shutil
 import sys
@@ -118,7 +119,8 @@ def load(path):
         try:
             return internals.get("aoti_runner_cpu")(library, 1).run
         except Exception:  # noqa: BLE001  # a damaged library: the package itself decides
-            os.remove(library)
+            with contextlib.suppress(OSError):
+                os.remove(library)
     loader_class = internals.get("aoti_package_loader")
     if loader_class is not None:  # (path, model name, single-threaded, runners, device index)
         return loader_class(os.fspath(path), "model", False, 1, -1).boxed_run
@@ -140,7 +142,9 @@ def _extracted_library(path):
     """The path of the package ``path``'s compiled library, extracted beside it where it is
     not yet (see the module docstring), or None where the package holds anything more than
     :data:`_SIDE_FILES` and one ``.so`` (a GPU package's kernels, weights kept apart) or
-    PyTorch lacks the runner. Raises where the file is not a readable archive."""
+    PyTorch lacks the runner, or where it cannot be written (a full disk, a read-only
+    cache). Raises where the file is not a readable archive (a library whose bytes fail
+    their CRC-32 included: the package is then built again)."""
     import zipfile
 
     if internals.get("aoti_runner_cpu") is None:
@@ -156,24 +160,31 @@ def _extracted_library(path):
         target = f"{stem}-{library.CRC:08x}.so"
         if os.path.isfile(target) and os.path.getsize(target) == library.file_size:
             return target
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path) or ".")
         try:
-            with os.fdopen(handle, "wb") as out, archive.open(library) as data:
-                shutil.copyfileobj(data, out, 1 << 22)  # checks the CRC-32 as it reads
-            os.chmod(partial, 0o755)
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
+            _write_library(archive, library, target)
+        except OSError:  # a full disk, a read-only cache: PyTorch's loader, as before
+            return None
     prefix = os.path.basename(stem) + "-"
     folder = os.path.dirname(target) or "."
     for name in os.listdir(folder):  # a rebuilt package's earlier library
         if name.startswith(prefix) and name.endswith(".so") and name != os.path.basename(target):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, name))
-            except OSError:
-                pass
     return target
+
+
+def _write_library(archive, library, target):
+    """The ``library`` entry of the open ``archive`` written to ``target`` atomically (a
+    temporary file in the same folder, then ``os.replace``)."""
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target) or ".")
+    try:
+        with os.fdopen(handle, "wb") as out, archive.open(library) as data:
+            shutil.copyfileobj(data, out, 1 << 22)  # checks the CRC-32 as it reads
+        os.chmod(partial, 0o755)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
 
 
 def _unavailable(name, reason, eager):
