@@ -78,6 +78,26 @@ def test_keywords_in_place_of_options():
         resolve(SearchOptions, GenerationOptions(), {}, "translate()")
 
 
+def test_keywords_are_checked_once_per_set_of_values_and_types():
+    """The options of the same keywords are made once (frozen: the same object), a value is
+    told apart from an equal one of another type (``True`` from ``1``: refused however
+    often ``1`` was taken), a value that fails its check fails every time, and an
+    unhashable one is checked all the same."""
+    first = resolve(SearchOptions, None, {"beam_size": 1, "max_len_a": 2}, "translate()")
+    assert resolve(SearchOptions, None, {"max_len_a": 2, "beam_size": 1}, "translate()") \
+        is first
+    assert isinstance(first.max_len_a, float)
+    as_float = resolve(SearchOptions, None, {"beam_size": 1, "max_len_a": 2.0}, "translate()")
+    assert as_float == first and isinstance(as_float.max_len_a, float)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="beam_size"):
+            resolve(SearchOptions, None, {"beam_size": True}, "translate()")
+        with pytest.raises(ValueError, match="beam_size"):
+            resolve(SearchOptions, None, {"beam_size": 0}, "translate()")
+        with pytest.raises(TypeError, match="seed"):
+            resolve(SearchOptions, None, {"seed": [1]}, "translate()")
+
+
 def test_each_flag_of_the_command_line_is_a_declared_option():
     from transformerkit.cli.parser import build_parser
 
