@@ -50,11 +50,18 @@ def position_major(cache):
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 @pytest.mark.parametrize("cross_attention", [True, False])
-def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_attention):
+@pytest.mark.parametrize("sums", [False, True], ids=["products", "sums"])
+def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_attention, sums,
+                                                   monkeypatch):
     """Two paths through a block (packed products, the step's attention) and its cached
-    keys and values (one projection, after a LayerNorm when pre-norm)."""
+    keys and values (one projection, after a LayerNorm when pre-norm); the step's attention
+    both as eager PyTorch runs it (batched matrix products) and as the compiled step does
+    (``sums``: broadcast products summed)."""
     import torch
 
+    from transformerkit.layers import attention
+
+    monkeypatch.setattr(attention, "_one_query_products_as_sums", lambda: sums)
     block = DecoderBlock(d_model=16, num_heads=4, d_ff=32, dropout=0.0,
                          norm_position=norm_position, cross_attention=cross_attention)
     rows, length, source_len = 3, 5, 4
@@ -144,8 +151,9 @@ def test_tolerances_still_catch_a_transposed_weight_in_the_packed_product(monkey
         return pack(weight, rows)
 
     monkeypatch.setitem(internals._found, "onednn_pack", transposed_square)
-    tol.assert_caught(test_block_step_equals_block_call_with_a_cache,
-                      np.random.default_rng(0), "post", True)
+    for sums in (False, True):
+        tol.assert_caught(test_block_step_equals_block_call_with_a_cache,
+                          np.random.default_rng(0), "post", True, sums, monkeypatch)
 
 
 def test_cross_step_over_a_source_of_padding_only_is_finite_and_equals_call(rng):

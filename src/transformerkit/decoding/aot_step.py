@@ -106,8 +106,8 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
-FORMAT = 6  # the layout of a package's inputs and outputs; a change makes every cached
-# package stale
+FORMAT = 7  # the layout of a package's inputs and outputs, or the form of its captured code
+# (7: the attention's products as sums); a change makes every cached package stale
 INT8_FORM = 2  # int8 packages' products (2: many rows quantize each input row); a change
 # makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
