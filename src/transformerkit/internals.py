@@ -58,18 +58,12 @@ optimizer accumulators     ``training/step.py: GradientAllReduce``: a built opti
                            count) and ``_get_variable_index``, to exchange gradients once
                            per update (without them each micro-batch's gradient is
                            all-reduced, with the same result)
-int8 weight products       ``kernels/lowprec.py``: ``torch.ops.aten._weight_int8pack_mm``
-                           multiplies bfloat16 rows by int8 weights with per-channel
-                           scales, the compiled engine's ``precision int8`` at few
-                           rows (Inductor's template for it reads a quarter of
-                           float32's bytes: ``bench/results/gpt2_generate*``); without
-                           it the same arithmetic runs in float32
-int8 rows of many-rows     ``kernels/lowprec.py``: ``torch.ops.quantized_decomposed``'s
+int8 rows of compiled      ``kernels/lowprec.py``: ``torch.ops.quantized_decomposed``'s
 steps                      ``quantize_per_tensor``, ``dequantize_per_tensor`` and
                            ``dequantize_per_channel`` (registered by importing
                            ``torch.ao.quantization.fx._decomposed``), which Inductor's
-                           freezing replaces by oneDNN's packed int8 product: the
-                           compiled engine's ``precision int8`` at many rows (without
+                           freezing replaces by a packed int8 product: the
+                           compiled engine's ``precision int8`` (without
                            them the int8 values widened to bfloat16)
 AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_step`` and
                            ``aot_search``): ``torch._inductor.aoti_compile_and_package``
@@ -115,7 +109,6 @@ _FUNCTIONS = {
     "int8_quantize": ("torch", "quantize_per_channel"),
     "int8_prepack": ("torch", "ops.quantized.linear_prepack"),
     "int8_linear": ("torch", "ops.quantized.linear_dynamic"),
-    "int8_weight_mm": ("torch", "ops.aten._weight_int8pack_mm"),
     # importing it registers the operators ``torch.ops.quantized_decomposed.*``
     "quantized_decomposed": ("torch.ao.quantization.fx._decomposed", "quantized_decomposed_lib"),
     "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),

@@ -154,16 +154,14 @@ def test_compiled_bfloat16_steps_stay_within_the_bfloat16_bound(transformer):
 
 def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(transformer,
                                                                           monkeypatch):
-    """``precision="int8"``: the compiled step (int8 weights by bfloat16 rows at few rows,
-    by each row quantized to 8 bits at many, ``kernels/lowprec.py``) against the eager
-    ``decode_step`` of the same weights in the same form (``step_weights("int8",
-    packed=False)``, the many-rows form by ``many_rows_weights``), in both row buckets: within
-    two bfloat16 paths' bound (at few rows each product rounds its input once and its output
-    once, within the three roundings a product of :func:`bfloat16_bounds.decoding_atol`
-    counts; at many rows the integer sums are exact and the two differ by float32 sums and
-    scalings, unless an input lands on another level, which moves a sum by one step of
-    ``2 |x|max / 255`` times a weight); the package is its own, and int8 changed the products
-    (the bfloat16 step's logits are not its)."""
+    """``precision="int8"``: the compiled step (int8 weights by each input row quantized to
+    8 bits, ``kernels/lowprec.py``) against the eager ``decode_step`` of the same weights in
+    the same form (``step_weights("int8", packed=False)`` in the form
+    ``rows_quantized_weights`` gives), in both row buckets: within two bfloat16 paths' bound
+    (the integer sums are exact and the two differ by float32 sums and scalings, unless an
+    input lands on another level, which moves a sum by one step of ``2 |x|max / 255`` times
+    a weight); the package is its own, and int8 changed the products (the bfloat16 step's
+    logits are not its)."""
     import torch
 
     from transformerkit.decoding import aot_step
@@ -176,13 +174,8 @@ def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(trans
     roundings = tol.model_roundings(transformer, SOURCE.shape[1], 9)
     packed_weights = TransformerBase.step_weights
 
-    def unpacked_weights(many_rows):
-        def step_weights(self, precision, packed=True):
-            weights = packed_weights(self, precision, False)
-            if not many_rows:
-                return weights
-            return lowprec.many_rows_weights(weights)
-        return step_weights
+    def unpacked_weights(self, precision, packed=True):
+        return lowprec.rows_quantized_weights(packed_weights(self, precision, False))
 
     def teacher_forced(steps, source):
         buffer = np.random.default_rng(len(source)).integers(3, 30, (len(source), 9))
@@ -197,8 +190,7 @@ def test_compiled_int8_steps_equal_the_eager_step_of_the_same_int8_weights(trans
         assert compiled.runner() is not None  # compiled, not the eager fallback
         bfloat16 = teacher_forced(make_steps(transformer, True, "bfloat16"), source)
         with monkeypatch.context() as patch:  # the eager step of the unpacked int8 weights
-            many_rows = len(source) > aot_step.SMALL_ROWS
-            patch.setattr(TransformerBase, "step_weights", unpacked_weights(many_rows))
+            patch.setattr(TransformerBase, "step_weights", unpacked_weights)
             expected = teacher_forced(make_steps(transformer, True, "int8"), source)
         atol = 2 * bounds.decoding_atol(transformer, expected, roundings)
         tol.assert_within(got, expected, atol, f"int8, {len(source)} rows")

@@ -181,12 +181,13 @@ def test_int8_product_is_the_quantized_product(product, monkeypatch, emulated):
 @pytest.mark.parametrize("d_in, widened", [(48, False), (48, True), (13, False)])
 def test_int8_weights_product_is_the_rounded_product_of_the_quantized_weight(rng, d_in,
                                                                             widened):
-    """The compiled engine's int8 (``plain_int8``): per-channel int8 values on a bfloat16
-    scale rounded up (so ``|w - value * scale| <= scale / 2`` and the peak still fits in
-    127), the input rounded to bfloat16, float32 sums, the output rounded to bfloat16 once
-    (``_weight_int8pack_mm``; an input width it cannot take, here 13, runs the widened
-    form) or twice (:func:`widen_int8`'s bfloat16 product, then the scale): within the
-    bound of the exact product of the rounded input by the dequantized weight."""
+    """The compiled engine's int8 weights (``plain_int8``): per-channel int8 values on a
+    bfloat16 scale rounded up (so ``|w - value * scale| <= scale / 2`` and the peak still
+    fits in 127); applied as they are, the input rounded to bfloat16, float32 sums, the
+    output rounded to bfloat16 once (an even and an odd width), or twice where widened
+    (:func:`widen_int8`'s bfloat16 product, then the scale: a package's form without the
+    quantize operators): within the bound of the exact product of the rounded input by the
+    dequantized weight."""
     import torch
 
     from transformerkit.kernels import lowprec
@@ -217,18 +218,18 @@ def test_int8_weights_product_is_the_rounded_product_of_the_quantized_weight(rng
     assert np.abs(got - (x.astype(np.float64) @ dequantized + bias)).max() > 1e3 * tol.U32
 
 
-def many_rows_product(x, kernel, bias):
+def rows_quantized_product(x, kernel, bias):
     """``(weights, result)``: the compiled engine's int8 weights (``plain_int8``) in their
-    many-rows form (``many_rows_int8``) and the eager product of ``x`` by them."""
+    many-rows form (``rows_quantized_int8``) and the eager product of ``x`` by them."""
     from transformerkit.kernels import lowprec
 
     weights = lowprec.plain_int8(torch_tensor(kernel).t().contiguous(), torch_tensor(bias))
-    weights = lowprec.many_rows_int8(weights)
+    weights = lowprec.rows_quantized_int8(weights)
     return weights, lowprec.apply(torch_tensor(x), weights).numpy()
 
 
-def test_many_rows_int8_product_quantizes_each_row(product):
-    """The compiled engine's int8 at many rows (``many_rows_int8``): the int8 values and
+def test_rows_quantized_int8_product_quantizes_each_row(product):
+    """The compiled engine's int8 at many rows (``rows_quantized_int8``): the int8 values and
     scales of ``plain_int8`` by each input row quantized on its own scale (the keras
     engine's int8): within the int8 bound (module docstring) of the exact product by the
     dequantized weight; a row's result is the same alone, in its batch and beside a row
@@ -236,7 +237,7 @@ def test_many_rows_int8_product_quantizes_each_row(product):
     product of the dequantized values may sum in another order for another row count; a
     scale shared by the call would move the row by up to 1000 steps)."""
     x, kernel, bias = product
-    weights, got = many_rows_product(x, kernel, bias)
+    weights, got = rows_quantized_product(x, kernel, bias)
     assert weights.kind == "int8-rows"
     scales, _, levels = weights.extra
     assert levels == (255 if precisions.onednn_vnni() else 127)
@@ -248,27 +249,33 @@ def test_many_rows_int8_product_quantizes_each_row(product):
     tol.assert_caught(tol.assert_within, got, exact - bias, atol)  # planted: bias dropped
     step = 2 * np.abs(x).max(-1, keepdims=True) / levels
     sums = tol.gamma(x.shape[1] + 4) * ((np.abs(x) + step) @ np.abs(dequantized) + np.abs(bias))
-    alone = np.concatenate([many_rows_product(x[i:i + 1], kernel, bias)[1]
+    alone = np.concatenate([rows_quantized_product(x[i:i + 1], kernel, bias)[1]
                             for i in range(len(x))])
-    beside = many_rows_product(np.concatenate([x, 1000 * x[:1]]), kernel, bias)[1][:len(x)]
+    beside = rows_quantized_product(np.concatenate([x, 1000 * x[:1]]), kernel, bias)[1][:len(x)]
     for other, name in ((alone, "alone"), (beside, "beside a loud row")):
         tol.assert_within(other, got, sums, name)
 
 
-def test_compiled_many_rows_int8_product_runs_the_int8_kernel(product, tmp_path):
-    """The many-rows form compiled as the packages are (``torch.export``, AOTInductor with
-    freezing): Inductor replaces its quantize/dequantize operators by oneDNN's packed int8
-    product (``qlinear`` in the package's code; a form it does not recognise would compile
-    to the float32 product of dequantized values, correct and slow), within the same bound
-    of the exact product, for a row count other than the example's."""
+@pytest.mark.parametrize("bucket", ["small", "large", "encoder"])
+def test_compiled_rows_quantized_int8_product_runs_the_int8_kernel(product, tmp_path, bucket):
+    """The int8 form compiled as each package is (``torch.export``, AOTInductor with the
+    bucket's options): Inductor replaces its quantize/dequantize operators by a packed int8
+    product, oneDNN's (``qlinear`` in the package's code) or, where ``max_autotune`` timed
+    it faster, its own template's (uint8 rows by int8 weights in the code; a form it does
+    not recognise would compile to the float32 product of dequantized values, correct and
+    slow), within the same bound of the exact product, for a row count other than the
+    example's."""
+    import re
+
     import torch
 
     from transformerkit import internals
+    from transformerkit.decoding import aot_step
     from transformerkit.decoding.aot_packages import compile_program, load
     from transformerkit.kernels import lowprec
 
     x, kernel, bias = product
-    weights, _ = many_rows_product(x, kernel, bias)
+    weights, _ = rows_quantized_product(x, kernel, bias)
 
     class Product(torch.nn.Module):
         def __init__(self):
@@ -288,13 +295,15 @@ def test_compiled_many_rows_int8_product_runs_the_int8_kernel(product, tmp_path)
         rows = torch.export.Dim("rows", min=2, max=64)
         program = torch.export.export(Product().eval(), (torch_tensor(x),),
                                       dynamic_shapes=({0: rows},))
-        compile_program(program, path, {"freezing": True})
+        compile_program(program, path, aot_step.ENCODER_CONFIGS if bucket == "encoder"
+                        else aot_step.BUCKETS[bucket][1])
     import zipfile
 
     with zipfile.ZipFile(path) as package:
         code = b"".join(package.read(n) for n in package.namelist() if n.endswith(".cpp"))
     if internals.get("onednn_linear") is not None:  # oneDNN in this PyTorch
-        assert b"qlinear" in code
+        template = re.search(rb"const uint8_t\* \w+, const int8_t\* \w+", code)
+        assert b"qlinear" in code or template, bucket
     scales, _, levels = weights.extra
     dequantized = (weights.weight.numpy().astype(np.float64)
                    * scales.numpy().astype(np.float64)[:, None]).T
@@ -728,19 +737,19 @@ def test_unpacked_bfloat16_weights_for_each_cpu_family(monkeypatch, family):
     weights = products.inference_linear([kernel], [bias], precision="int8", packed=False)
     assert weights.kind == "int8-weights" and weights.weight.dtype == torch.int8
     assert weights.extra.dtype == torch.bfloat16 and weights.weight.shape == (4, 3)
-    many = lowprec.many_rows_int8(weights)
+    many = lowprec.rows_quantized_int8(weights)
     assert many.kind == "int8-rows" and many.weight is weights.weight
     scales, zeros, levels = many.extra
     assert levels == (255 if cpu.has("vnni") else 127)
     np.testing.assert_array_equal(scales.numpy(), weights.extra.float().numpy())
     for cap, vnni in (("AVX2", False), ("AVX512_CORE", False), ("AVX512_CORE_VNNI", True)):
         set_onednn_cap(monkeypatch, cap)  # oneDNN's kernels below VNNI saturate 8 bits
-        capped = lowprec.many_rows_int8(weights).extra[2]
+        capped = lowprec.rows_quantized_int8(weights).extra[2]
         assert capped == (255 if vnni and cpu.has("vnni") else 127), cap
     set_onednn_cap(monkeypatch, None)
     assert zeros.dtype == torch.long and not zeros.any()
     monkeypatch.setitem(internals._found, "quantized_decomposed", None)  # the fallback:
-    widened = lowprec.many_rows_int8(weights)  # float32 values without bfloat16 units
+    widened = lowprec.rows_quantized_int8(weights)  # float32 values without bfloat16 units
     assert widened.kind == "int8-weights"
     assert widened.weight.dtype == (torch.bfloat16 if cpu.has("bfloat16") else torch.float32)
     np.testing.assert_array_equal(widened.weight.float().numpy(),

@@ -71,6 +71,9 @@ def compile_program(program, path, configs=None):
         with warnings.catch_warnings():  # Inductor's own, from its int8 lowering's code
             warnings.filterwarnings("ignore", "To copy construct from a tensor",
                                     UserWarning)
+            # and from unpickling its pytree specs (PyTorch's deprecation, not our call)
+            warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.. is deprecated",
+                                    FutureWarning)
             internals.get("aoti_compile_and_package")(
                 program, package_path=partial,
                 inductor_configs=dict(configs or {}))  # a copy: the compiler adds to it

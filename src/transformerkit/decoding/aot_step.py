@@ -57,20 +57,21 @@ beam search and sampling, whose steps have many rows, would not use) cost more (
 0.25 ms a 64-row step). The beam's cache reordering stays eager.
 
 At ``precision="int8"`` the products' weights are int8, quantized per output channel
-(:func:`~transformerkit.kernels.lowprec.plain_int8`): the small-rows package rounds the
-input to bfloat16 and multiplies by the int8 bytes (``_weight_int8pack_mm``, whose Inductor
-template reads a quarter of float32's bytes: at one row, bound by reading the weights, about
-twice bfloat16's speed, ``bench/results/gpt2_generate_openvino.*``); the large-rows package
-and the encoder's quantize each input row on its own scale, as the keras engine's int8
-(:func:`~transformerkit.kernels.lowprec.many_rows_int8`), which Inductor's freezing runs on
-oneDNN's packed int8 product (the weight-only kernel's cost grows with the rows). The two
-buckets round differently: an int8 sentence's scores depend, within int8's rounding, on the
-rows its steps run with.
+(:func:`~transformerkit.kernels.lowprec.plain_int8`), and every package quantizes each input
+row on its own scale, as the keras engine's int8 does
+(:func:`~transformerkit.kernels.lowprec.rows_quantized_int8`): Inductor replaces the quantize and
+dequantize operators by an int8 product (uint8 by int8, int32 sums), its own C++ template
+(VNNI's 8-bit dot products where the CPU has them) or oneDNN's, whichever its timing at
+the bucket's rows picked. At one row that took about half the time of the weight-only
+product it replaced (int8 weights by bfloat16 rows, ``_weight_int8pack_mm``:
+``docs/decoding.md``).
 
-The small-rows package picks its products' kernels among Inductor's own C++ kernels only
+Each package picks its products' kernels by timing candidates at its example's rows
+(``max_autotune``). The small-rows package times Inductor's own C++ kernels only
 (``max_autotune_gemm_backends``): with the library's among the candidates, the build-time
 timings picked the library's slower one-row kernels for some products in one build and not
-the next (``docs/decoding.md``).
+the next (``docs/decoding.md``). The many-rows package times both (the library's float32
+and bfloat16 products win at 64 rows, Inductor's int8 template mostly does).
 
 The PyTorch functions used (``torch.export.export``, ``torch._inductor.
 aoti_compile_and_package``, ``torch._inductor.aoti_load_package``) are listed in
@@ -102,13 +103,15 @@ SMALL_ROWS = 4  # the most rows a step runs with the small-rows package
 # whether the package also makes greedy search's choice)
 BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
                        "max_autotune_gemm_backends": "CPP"}, 1, True),
-           "large": (64, {"freezing": True}, 2, False)}
+           "large": (64, {"freezing": True, "max_autotune": True,
+                          "max_autotune_gemm_backends": "ATEN,CPP",
+                          "autotune_num_choices_displayed": 0}, 2, False)}
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
 FORMAT = 7  # the layout of a package's inputs and outputs, or the form of its captured code
 # (7: the attention's products as sums); a change makes every cached package stale
-INT8_FORM = 2  # int8 packages' products (2: many rows quantize each input row); a change
+INT8_FORM = 3  # int8 packages' products (3: every package quantizes each input row); a change
 # makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
 
@@ -181,21 +184,20 @@ def package_path(directory, bucket, precision, weights, description):
     return os.path.join(directory, f"{kind}-{key}.pt2")
 
 
-def _weights_module(model, precision, forward, encoder=False, many_rows=False):
+def _weights_module(model, precision, forward, encoder=False):
     """A ``torch.nn.Module`` for ``torch.export`` calling ``forward(weights, *inputs)`` with
     ``model``'s step weights (at ``precision``, unpacked: :meth:`step_weights`) held as
-    buffers; the encoder's only where ``encoder``; int8 weights in their form for
-    ``many_rows`` (:func:`~transformerkit.kernels.lowprec.many_rows_weights`)."""
+    buffers; the encoder's only where ``encoder``; int8 weights in the form that quantizes
+    each input row (:func:`~transformerkit.kernels.lowprec.rows_quantized_weights`)."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from transformerkit.kernels.lowprec import many_rows_weights
+    from transformerkit.kernels.lowprec import rows_quantized_weights
 
     weights = dict(model.step_weights(precision, packed=False))
     if not encoder:
         weights.pop("encoder", None)
-    if many_rows:
-        weights = many_rows_weights(weights)
+    weights = rows_quantized_weights(weights)
     leaves, spec = tree_flatten(weights)
 
     class Captured(torch.nn.Module):
@@ -215,7 +217,7 @@ def _weights_module(model, precision, forward, encoder=False, many_rows=False):
     return Captured().eval()
 
 
-def _step_module(model, precision="float32", many_rows=False, chooses=False):
+def _step_module(model, precision="float32", chooses=False):
     """``model.decode_step`` as a module for ``torch.export`` (:func:`_weights_module`), one
     memory for the ``rows // sentences`` adjacent rows of each sentence; where ``chooses``,
     followed by greedy search's choice: ``(logits, best_allowed(logits, bias))``."""
@@ -226,7 +228,7 @@ def _step_module(model, precision="float32", many_rows=False, chooses=False):
         logits = model.decode_step(tokens, index, caches, weights, memories, copies)
         return (logits, best_allowed(logits, bias)) if chooses else (logits,)
 
-    return _weights_module(model, precision, step, many_rows=many_rows)
+    return _weights_module(model, precision, step)
 
 
 def _encoder_module(model, precision="float32"):
@@ -238,7 +240,7 @@ def _encoder_module(model, precision="float32"):
     def encode(weights, source_ids):
         return source_memories(model, source_ids, weights)
 
-    return _weights_module(model, precision, encode, encoder=True, many_rows=True)
+    return _weights_module(model, precision, encode, encoder=True)
 
 
 def _encoder_inputs(model):
@@ -299,7 +301,7 @@ def export_step(model, bucket, precision="float32"):
         module, (inputs, dims) = _encoder_module(model, precision), _encoder_inputs(model)
     else:
         rows, _, copies, chooses = BUCKETS[bucket]
-        module = _step_module(model, precision, bucket != "small", chooses)
+        module = _step_module(model, precision, chooses)
         inputs, dims = _example_inputs(model, hasattr(model, "decoder_blocks"), rows, copies,
                                        chooses)
     with torch.no_grad():

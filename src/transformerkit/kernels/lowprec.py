@@ -162,15 +162,13 @@ def int8_weights(weight, bfloat16_scales=False):
 
 def plain_int8(weight, bias):
     """``weight`` ``(d_out, d_in)`` float32 and ``bias`` ``(d_out,)`` or None as plain tensors
-    for a compiler (``decoding/aot_step.py``): int8 weights, kind ``int8-weights``. Weight-only
-    quantization: each output channel's :func:`int8_weights` (``values`` int8 ``(d_out,
-    d_in)``, its ``scales`` ``(d_out,)`` in bfloat16, in ``extra``); the input rounded to
-    bfloat16 as at precision bfloat16 (not quantized), the products summed in float32,
-    multiplied by the channel's scale and rounded to bfloat16
-    (``torch.ops.aten._weight_int8pack_mm``, whose Inductor template reads the int8 bytes, a
-    quarter of float32's, where a step has few rows), the float32 bias added.
-    :func:`widen_int8` gives the same products from bfloat16 copies of the values (exact:
-    integers of at most 8 bits) for many rows."""
+    for a compiler (``decoding/aot_step.py``): int8 weights, kind ``int8-weights``, each output
+    channel's :func:`int8_weights` (``values`` int8 ``(d_out, d_in)``, its ``scales``
+    ``(d_out,)`` in bfloat16, in ``extra``), which a package takes in the form of
+    :func:`rows_quantized_int8` (or, without its operators, :func:`widen_int8`). Applied as
+    they are (:func:`apply`): the input rounded to bfloat16 (not quantized), the products
+    summed in float32, multiplied by the channel's scale and rounded to bfloat16, the
+    float32 bias added."""
     import torch
 
     with torch.no_grad():
@@ -179,18 +177,18 @@ def plain_int8(weight, bias):
                                   scales)
 
 
-def many_rows_int8(weights):
-    """``int8-weights`` ``weights`` (:func:`plain_int8`) for steps of many rows, where the
-    int8 kernel of few rows is slow (its cost grows with the rows: at 64, several times the
-    bfloat16 product's): kind ``int8-rows``, the same int8 values and scales (``extra``:
+def rows_quantized_int8(weights):
+    """``int8-weights`` ``weights`` (:func:`plain_int8`) as the compiled packages multiply
+    them: kind ``int8-rows``, the same int8 values and scales (``extra``:
     ``(scales float32 (d_out,), zero points (d_out,), levels)``) by each input row quantized
     on its own scale, as the keras engine's int8 has it (:func:`_int8_rows`): the row divided
     by its largest magnitude ``p``, quantized to uint8 steps of ``2 / levels`` from zero point
     ``(levels + 1) // 2`` (``levels`` 255 where oneDNN may use the CPU's VNNI, else 127:
     :func:`~transformerkit.precisions.onednn_vnni`), the product of
     the dequantized values times ``p``. Written with PyTorch's quantize/dequantize operators
-    (``torch.ao``'s decomposed ones), which Inductor's freezing replaces by oneDNN's int8
-    product with the weight packed once (u8 by s8, int32 sums; its speed against bfloat16 in
+    (``torch.ao``'s decomposed ones), which Inductor's freezing replaces by an int8 product
+    with the weight packed once (u8 by s8, int32 sums: oneDNN's, or under ``max_autotune``
+    Inductor's own template where it times faster; the speeds against bfloat16 in
     ``bench/results/gpt2_generate_openvino.*`` and ``decode_compiled_search.*``). Where those
     operators are missing: :func:`widen_int8`."""
     import torch
@@ -204,16 +202,16 @@ def many_rows_int8(weights):
                               (scales, zeros, levels), None)
 
 
-def many_rows_weights(weights):
+def rows_quantized_weights(weights):
     """A tree of step weights (``step_weights(precision, packed=False)``) with each
-    ``int8-weights`` leaf in its many-rows form (:func:`many_rows_int8`), the rest as given:
-    the weights of a compiled package made for many rows."""
+    ``int8-weights`` leaf in the form that quantizes each input row (:func:`rows_quantized_int8`),
+    the rest as given: the weights of a compiled package."""
     from torch.utils._pytree import tree_map
 
     def is_linear(leaf):
         return isinstance(leaf, LowPrecisionLinear)
 
-    return tree_map(lambda leaf: many_rows_int8(leaf)
+    return tree_map(lambda leaf: rows_quantized_int8(leaf)
                     if is_linear(leaf) and leaf.kind == "int8-weights" else leaf,
                     weights, is_leaf=is_linear)
 
@@ -221,7 +219,7 @@ def many_rows_weights(weights):
 def widen_int8(weights):
     """``int8-weights`` ``weights`` (:func:`plain_int8`) with their values as bfloat16 ``(d_in,
     d_out)`` (exact): the same products by the library's bfloat16 kernel, for steps of many
-    rows where :func:`many_rows_int8`'s operators are missing, which round each sum to
+    a package where :func:`rows_quantized_int8`'s operators are missing, which round each sum to
     bfloat16 once more, before its scale. On a CPU without bfloat16 units the values are
     float32 and the product float32, with the same roundings (a compiled bfloat16 product
     would run PyTorch's slow bfloat16 loop there)."""
@@ -319,17 +317,14 @@ def apply(x, weights, activation=None, low_output=False):
 
 def _int8_weights_rows(low, weights):
     """The product of bfloat16 rows ``low`` ``(m, d_in)`` by ``int8-weights`` (int8 values:
-    ``_weight_int8pack_mm``, or where it cannot run its arithmetic in float32; widened ones
-    from :func:`widen_int8`: ``mm`` then the scales), float32 ``(m, d_out)``."""
+    float32 arithmetic, the output rounded once; widened ones from :func:`widen_int8`: ``mm``,
+    its sums rounded, then the scales), float32 ``(m, d_out)``."""
     import torch
 
     if weights.weight.dtype != torch.int8:  # widened: the sums rounded, then scaled
         y = torch.mm(low.to(weights.weight.dtype), weights.weight).to(torch.bfloat16) \
             * weights.extra
-    elif low.device.type == "cpu" and low.shape[1] % 8 == 0 \
-            and internals.available("int8_weight_mm"):  # (other widths crash its CPU kernel)
-        y = internals.get("int8_weight_mm")(low, weights.weight, weights.extra)
-    else:  # the kernel's arithmetic in float32, its output rounded once as the kernel's
+    else:
         y = (torch.mm(low.float(), weights.weight.t().float())
              * weights.extra.float()).to(torch.bfloat16)
     y = y.float()
@@ -355,7 +350,7 @@ def _int8_rows(rows, weights):
 
 def _int8_quantized_rows(rows, weights):
     """The product of float32 ``rows`` ``(m, d_in)`` by ``int8-rows`` weights
-    (:func:`many_rows_int8`), each row quantized on its own scale, float32 ``(m, d_out)``."""
+    (:func:`rows_quantized_int8`), each row quantized on its own scale, float32 ``(m, d_out)``."""
     import torch
     import torch.nn.functional as F
 
