@@ -92,6 +92,40 @@ def test_block_step_equals_block_call_with_a_cache(rng, norm_position, cross_att
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_gpt_block_prefill_equals_block_call_with_a_cache(rng, norm_position):
+    """A prompt in one pass (``DecoderBlock.prefill``: the step's products, the fused causal
+    attention) equals the block's Keras call with a cache from position 0 at every position,
+    and fills the step's position-major cache with the Keras cache's keys and values; the
+    positions after the prompt are left as they were; a block with cross-attention refuses."""
+    import torch
+
+    block = DecoderBlock(d_model=16, num_heads=4, d_ff=32, dropout=0.0,
+                         norm_position=norm_position, cross_attention=False)
+    rows, length, max_len = 3, 5, 7
+    inputs = keras.ops.convert_to_tensor(rng.normal(size=(rows, length, 16)), "float32")
+    block(inputs)  # build
+    cache = block.init_cache(rows, max_len)
+    expected, cache = block(inputs, cache=cache, cache_index=0)
+    weights = block.step_weights()
+    step_cache = (torch.full((max_len, rows, 4, 4), 7.0), torch.full((max_len, rows, 4, 4), 7.0))
+    got = block.prefill(inputs, weights, step_cache)
+    expected = to_numpy(expected)
+    # the Keras call attends over the whole cache (later positions masked): max_len keys
+    roundings = tol.block_roundings(16, 32, 4, max_len, 4)
+    tol.assert_within(to_numpy(got), expected, tol.chain_atol(roundings, expected, paths=2),
+                      "prefill")
+    key_roundings = tol.layer_norm_roundings(16) * (norm_position == "pre") + 16 + 1
+    for t, name in zip(step_cache, ("keys", "values"), strict=True):
+        want = to_numpy(cache["self"][0 if name == "keys" else 1][:, :length])
+        tol.assert_within(to_numpy(t[:length].transpose(0, 1)), want,
+                          tol.chain_atol(key_roundings, want, paths=2), name)
+        assert bool((t[length:] == 7.0).all()), f"{name} after the prompt were written"
+    with pytest.raises(ValueError, match="cross-attention"):
+        DecoderBlock(d_model=16, num_heads=4, d_ff=32, cross_attention=True).prefill(
+            inputs, weights, step_cache)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_encoder_block_inference_call_equals_its_call(rng, norm_position):
     """The encoder's inference twin (packed products, the weights as a value) equals the
     block's Keras call with a padding mask at every real position, within two paths' bound;

@@ -20,10 +20,11 @@ that cannot be had, the eager step of the loaded model runs.
 
 A GPT's prompt fills the caches through the same step package, one position a call
 (:meth:`PackagedSteps._start_language_model`), where the loaded model's
-:class:`~.eager_steps.EagerSteps` runs the prompt's shared prefix in one Keras call: the
-same cached math, in float32 to its round-off. Stepping costs a step a position (GPT-2
+:class:`~.eager_steps.EagerSteps` runs the prompt's shared prefix in one pass
+(``decode_prefill``, the same products at the same precision): the same cached math, to
+its round-off. Stepping costs a step a position (GPT-2
 124M: about 20 ms in float32, one thread), importing Keras and loading the model seconds,
-so a prefix longer than :data:`PREFILL_STEPS` positions loads the model for its Keras call.
+so a prefix longer than :data:`PREFILL_STEPS` positions loads the model for its one pass.
 """
 
 import json
@@ -48,7 +49,7 @@ RECORDS = "files"  # the folder of the records, in the packages' folder
 # the packages a model's class needs on disk for its stand-in to answer one short request
 NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
 # the longest prompt prefix a GPT's stand-in steps through its package (a longer one loads
-# the model for one Keras call): ``bench/compiled_step.py``'s generate rows
+# the model for one pass): ``bench/compiled_step.py``'s generate rows
 PREFILL_STEPS = 256
 
 
@@ -240,7 +241,7 @@ class PackagedSteps(CompiledSteps):
     def _start_language_model(self, buffer, prefill, max_len):
         """Empty caches, the prompt's shared prefix ``buffer[:, :prefill]`` written into them
         by the step's package one position a call (the module docstring; a prefix longer
-        than :data:`PREFILL_STEPS`: the loaded model's Keras call); no weights."""
+        than :data:`PREFILL_STEPS`: the loaded model's one pass); no weights."""
         import torch
 
         if prefill > PREFILL_STEPS:

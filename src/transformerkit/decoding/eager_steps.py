@@ -65,16 +65,10 @@ class EagerSteps:
         weights = self.model.step_weights(self.precision)
         buffer = torch.as_tensor(buffer, device=weights["embedding"].device)
         state = self._empty_caches(buffer.shape[0], max_len, weights["embedding"])
-        # the shared prompt prefix in one Keras call (float32 products), copied into the
+        # the shared prompt prefix in one pass at the step's precision, written into the
         # caches; its logits are not needed (the steps from ``prefill`` on give the next ones)
         if prefill > 0:
-            caches = self.model.init_caches(buffer.shape[0], prefill)
-            none = torch.zeros((0,), dtype=torch.long, device=buffer.device)
-            _, caches = self.model(buffer[:, :prefill], caches=caches, cache_index=0,
-                                   logit_positions=none)
-            for (k, v), cache in zip(state, caches, strict=True):  # Keras: (rows, len, h, d)
-                k[:prefill] = cache["self"][0][:, :prefill].transpose(0, 1)
-                v[:prefill] = cache["self"][1][:, :prefill].transpose(0, 1)
+            self.model.decode_prefill(buffer[:, :prefill].long(), state, weights)
         return state, (weights, None, 1)
 
     def step(self, buffer, index, state, static):

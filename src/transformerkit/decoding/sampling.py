@@ -130,10 +130,11 @@ def generate_ids(model, prompt_ids, max_new_tokens=_GENERATION.max_new_tokens,
             ``(rows,)`` of each decoding step, as :func:`~.greedy.token_search`'s; what it
             raises stops the generation (:mod:`.streaming`).
         precision: the products' precision, as in
-            :func:`~transformerkit.decoding.greedy_translate` (a prompt's shared prefix is
-            computed by the model's Keras call, in float32; by the compiled engine's
-            packages standing in for an unloaded model, one step a position at this
-            precision: :mod:`~transformerkit.decoding.aot_files`).
+            :func:`~transformerkit.decoding.greedy_translate`; a prompt's shared prefix too
+            (PyTorch's step: in one pass, ``decode_prefill``; the compiled engine's
+            packages standing in for an unloaded model: one step a position,
+            :mod:`~transformerkit.decoding.aot_files`; the Keras call of other backends
+            computes it in float32).
 
     Returns the new ids (a list) for one prompt, a list of lists for several. Prompts
     longer than ``max_length - 1`` tokens keep their last tokens, with a warning.

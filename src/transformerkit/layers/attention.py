@@ -303,6 +303,36 @@ class MultiHeadAttention(keras.layers.Layer):
         return linear(out.reshape(batch, length, self.num_heads * self.value_dim),
                       weights["output"])
 
+    def prefill(self, x, weights, cache):
+        """Causal self-attention of a prompt whose keys and values fill the cache:
+        ``call(x, cache=..., cache_index=0, use_causal_mask=True)`` for the first ``length``
+        positions of every row, computed with torch kernels on the products of
+        :meth:`step` (the same roundings at each position: the projections' outputs at
+        their precision, widened for the cache and the query).
+
+        Args:
+            x: ``(rows, length, d_model)`` torch tensor, positions ``0..length-1``.
+            weights: from :meth:`step_weights`.
+            cache: ``(keys, values)``, position-major ``(max_len, rows, heads, dim)``;
+                positions ``0..length-1`` are written in place.
+
+        Returns ``(rows, length, output_dim)`` (bfloat16 from a bfloat16 product, as
+        :meth:`step`).
+        """
+        rows, length, width = x.shape[0], x.shape[1], self.num_heads * self.key_dim
+        qkv = linear(x, weights["qkv"], low_output=True)  # (rows, length, 2 h d_k + h d_v)
+        q = qkv[..., :width].float().reshape(rows, length, self.num_heads, self.key_dim)
+        k = qkv[..., width:2 * width].reshape(rows, length, self.num_heads, self.key_dim)
+        v = qkv[..., 2 * width:].reshape(rows, length, self.num_heads, self.value_dim)
+        keys, values = cache
+        keys[:length] = k.transpose(0, 1)
+        values[:length] = v.transpose(0, 1)
+        # the attention reads the cache's values: float32, as every later step reads them
+        out = scaled_dot_product_attention(q, keys[:length].transpose(0, 1),
+                                           values[:length].transpose(0, 1), is_causal=True)
+        return linear(out.reshape(rows, length, self.num_heads * self.value_dim),
+                      weights["output"], low_output=True)
+
     def step(self, x, weights, cache, index):
         """Self-attention of one new position per row: ``call(x, cache=..., cache_index=index,
         use_causal_mask=True)`` for a single query, computed with torch kernels.

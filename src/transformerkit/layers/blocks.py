@@ -285,6 +285,21 @@ class DecoderBlock(_Block):
         return self._step_sublayer(x, weights["feedforward_norm"],
                                    lambda h: self.feedforward.step(h, weights["feedforward"]))
 
+    def prefill(self, x, weights, cache):
+        """``call(x, cache=..., cache_index=0)`` at inference for a prompt of a GPT block (no
+        cross-attention): every position of ``x`` ``(rows, length, d_model)`` at once, its
+        keys and values written into ``cache`` (:meth:`step`'s, positions
+        ``0..length-1``), with :meth:`step`'s products. Returns ``(rows, length,
+        d_model)``."""
+        if self.cross_attention:
+            raise ValueError("prefill is a GPT block's (no cross-attention): a decoder "
+                             "block with cross-attention steps from its first position")
+        x = self._step_sublayer(x, weights["self_attention_norm"],
+                                lambda h: self.self_attention.prefill(
+                                    h, weights["self_attention"], cache))
+        return self._step_sublayer(x, weights["feedforward_norm"],
+                                   lambda h: self.feedforward.step(h, weights["feedforward"]))
+
     def get_config(self):
         config = super().get_config()
         config.update(cross_attention=self.cross_attention)

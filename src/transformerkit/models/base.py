@@ -332,6 +332,19 @@ class TransformerBase(keras.Model):
         logits = linear(x, weights["projection"])
         return logits if weights["logits_bias"] is None else logits + weights["logits_bias"]
 
+    def decode_prefill(self, tokens, caches, weights):
+        """A decoder-only model's prompt written into :meth:`decode_step`'s caches in one
+        pass: the ids ``tokens`` ``(rows, length)`` at positions ``0..length-1`` through each
+        block's :meth:`~transformerkit.layers.DecoderBlock.prefill` (``GPT.call`` with
+        ``caches`` and ``cache_index=0``, its logits not computed); ``caches`` and
+        ``weights`` as :meth:`decode_step`'s. The next step is ``decode_step`` at
+        ``length``."""
+        blocks = self._decoder_parts()[2]
+        x = weights["embedding"][tokens] * weights["embedding_scale"] + \
+            weights["positions"][: tokens.shape[1]]  # (rows, length, d_model)
+        for block, block_weights, cache in zip(blocks, weights["blocks"], caches, strict=True):
+            x = block.prefill(x, block_weights, cache)
+
     @staticmethod
     def _padding_mask(ids):
         """``(batch, len)`` bool mask of the real tokens of ``ids``, for attention; None when
