@@ -137,6 +137,31 @@ def test_without_ctranslate2_the_keras_engine_translates(runs, monkeypatch):
         run.translate("Ein Hund läuft.", engine="ctranslate2")
 
 
+def test_the_compiled_engine_looks_its_packages_up_under_the_threads_given(runs, monkeypatch):
+    """The compiled engine's packages are named by PyTorch's threads (a package's kernels
+    run as many as at its build), so ``load(threads=N)`` sets them before it looks the
+    packages up: packages built under ``--threads N`` are found by the next call with
+    ``--threads N``."""
+    import torch
+
+    import transformerkit
+    from transformerkit import api
+    from transformerkit.decoding.compiled import backend
+
+    if backend() != "torch":
+        pytest.skip("the compiled engine's packages are PyTorch's")
+    looked_up = []
+    monkeypatch.setattr(api, "_packaged_model",
+                        lambda *args: looked_up.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        transformerkit.load(runs["translation"], engine="compiled", threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert looked_up == [1]
+
+
 def test_threads_are_the_cores_available_unless_given(runs):
     """``threads`` as ``load()`` and ``--threads`` take it: 0 leaves PyTorch's threads at
     its default, the cores this process may use; N sets them (keras and compiled engines);

@@ -48,6 +48,10 @@ def load(run_dir, runtime=None, **keywords):
         raise FileNotFoundError(f"{run} is not a run directory: no config.yaml in it")
     config = load_config(run.config)
     model_file = run.model_file(runtime.checkpoint)
+    if runtime.engine in _MODEL_ENGINES:  # first: the compiled packages are named by them
+        from transformerkit.threads import use_torch_threads
+
+        use_torch_threads(runtime.threads)
     # the CTranslate2 engine answers from a current export: the model is loaded (and Keras
     # imported) only when something needs it
     deferred = runtime.engine == "ctranslate2" and config.model.type in ("transformer", "gpt") \
@@ -76,10 +80,6 @@ def load(run_dir, runtime=None, **keywords):
     elif deferred:  # found current by the file's digest just now: not computed again
         loaded._checked_export = _default_export(run.path)
     loaded.check_runtime(runtime)  # bfloat16/int8 where they cannot run: the error, now
-    if runtime.engine in _MODEL_ENGINES:
-        from transformerkit.threads import use_torch_threads
-
-        use_torch_threads(runtime.threads)
     return loaded
 
 

@@ -29,11 +29,11 @@ def use_torch_threads(threads):
     """Set PyTorch's intra-op threads to ``threads`` where it is positive and PyTorch is
     the Keras backend (process-wide; 0 leaves PyTorch's default, the cores available).
     Returns the count set, or None."""
-    if not threads or int(threads) <= 0:
-        return None
-    import keras
+    from transformerkit.backend import choose_default_backend
 
-    if keras.backend.backend() != "torch":
+    # the backend Keras has or will take, without importing Keras: the compiled engine's
+    # packages answer without it
+    if not threads or int(threads) <= 0 or choose_default_backend() != "torch":
         return None
     import torch
 

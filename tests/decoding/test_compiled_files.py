@@ -290,7 +290,7 @@ def gpt_trained(tmp_path_factory, cache):
 @pytest.fixture(scope="module")
 def gpt_built(gpt_trained):
     """The GPT run's greedy generation with the compiled engine, the model loaded (which
-    builds its small-rows package and records the file)."""
+    builds its small-rows and prompt packages and records the file)."""
     import transformerkit
 
     run = transformerkit.load(gpt_trained, engine="compiled")
@@ -304,8 +304,9 @@ def _continuation_ids(run, text):
 
 def _assert_same_generation_or_near_tie(run, expected, got):
     """``got`` (a generation of :data:`PROMPT`) is ``expected``, or apart from a step on
-    at a near-tie (the stand-in fills its caches through the step package, the loaded
-    model through its Keras call: float32 sums in other orders)."""
+    at a near-tie (a stand-in without its prompt package fills its caches through the step
+    package, the loaded model's engine through the prompt package: float32 sums in other
+    orders)."""
     from near_ties import assert_same_ids_or_near_tie, next_logits_after
 
     prompt = run.source_tokenizer.encode(PROMPT)
@@ -330,8 +331,8 @@ print(json.dumps({"greedy": greedy, "streamed": sys.argv[2] + "".join(pieces),
 
 @pytest.mark.slow
 def test_a_fresh_process_generates_from_the_gpt_package_without_keras(gpt_trained, gpt_built):
-    """In a new process, ``load(engine="compiled")`` of a GPT run stands its package in for
-    the model: the prompt fills the caches through the step package, greedy generation
+    """In a new process, ``load(engine="compiled")`` of a GPT run stands its packages in for
+    the model: the prompt fills the caches through the prompt package, greedy generation
     is the loaded model's (or apart at a near-tie), streaming gives the same text, a seed
     the same sample, and Keras is never imported."""
     import transformerkit
@@ -347,13 +348,17 @@ def test_a_fresh_process_generates_from_the_gpt_package_without_keras(gpt_traine
 
 @pytest.mark.slow
 def test_the_generate_command_imports_no_keras_from_the_package(gpt_trained, gpt_built):
-    """``transformerkit generate RUN --prompt TEXT --engine compiled`` as a user types it,
-    in a new process: the compiled engine's text, no Keras module imported."""
+    """``transformerkit generate RUN --prompt TEXT --engine compiled --threads N`` as a user
+    types it, in a new process: the compiled engine's text, no Keras module imported (the
+    threads set without asking Keras for its backend; N, the threads the packages were
+    built with)."""
+    import torch
+
     import transformerkit
 
     out, err = _fresh("-m", "transformerkit", "generate", str(gpt_trained), "--prompt", PROMPT,
                       "--max-new-tokens", "10", "--temperature", "0", "--engine", "compiled",
-                      importtime=True)
+                      "--threads", str(torch.get_num_threads()), importtime=True)
     imported = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
                 if line.startswith("import time:")]
     assert "torch" in imported and not [m for m in imported if m.split(".")[0] == "keras"]
@@ -362,20 +367,44 @@ def test_the_generate_command_imports_no_keras_from_the_package(gpt_trained, gpt
 
 
 @pytest.mark.slow
-def test_a_prompt_longer_than_the_stepped_prefix_loads_the_model(gpt_trained, gpt_built,
+def test_a_gpt_stand_in_fills_its_prompt_with_the_prompt_package(gpt_trained, gpt_built, cache,
                                                                  monkeypatch):
-    """A prompt whose shared prefix is longer than ``PREFILL_STEPS`` positions loads the
-    model for its Keras call (then decodes with the package): the loaded compiled
-    engine's generation exactly; a shorter one keeps the model unloaded."""
+    """With its prompt package on disk (``gpt_built``'s loaded compiled engine built it), the
+    stand-in fills the prompt's prefix with one call of it: the loaded engine's generation
+    exactly (the same packages). Without it, a prefix of at most ``PREFILL_STEPS`` positions
+    goes through the step package a position a call and the model stays unloaded (the same
+    generation or apart at a near-tie); a longer one loads the model once, which builds the
+    prompt package again: the loaded engine's generation exactly."""
     import transformerkit
-    from transformerkit.decoding import aot_files
+    from transformerkit.decoding import aot_files, aot_step
 
+    filled = []
+    fill_prompt = aot_step.CompiledSteps._fill_prompt
+
+    def counted(self, fill, buffer, prefill, max_len):
+        filled.append(prefill)
+        return fill_prompt(self, fill, buffer, prefill, max_len)
+
+    monkeypatch.setattr(aot_step.CompiledSteps, "_fill_prompt", counted)
     run = transformerkit.load(gpt_trained, engine="compiled")
-    run.generate(PROMPT[:2], max_new_tokens=3, temperature=0)
-    assert run._model is None
+    prefix = len(run.source_tokenizer.encode(PROMPT)) - 1
+    assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
+    assert filled == [prefix] and run._model is None
+
+    packages = list((cache / "compiled").glob(f"{aot_step.PREFILL}-*"))
+    assert packages
+    for path in packages:  # the package and its extracted library
+        path.unlink()
+    filled.clear()
+    run = transformerkit.load(gpt_trained, engine="compiled")
+    _assert_same_generation_or_near_tie(
+        transformerkit.load(gpt_trained), gpt_built,
+        run.generate(PROMPT, max_new_tokens=10, temperature=0))
+    assert not filled and run._model is None
     monkeypatch.setattr(aot_files, "PREFILL_STEPS", 2)
     assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
-    assert run._model is not None
+    assert filled == [prefix] and run._model is not None
+    assert list((cache / "compiled").glob(f"{aot_step.PREFILL}-*.pt2"))
 
 
 @pytest.mark.slow

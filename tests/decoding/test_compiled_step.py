@@ -471,22 +471,57 @@ def test_a_package_runs_from_its_library_extracted_once(tmp_path):
     assert not list(tmp_path.glob("other-*.so"))
 
 
+def test_a_gpt_prompt_package_fills_the_caches_as_the_eager_pass(package_directory):
+    """The prompt package (``decode_prefill`` captured, its rows and length dynamic) writes
+    into the caches' first positions what the eager pass writes there, within two float32
+    paths' bound, for one row and for several, a short prompt and one of ``max_length - 1``
+    positions; the positions after the prompt are left as they were."""
+    import torch
+
+    from transformerkit.decoding import aot_step
+    from transformerkit.decoding.compiled import to_numpy
+    from transformerkit.models import GPT
+
+    keras.utils.set_random_seed(4)
+    model = GPT(30, **SMALL)
+    model.build(None)
+    fill = aot_step.Packages(model, str(package_directory), "float32").get(aot_step.PREFILL)
+    assert fill is not None
+    generator = torch.Generator().manual_seed(0)
+    for rows, length in ((1, 4), (3, SMALL["max_length"] - 1)):
+        tokens = torch.randint(3, 30, (rows, length), generator=generator)
+        shape = (SMALL["max_length"], rows, model.num_heads, model.key_dim)
+        eager = [(torch.full(shape, 7.0), torch.full(shape, 7.0)) for _ in range(2)]
+        got = [(torch.full(shape, 7.0), torch.full(shape, 7.0)) for _ in range(2)]
+        with torch.inference_mode():
+            model.decode_prefill(tokens, eager, model.step_weights("float32"))
+            fill(tokens, [tuple(t[:length] for t in pair) for pair in got])
+        for layer, (pair, want_pair) in enumerate(zip(got, eager, strict=True)):
+            for t, want, name in zip(pair, want_pair, ("keys", "values"), strict=True):
+                want = to_numpy(want[:length])
+                tol.assert_within(to_numpy(t[:length]), want, tol.chain_atol(
+                    tol.model_roundings(model, target_len=length), want, paths=2),
+                    f"{name} of block {layer}, {rows} rows, {length} positions")
+                assert bool((t[length:] == 7.0).all()), f"{name} after the prompt were written"
+
+
 def test_a_compiled_gpt_generates_as_the_eager_one():
-    """``generate_ids`` with the compiled step (a prompt prefix through the Keras call,
-    then the package): the eager step's tokens, or apart at a near-tie; streamed piece by
-    piece (``stream_ids``) the same tokens."""
+    """``generate_ids`` with the compiled step (the prompts' shared prefix through the
+    prompt package, then the step package): the eager step's tokens, or apart at a
+    near-tie; streamed piece by piece (``stream_ids``) the same tokens."""
     from transformerkit.decoding import aot_step, generate_ids
     from transformerkit.decoding.streaming import stream_ids
     from transformerkit.models import GPT
 
     keras.utils.set_random_seed(3)
     model = GPT(30, **SMALL)
-    prompts = [[5, 6], [7, 8, 9]]
-    eager = generate_ids(model, prompts, max_new_tokens=8, temperature=0)
-    compiled = generate_ids(model, prompts, max_new_tokens=8, temperature=0,
+    prompts = [[5, 6, 7, 8], [7, 8, 9, 4, 6]]
+    eager = generate_ids(model, prompts, max_new_tokens=6, temperature=0)
+    compiled = generate_ids(model, prompts, max_new_tokens=6, temperature=0,
                             use_cache="compiled")
-    assert all(run is not None for _, run in aot_step._RUNNERS[model].values())
-    streamed = [i for ids in stream_ids(model, prompts[1], 8, temperature=0,
+    (_, packages), = aot_step._RUNNERS[model].values()
+    assert packages is not None and packages._loaded[aot_step.PREFILL] is not None
+    streamed = [i for ids in stream_ids(model, prompts[1], 6, temperature=0,
                                         use_cache="compiled") for i in ids]
     assert streamed == compiled[1]
     assert_same_ids_or_near_tie(eager, compiled, next_logits_after(model, prompts=prompts))

@@ -18,13 +18,13 @@ loaded then, once (:meth:`PackagedModel.loaded`: the run's own, so the run decod
 from then on), and the package built as the compiled engine always builds it; where even
 that cannot be had, the eager step of the loaded model runs.
 
-A GPT's prompt fills the caches through the same step package, one position a call
-(:meth:`PackagedSteps._start_language_model`), where the loaded model's
-:class:`~.eager_steps.EagerSteps` runs the prompt's shared prefix in one pass
-(``decode_prefill``, the same products at the same precision): the same cached math, to
-its round-off. Stepping costs a step a position (GPT-2
-124M: about 20 ms in float32, one thread), importing Keras and loading the model seconds,
-so a prefix longer than :data:`PREFILL_STEPS` positions loads the model for its one pass.
+A GPT's prompt fills the caches in one native call where its prompt package is on disk
+(:data:`~.aot_step.PREFILL`: ``decode_prefill`` captured, which the compiled engine builds
+beside the step package the first time it fills a prompt, as the loaded model's engine
+does). Where it is not, a prefix of at most :data:`PREFILL_STEPS` positions goes through
+the step package one position a call (the same cached math, to its round-off; a step a
+position: GPT-2 124M about 15 ms in float32, one thread), and a longer one has the prompt
+package made as any missing package is (the model loaded once, the package built).
 """
 
 import json
@@ -34,6 +34,7 @@ from transformerkit.decoding import aot_packages
 from transformerkit.decoding.aot_step import (
     ENCODER,
     PRECISIONS,
+    PREFILL,
     CompiledSteps,
     Packages,
     model_description,
@@ -48,8 +49,8 @@ FORMAT = 1  # the layout of a record; another is not read
 RECORDS = "files"  # the folder of the records, in the packages' folder
 # the packages a model's class needs on disk for its stand-in to answer one short request
 NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
-# the longest prompt prefix a GPT's stand-in steps through its package (a longer one loads
-# the model for one pass): ``bench/compiled_step.py``'s generate rows
+# the longest prompt prefix a GPT's stand-in steps through its step package where its prompt
+# package is not on disk (a longer one loads the model and builds that package)
 PREFILL_STEPS = 256
 
 
@@ -240,12 +241,17 @@ class PackagedSteps(CompiledSteps):
 
     def _start_language_model(self, buffer, prefill, max_len):
         """Empty caches, the prompt's shared prefix ``buffer[:, :prefill]`` written into them
-        by the step's package one position a call (the module docstring; a prefix longer
-        than :data:`PREFILL_STEPS`: the loaded model's one pass); no weights."""
+        by the prompt package, or by the step's package one position a call where that is
+        not on disk and the prefix is at most :data:`PREFILL_STEPS` positions (the module
+        docstring); no weights."""
         import torch
 
-        if prefill > PREFILL_STEPS:
-            return self._eager()._start_language_model(buffer, prefill, max_len)
+        if prefill > 0 and (prefill > PREFILL_STEPS or os.path.exists(
+                self.model.package_path(PREFILL, self.precision))):
+            fill = self._run.get(PREFILL)  # its file, else built from the loaded model
+            if fill is None:  # it cannot be built: the loaded model's eager pass
+                return self._eager()._start_language_model(buffer, prefill, max_len)
+            return self._fill_prompt(fill, buffer, prefill, max_len)
         buffer = torch.as_tensor(buffer).long()
         state = self._empty_caches(buffer.shape[0], max_len, torch.empty(0))
         static = (None, None, 1)

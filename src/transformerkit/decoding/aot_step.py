@@ -46,6 +46,10 @@ cross-attention keys and values (:func:`~.eager_steps.source_memories`, the eage
 captured with the sentences and the source length dynamic; where that code would read the
 ids' values to skip the padding mask or the zeroing of sources without tokens, a captured
 graph takes the branch right for any ids: :func:`transformerkit.fastpath.exporting`).
+A GPT's batch starts with one too (:data:`PREFILL`): its prompts' shared prefix in one pass
+(``decode_prefill``, the eager code, captured with the rows and the prompt's length dynamic),
+which writes its keys and values in place into the caches' first positions, handed to it as
+contiguous views of that length.
 Greedy search's choice is part of the small-rows package: besides the logits it returns each
 row's best id among those a bias row allows (:func:`~.common.best_allowed`, the token rules
 of :class:`~.common.TokenRules` as 0 / -inf), which the greedy loop takes
@@ -108,6 +112,10 @@ BUCKETS = {"small": (2, {"freezing": True, "max_autotune": True,
                           "autotune_num_choices_displayed": 0}, 2, False)}
 ENCODER = "encoder"  # the package of the encoder pass (any number of sentences and positions)
 ENCODER_CONFIGS = {"freezing": True}
+PREFILL = "prefill"  # a GPT's package of a prompt in one pass (any number of rows and positions)
+PREFILL_CONFIGS = {"freezing": True}
+# the packages that are not a row bucket's step: their kind (a package's file name) and options
+WHOLE_PASSES = {ENCODER: ENCODER_CONFIGS, PREFILL: PREFILL_CONFIGS}
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
 FORMAT = 7  # the layout of a package's inputs and outputs, or the form of its captured code
 # (7: the attention's products as sums); a change makes every cached package stale
@@ -159,7 +167,8 @@ def package_key(model, bucket="small", precision="float32", weights=None, descri
     weights = weights or weights_digest(model)
     description = description or model_description(model)
     digest = hashlib.sha256()
-    packaged = [ENCODER, ENCODER_CONFIGS] if bucket == ENCODER else BUCKETS[bucket]
+    packaged = ([bucket, WHOLE_PASSES[bucket]] if bucket in WHOLE_PASSES
+                else BUCKETS[bucket])
     if precision == "int8":
         packaged = [*packaged, INT8_FORM]
     digest.update(json.dumps({"format": FORMAT, "bucket": packaged,
@@ -179,7 +188,7 @@ def package_key(model, bucket="small", precision="float32", weights=None, descri
 def package_path(directory, bucket, precision, weights, description):
     """Where the package of a model's ``bucket`` at ``precision`` is kept in ``directory``:
     named by :func:`package_key` from its ``weights`` digest and ``description``."""
-    kind = ENCODER if bucket == ENCODER else "step"
+    kind = bucket if bucket in WHOLE_PASSES else "step"
     key = package_key(None, bucket, precision, weights, description)
     return os.path.join(directory, f"{kind}-{key}.pt2")
 
@@ -243,6 +252,35 @@ def _encoder_module(model, precision="float32"):
     return _weights_module(model, precision, encode, encoder=True)
 
 
+def _prefill_module(model, precision="float32"):
+    """A GPT's prompt in one pass (``model.decode_prefill``, the eager code) as a module for
+    ``torch.export``: ``(rows, length)`` ids and the caches' first ``length`` positions
+    (written in place) -> the last position's output ``(rows, d_model)``, which nothing
+    reads (a program needs an output)."""
+
+    def prefill(weights, tokens, caches):
+        return (model.decode_prefill(tokens, caches, weights)[:, -1],)
+
+    return _weights_module(model, precision, prefill)
+
+
+def _prefill_inputs(model):
+    """A prompt of 2 rows of 3 positions and its caches of 3 positions, and their dynamic
+    dimensions (the rows, and the length the ids and the caches share)."""
+    import torch
+
+    rows, length = 2, 3
+    ids = torch.tensor([[4, 5, 6], [7, 8, 9]], dtype=torch.long).clamp(max=model.vocab_size - 1)
+    row_dim = torch.export.Dim("rows", min=1, max=4096)
+    length_dim = torch.export.Dim("length", min=1, max=model.max_length)
+    caches = [(torch.zeros(length, rows, model.num_heads, model.key_dim),
+               torch.zeros(length, rows, model.num_heads, model.value_dim))
+              for _ in range(model.num_layers)]
+    cache_dims = [({0: length_dim, 1: row_dim}, {0: length_dim, 1: row_dim})
+                  for _ in caches]
+    return (ids, caches), ({0: row_dim, 1: length_dim}, cache_dims)
+
+
 def _encoder_inputs(model):
     """Source ids of 2 sentences of 3 positions, one padded, and their dynamic dimensions."""
     import torch
@@ -299,6 +337,8 @@ def export_step(model, bucket, precision="float32"):
 
     if bucket == ENCODER:
         module, (inputs, dims) = _encoder_module(model, precision), _encoder_inputs(model)
+    elif bucket == PREFILL:
+        module, (inputs, dims) = _prefill_module(model, precision), _prefill_inputs(model)
     else:
         rows, _, copies, chooses = BUCKETS[bucket]
         module = _step_module(model, precision, chooses)
@@ -314,7 +354,7 @@ def build_package(model, bucket, path, precision="float32"):
     compile it for the row ``bucket`` into the package ``path`` (written atomically)."""
     import torch
 
-    configs = ENCODER_CONFIGS if bucket == ENCODER else BUCKETS[bucket][1]
+    configs = WHOLE_PASSES[bucket] if bucket in WHOLE_PASSES else BUCKETS[bucket][1]
     program = export_step(model, bucket, precision)
     with torch.no_grad():
         aot_packages.compile_program(program, path, configs)
@@ -379,6 +419,30 @@ class CompiledSteps(EagerSteps):
         state = self._empty_caches(ids.shape[0] * copies, max_len, memories[0][2])
         # no weights: the packages hold theirs (a step without a package fetches them)
         return state, (None, memories, copies)
+
+    def _start_language_model(self, buffer, prefill, max_len):
+        """:meth:`EagerSteps._start_language_model` with the prompt's shared prefix
+        ``buffer[:, :prefill]`` written into the caches by the :data:`PREFILL` package (one
+        native call; the eager pass where there is none)."""
+        fill = None if self._run is None or prefill < 1 else self._run.get(PREFILL)
+        if fill is None:
+            return super()._start_language_model(buffer, prefill, max_len)
+        return self._fill_prompt(fill, buffer, prefill, max_len)
+
+    def _fill_prompt(self, fill, buffer, prefill, max_len):
+        """Empty caches with ``buffer[:, :prefill]`` written into them by the prompt package
+        ``fill``; no weights (the packages hold theirs)."""
+        import torch
+
+        from transformerkit.decoding.loop_ops import tensor_device
+
+        # the ids were checked where they entered (``generate_once``)
+        tokens = torch.as_tensor(buffer, device=tensor_device())[:, :prefill].long().contiguous()
+        state = self._empty_caches(tokens.shape[0], max_len,
+                                   torch.empty(0, device=tokens.device))
+        # the caches' first positions: contiguous views the package writes in place
+        fill(tokens, [tuple(t[:prefill] for t in pair) for pair in state])
+        return state, (None, None, 1)
 
     def step_choosing(self, buffer, index, state, static, bias):
         """:meth:`step` and greedy search's choice in the same native call: ``(logits,
@@ -487,8 +551,7 @@ class Packages:
                                 model_description(model))
             run = aot_packages.load_or_build(
                 path, lambda path: build_package(model, bucket, path, precision),
-                "the compiled step",
-                "the encoder pass" if bucket == ENCODER else f"the decoder step ({bucket} steps)",
+                "the compiled step", _BUILDING.get(bucket, f"the decoder step ({bucket} steps)"),
                 "decoding with the eager step")
             self._loaded[bucket] = None if run is None else package_call(bucket, run)
         return self._loaded[bucket]
@@ -499,12 +562,19 @@ class Packages:
         return "small" if rows <= SMALL_ROWS else "large"
 
 
+_BUILDING = {ENCODER: "the encoder pass", PREFILL: "the prompt's pass"}  # in the build lines
+
+
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
-    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best or None)``)
-    or as the encoder pass
-    (``source_ids -> memories``)."""
-    return _encoder_call(run) if bucket == ENCODER else _flat_call(run, BUCKETS[bucket][3])
+    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best or None)``),
+    as the encoder pass (``source_ids -> memories``) or as a GPT's prompt pass
+    (``(tokens, caches) -> None``, the caches written in place)."""
+    if bucket == ENCODER:
+        return _encoder_call(run)
+    if bucket == PREFILL:
+        return _prefill_call(run)
+    return _flat_call(run, BUCKETS[bucket][3])
 
 
 def _flat_call(run, chooses):
@@ -526,6 +596,20 @@ def _flat_call(run, chooses):
         return run(flat)[0], None
 
     return step
+
+
+def _prefill_call(run):
+    """``package(tokens, caches)``: a prompt ``(rows, length)`` written into ``caches``
+    (each ``(length, rows, heads, dim)``, contiguous) in place (through the loader's
+    ``boxed_run``, ``run``, as :func:`_flat_call`)."""
+
+    def prefill(tokens, caches):
+        flat = [tokens]
+        for pair in caches:
+            flat.extend(pair)
+        run(flat)
+
+    return prefill
 
 
 def _encoder_call(run):

@@ -304,7 +304,8 @@ class MultiHeadAttention(keras.layers.Layer):
                       weights["output"])
 
     def prefill(self, x, weights, cache):
-        """Causal self-attention of a prompt whose keys and values fill the cache:
+        """Causal self-attention of a prompt whose keys and values fill the cache (the
+        decoder's masked self-attention, paper section 3.2.3, eq. 1 with the future masked):
         ``call(x, cache=..., cache_index=0, use_causal_mask=True)`` for the first ``length``
         positions of every row, computed with torch kernels on the products of
         :meth:`step` (the same roundings at each position: the projections' outputs at

@@ -287,10 +287,10 @@ class DecoderBlock(_Block):
 
     def prefill(self, x, weights, cache):
         """``call(x, cache=..., cache_index=0)`` at inference for a prompt of a GPT block (no
-        cross-attention): every position of ``x`` ``(rows, length, d_model)`` at once, its
-        keys and values written into ``cache`` (:meth:`step`'s, positions
-        ``0..length-1``), with :meth:`step`'s products. Returns ``(rows, length,
-        d_model)``."""
+        cross-attention: a decoder layer of section 3.1 without its second sub-layer): every
+        position of ``x`` ``(rows, length, d_model)`` at once, its keys and values written
+        into ``cache`` (:meth:`step`'s, positions ``0..length-1``), with :meth:`step`'s
+        products. Returns ``(rows, length, d_model)``."""
         if self.cross_attention:
             raise ValueError("prefill is a GPT block's (no cross-attention): a decoder "
                              "block with cross-attention steps from its first position")

@@ -25,8 +25,11 @@ def causal_mask(query_len, key_len, query_offset=0):
     ``query_offset`` may be a tensor (the write index of a key/value cache). Returns a
     ``(1, query_len, key_len)`` boolean tensor.
     """
-    query_positions = ops.expand_dims(ops.arange(query_len) + query_offset, 1)  # (q, 1)
-    key_positions = ops.expand_dims(ops.arange(key_len), 0)  # (1, k)
+    # the dtype given: a length may be a symbolic int (a graph torch.export captures), whose
+    # type Keras cannot infer one from
+    query_positions = ops.expand_dims(ops.arange(query_len, dtype="int32") + query_offset,
+                                      1)  # (q, 1)
+    key_positions = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, k)
     return ops.expand_dims(ops.greater_equal(query_positions, key_positions), 0)
 
 

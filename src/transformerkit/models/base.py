@@ -337,13 +337,17 @@ class TransformerBase(keras.Model):
         pass: the ids ``tokens`` ``(rows, length)`` at positions ``0..length-1`` through each
         block's :meth:`~transformerkit.layers.DecoderBlock.prefill` (``GPT.call`` with
         ``caches`` and ``cache_index=0``, its logits not computed); ``caches`` and
-        ``weights`` as :meth:`decode_step`'s. The next step is ``decode_step`` at
-        ``length``."""
+        ``weights`` as :meth:`decode_step`'s (the compiled engine's prompt package, captured
+        from this method, is handed the caches' first ``length`` positions). The next step
+        is ``decode_step`` at ``length``. Returns the last block's output ``(rows, length,
+        d_model)`` (section 3.2.3: the decoder's masked self-attention, every prompt position
+        at once)."""
         blocks = self._decoder_parts()[2]
         x = weights["embedding"][tokens] * weights["embedding_scale"] + \
             weights["positions"][: tokens.shape[1]]  # (rows, length, d_model)
         for block, block_weights, cache in zip(blocks, weights["blocks"], caches, strict=True):
             x = block.prefill(x, block_weights, cache)
+        return x
 
     @staticmethod
     def _padding_mask(ids):
