@@ -290,7 +290,7 @@ def gpt_trained(tmp_path_factory, cache):
 @pytest.fixture(scope="module")
 def gpt_built(gpt_trained):
     """The GPT run's greedy generation with the compiled engine, the model loaded (which
-    builds its small-rows and prompt packages and records the file)."""
+    builds its small-rows package and records the file)."""
     import transformerkit
 
     run = transformerkit.load(gpt_trained, engine="compiled")
@@ -304,9 +304,8 @@ def _continuation_ids(run, text):
 
 def _assert_same_generation_or_near_tie(run, expected, got):
     """``got`` (a generation of :data:`PROMPT`) is ``expected``, or apart from a step on
-    at a near-tie (a stand-in without its prompt package fills its caches through the step
-    package, the loaded model's engine through the prompt package: float32 sums in other
-    orders)."""
+    at a near-tie (the stand-in fills its caches through a package, the loaded model
+    through its eager pass: float32 sums in other orders)."""
     from near_ties import assert_same_ids_or_near_tie, next_logits_after
 
     prompt = run.source_tokenizer.encode(PROMPT)
@@ -332,7 +331,7 @@ print(json.dumps({"greedy": greedy, "streamed": sys.argv[2] + "".join(pieces),
 @pytest.mark.slow
 def test_a_fresh_process_generates_from_the_gpt_package_without_keras(gpt_trained, gpt_built):
     """In a new process, ``load(engine="compiled")`` of a GPT run stands its packages in for
-    the model: the prompt fills the caches through the prompt package, greedy generation
+    the model: the prompt fills the caches through the step package, greedy generation
     is the loaded model's (or apart at a near-tie), streaming gives the same text, a seed
     the same sample, and Keras is never imported."""
     import transformerkit
@@ -367,44 +366,39 @@ def test_the_generate_command_imports_no_keras_from_the_package(gpt_trained, gpt
 
 
 @pytest.mark.slow
-def test_a_gpt_stand_in_fills_its_prompt_with_the_prompt_package(gpt_trained, gpt_built, cache,
-                                                                 monkeypatch):
-    """With its prompt package on disk (``gpt_built``'s loaded compiled engine built it), the
-    stand-in fills the prompt's prefix with one call of it: the loaded engine's generation
-    exactly (the same packages). Without it, a prefix of at most ``PREFILL_STEPS`` positions
-    goes through the step package a position a call and the model stays unloaded (the same
-    generation or apart at a near-tie); a longer one loads the model once, which builds the
-    prompt package again: the loaded engine's generation exactly."""
+def test_a_long_prompt_goes_through_the_prompt_package(gpt_trained, gpt_built, cache,
+                                                       monkeypatch):
+    """A stand-in fills a prompt prefix of ``PROMPT_PACKAGE_FROM`` positions or more with
+    one call of the prompt package: where it is not on disk, the model is loaded once and
+    the package built; a later stand-in then finds it and keeps the model unloaded, with
+    the same generation (the same packages); each is the loaded model's (its eager pass
+    over the prompt) or apart at a near-tie. A shorter prefix goes through the step
+    package."""
     import transformerkit
     from transformerkit.decoding import aot_files, aot_step
 
     filled = []
-    fill_prompt = aot_step.CompiledSteps._fill_prompt
+    fill_prompt = aot_files.PackagedSteps._fill_prompt
 
     def counted(self, fill, buffer, prefill, max_len):
         filled.append(prefill)
         return fill_prompt(self, fill, buffer, prefill, max_len)
 
-    monkeypatch.setattr(aot_step.CompiledSteps, "_fill_prompt", counted)
+    monkeypatch.setattr(aot_files.PackagedSteps, "_fill_prompt", counted)
     run = transformerkit.load(gpt_trained, engine="compiled")
-    prefix = len(run.source_tokenizer.encode(PROMPT)) - 1
-    assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
-    assert filled == [prefix] and run._model is None
+    assert run.generate(PROMPT, max_new_tokens=10, temperature=0) and not filled
+    assert run._model is None and not list((cache / "compiled").glob(f"{aot_step.PREFILL}-*"))
 
-    packages = list((cache / "compiled").glob(f"{aot_step.PREFILL}-*"))
-    assert packages
-    for path in packages:  # the package and its extracted library
-        path.unlink()
-    filled.clear()
-    run = transformerkit.load(gpt_trained, engine="compiled")
-    _assert_same_generation_or_near_tie(
-        transformerkit.load(gpt_trained), gpt_built,
-        run.generate(PROMPT, max_new_tokens=10, temperature=0))
-    assert not filled and run._model is None
-    monkeypatch.setattr(aot_files, "PREFILL_STEPS", 2)
-    assert run.generate(PROMPT, max_new_tokens=10, temperature=0) == gpt_built
+    prefix = len(run.source_tokenizer.encode(PROMPT)) - 1
+    monkeypatch.setattr(aot_files, "PROMPT_PACKAGE_FROM", prefix)
+    built = run.generate(PROMPT, max_new_tokens=10, temperature=0)
     assert filled == [prefix] and run._model is not None
     assert list((cache / "compiled").glob(f"{aot_step.PREFILL}-*.pt2"))
+    loaded = transformerkit.load(gpt_trained)
+    _assert_same_generation_or_near_tie(loaded, gpt_built, built)
+    again = transformerkit.load(gpt_trained, engine="compiled")
+    assert again.generate(PROMPT, max_new_tokens=10, temperature=0) == built
+    assert filled == [prefix, prefix] and again._model is None
 
 
 @pytest.mark.slow

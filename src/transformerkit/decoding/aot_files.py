@@ -18,13 +18,14 @@ loaded then, once (:meth:`PackagedModel.loaded`: the run's own, so the run decod
 from then on), and the package built as the compiled engine always builds it; where even
 that cannot be had, the eager step of the loaded model runs.
 
-A GPT's prompt fills the caches in one native call where its prompt package is on disk
-(:data:`~.aot_step.PREFILL`: ``decode_prefill`` captured, which the compiled engine builds
-beside the step package the first time it fills a prompt, as the loaded model's engine
-does). Where it is not, a prefix of at most :data:`PREFILL_STEPS` positions goes through
-the step package one position a call (the same cached math, to its round-off; a step a
-position: GPT-2 124M about 15 ms in float32, one thread), and a longer one has the prompt
-package made as any missing package is (the model loaded once, the package built).
+A GPT's prompt fills the caches through the step package, one position a call, where its
+shared prefix is shorter than :data:`PROMPT_PACKAGE_FROM` positions; a longer one through the
+prompt package (:data:`~.aot_step.PREFILL`: ``decode_prefill`` captured), in one native
+call, which is loaded from disk, or built as any missing package is (the model loaded once).
+Both are the loaded model's cached math, whose engine runs the prefix in one eager pass, to
+its round-off. A step costs a position about 15-20 ms (GPT-2 124M in float32, one thread),
+loading the prompt package about 0.3 s and memory for its copy of the weights (about 1 GB
+more at the peak for GPT-2 124M in float32), so a short prefix is stepped.
 """
 
 import json
@@ -49,9 +50,10 @@ FORMAT = 1  # the layout of a record; another is not read
 RECORDS = "files"  # the folder of the records, in the packages' folder
 # the packages a model's class needs on disk for its stand-in to answer one short request
 NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
-# the longest prompt prefix a GPT's stand-in steps through its step package where its prompt
-# package is not on disk (a longer one loads the model and builds that package)
-PREFILL_STEPS = 256
+# the shortest prompt prefix a GPT's stand-in fills with its prompt package (a shorter one goes
+# through the step package a position a call): loading the package (GPT-2 124M in float32:
+# 0.3 s) costs about as much as stepping 16-20 positions
+PROMPT_PACKAGE_FROM = 32
 
 
 def record_path(directory, file_digest):
@@ -241,13 +243,11 @@ class PackagedSteps(CompiledSteps):
 
     def _start_language_model(self, buffer, prefill, max_len):
         """Empty caches, the prompt's shared prefix ``buffer[:, :prefill]`` written into them
-        by the prompt package, or by the step's package one position a call where that is
-        not on disk and the prefix is at most :data:`PREFILL_STEPS` positions (the module
-        docstring); no weights."""
+        by the step's package one position a call, or from :data:`PROMPT_PACKAGE_FROM`
+        positions on by the prompt package (the module docstring); no weights."""
         import torch
 
-        if prefill > 0 and (prefill > PREFILL_STEPS or os.path.exists(
-                self.model.package_path(PREFILL, self.precision))):
+        if prefill >= PROMPT_PACKAGE_FROM:
             fill = self._run.get(PREFILL)  # its file, else built from the loaded model
             if fill is None:  # it cannot be built: the loaded model's eager pass
                 return self._eager()._start_language_model(buffer, prefill, max_len)
@@ -258,6 +258,18 @@ class PackagedSteps(CompiledSteps):
         for index in range(prefill):
             self._decode(buffer[:, index], index, state, static)
         return state, static
+
+    def _fill_prompt(self, fill, buffer, prefill, max_len):
+        """Empty caches with ``buffer[:, :prefill]`` written into them by the prompt package
+        ``fill``; no weights."""
+        import torch
+
+        # the ids were checked where they entered (``generate_once``)
+        tokens = torch.as_tensor(buffer)[:, :prefill].long().contiguous()
+        state = self._empty_caches(tokens.shape[0], max_len, torch.empty(0))
+        # the caches' first positions: contiguous views the package writes in place
+        fill(tokens, [tuple(t[:prefill] for t in pair) for pair in state])
+        return state, (None, None, 1)
 
     def _eager_model(self):
         """The loaded model (its Keras file read on first use), whose eager step stands in
