@@ -18,7 +18,9 @@ packages, and a one-sentence ``transformerkit translate`` from a shell with each
   imports into its ``--work``/run): ``transformerkit generate GPT_RUN --prompt TEXT
   --max-new-tokens 64 --temperature 0`` from a shell, the same way, each engine's text
   compared with the keras engine's (a random-weights model's logits have near-ties, so a
-  difference is reported, not raised).
+  difference is reported, not raised); and a **long prompt** the same way
+  (:data:`LONG_PROMPT`, about 180 tokens, :data:`LONG_NEW_TOKENS` new tokens), which the
+  compiled engine's stand-in fills with its prompt package (its first call builds that).
 
     python bench/compiled_step.py RUN [--gpt GPT_RUN]
     # -> bench/results/compiled_step.FAMILY.{json,md}
@@ -40,6 +42,8 @@ HERE = os.path.abspath(__file__)
 SENTENCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
 PROMPT = "A man in an orange hat starring at something."
 NEW_TOKENS = 64
+LONG_PROMPT = " ".join([PROMPT] * 16)
+LONG_NEW_TOKENS = 8
 # (engine, precision): each system timed; float32 ones must give the keras engine's text
 SYSTEMS = (("keras", "float32"), ("compiled", "float32"), ("compiled", "bfloat16"),
            ("compiled", "int8"), ("ctranslate2", "float32"))
@@ -98,6 +102,14 @@ def _command(arguments, cache):
     if code != 0:
         raise SystemExit(f"transformerkit {arguments[0]} failed: {err.strip()[-500:]}")
     return seconds, megabytes, out.strip()
+
+
+def long_generation(run, system, cache):
+    """:func:`one_generation` of :data:`LONG_PROMPT` and :data:`LONG_NEW_TOKENS` new tokens."""
+    engine, precision = system
+    return _command(["generate", run, "--prompt", LONG_PROMPT, "--max-new-tokens",
+                     str(LONG_NEW_TOKENS), "--temperature", "0", "--engine", engine,
+                     "--precision", precision], cache)
 
 
 def timed_engines(run, command, repeats, cache, exact=True):
@@ -159,38 +171,46 @@ def main():
             builds.append(out)
     with tempfile.TemporaryDirectory() as cache:
         results = timed_engines(copy_run(run, cache), one_sentence, args.repeats, cache)
-    generations = []
+    generations, long_generations = [], []
     if args.gpt:
         with tempfile.TemporaryDirectory() as cache:
-            generations = timed_engines(copy_run(os.path.abspath(args.gpt), cache),
-                                        one_generation, args.repeats, cache, exact=False)
+            gpt = copy_run(os.path.abspath(args.gpt), cache)
+            generations = timed_engines(gpt, one_generation, args.repeats, cache, exact=False)
+            long_generations = timed_engines(gpt, long_generation, args.repeats, cache,
+                                             exact=False)
     payload = {"machine": dict(common.machine(), torch_version=torch.__version__),
                "run": run, "sentence": SENTENCE, "repeats": args.repeats,
                "builds": builds, "results": results, "gpt_run": args.gpt, "prompt": PROMPT,
-               "new_tokens": NEW_TOKENS, "generations": generations}
+               "new_tokens": NEW_TOKENS, "generations": generations,
+               "long_prompt": LONG_PROMPT, "long_new_tokens": LONG_NEW_TOKENS,
+               "long_generations": long_generations}
     lines = ["| what | seconds | peak memory, MB |", "|---|---:|---:|"]
     for build in builds:
         bucket = build.get("bucket")
         what = "encoder" if bucket == aot_step.ENCODER else f"{bucket}-rows"
         lines.append(f"| build the {what} package | "
                      f"{build.get('seconds', build.get('error'))} | |")
-    cached = {"keras": "again", "compiled": "packages cached: no Keras",
-              "ctranslate2": "export current: no Keras"}
-    for r in results:
-        command = f"`translate RUN TEXT --engine {r['engine']}{_precision(r)}`"
-        same = "" if r["same_as_keras"] else " (text differs from keras')"
-        lines.append(f"| {command}, first call{same} | {r['first_call_seconds']} | |")
-        lines.append(f"| {command}, {cached[r['engine']]} (best of {args.repeats}) | "
-                     f"{r['seconds']} | {r['peak_mb']} |")
-    generated = {"keras": "again", "compiled": "package cached: no Keras",
-                 "ctranslate2": "export current: no Keras"}
-    for r in generations:
-        command = f"`generate GPT_RUN --engine {r['engine']}{_precision(r)}`"
-        same = "" if r["same_as_keras"] else " (text differs from keras')"
-        lines.append(f"| {command}, first call{same} | {r['first_call_seconds']} | |")
-        lines.append(f"| {command}, {generated[r['engine']]} (best of {args.repeats}) | "
-                     f"{r['seconds']} | {r['peak_mb']} |")
+    long = f"--prompt LONG ({len(LONG_PROMPT.split())} words) --max-new-tokens {LONG_NEW_TOKENS} "
+    for rows, command, cached in (
+            (results, "translate RUN TEXT", "packages cached: no Keras"),
+            (generations, "generate GPT_RUN", "package cached: no Keras"),
+            (long_generations, f"generate GPT_RUN {long}".rstrip(), "package cached: no Keras")):
+        lines.extend(_engine_lines(rows, command, cached, args.repeats))
     common.write_results(args.name, payload, "\n".join(lines))
+
+
+def _engine_lines(rows, command, cached, repeats):
+    """The table's lines of :func:`timed_engines`' ``rows`` of ``command``: each system's
+    first call, and its best of ``repeats`` (the compiled engine's said to be ``cached``)."""
+    again = {"keras": "again", "compiled": cached, "ctranslate2": "export current: no Keras"}
+    lines = []
+    for r in rows:
+        shown = f"`{command} --engine {r['engine']}{_precision(r)}`"
+        same = "" if r["same_as_keras"] else " (text differs from keras')"
+        lines.append(f"| {shown}, first call{same} | {r['first_call_seconds']} | |")
+        lines.append(f"| {shown}, {again[r['engine']]} (best of {repeats}) | "
+                     f"{r['seconds']} | {r['peak_mb']} |")
+    return lines
 
 
 def _precision(row):
