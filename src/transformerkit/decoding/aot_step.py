@@ -119,6 +119,7 @@ PREFILL = "prefill"  # a GPT's package of a prompt in one pass (any number of ro
 PREFILL_CONFIGS = {"freezing": True}
 # the packages that are not a row bucket's step: their kind (a package's file name) and options
 WHOLE_PASSES = {ENCODER: ENCODER_CONFIGS, PREFILL: PREFILL_CONFIGS}
+_BUILDING = {ENCODER: "the encoder pass", PREFILL: "the prompt's pass"}  # in the build lines
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
 FORMAT = 7  # the layout of a package's inputs and outputs, or the form of its captured code
 # (7: the attention's products as sums); a change makes every cached package stale
@@ -541,9 +542,6 @@ class Packages:
         return "small" if rows <= SMALL_ROWS else "large"
 
 
-_BUILDING = {ENCODER: "the encoder pass", PREFILL: "the prompt's pass"}  # in the build lines
-
-
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
     row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best or None)``),
@@ -564,9 +562,7 @@ def _flat_call(run, chooses):
     ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
 
     def step(tokens, index, caches, memories, bias):
-        flat = [tokens, index]
-        for pair in caches:
-            flat.extend(pair)
+        flat = [tokens, index, *_flat_caches(caches)]
         for memory in memories or ():
             flat.extend(memory)
         if chooses:
@@ -583,12 +579,15 @@ def _prefill_call(run):
     ``boxed_run``, ``run``, as :func:`_flat_call`)."""
 
     def prefill(tokens, caches):
-        flat = [tokens]
-        for pair in caches:
-            flat.extend(pair)
-        run(flat)
+        run([tokens, *_flat_caches(caches)])
 
     return prefill
+
+
+def _flat_caches(caches):
+    """The caches' tensors in ``torch.export``'s flattening order: each block's keys, then
+    its values."""
+    return [t for pair in caches for t in pair]
 
 
 def _encoder_call(run):
