@@ -23,9 +23,11 @@ shared prefix is shorter than :data:`PROMPT_PACKAGE_FROM` positions; a longer on
 prompt package (:data:`~.aot_step.PREFILL`: ``decode_prefill`` captured), in one native
 call, which is loaded from disk, or built as any missing package is (the model loaded once).
 Both are the loaded model's cached math, whose engine runs the prefix in one eager pass, to
-its round-off. A step costs a position about 15-20 ms (GPT-2 124M in float32, one thread),
+its round-off. A step costs a position about 16 ms (GPT-2 124M in float32, one thread),
 loading the prompt package about 0.3 s and memory for its copy of the weights (about 1 GB
-more at the peak for GPT-2 124M in float32), so a short prefix is stepped.
+more at the peak for GPT-2 124M in float32), so a short prefix is stepped
+(``bench/prompt_pass.py``: the package with its load overtakes stepping between 16 and 32
+positions).
 """
 
 import json
@@ -52,7 +54,8 @@ RECORDS = "files"  # the folder of the records, in the packages' folder
 NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
 # the shortest prompt prefix a GPT's stand-in fills with its prompt package (a shorter one goes
 # through the step package a position a call): loading the package (GPT-2 124M in float32:
-# 0.3 s) costs about as much as stepping 16-20 positions
+# 0.27 s) costs about as much as stepping 17 positions (bench/results/prompt_pass.*); below 32
+# the time it saves is small beside the memory its copy of the weights takes
 PROMPT_PACKAGE_FROM = 32
 
 

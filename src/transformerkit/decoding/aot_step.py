@@ -50,9 +50,10 @@ A GPT's prompt has one too (:data:`PREFILL`): its shared prefix in one pass
 (``decode_prefill``, the eager code, captured with the rows and the prompt's length dynamic),
 which writes its keys and values in place into the caches' first positions, handed to it as
 contiguous views of that length. Only a model's stand-in runs it (:mod:`.aot_files`: a long
-prompt without Keras): with the model loaded, its eager pass over a prompt is as fast (GPT-2
-124M, one thread: 120 against 116 ms for 64 positions, 341 against 343 for 190), and loading
-a second package would hold a second copy of the weights.
+prompt without Keras): with the model loaded, its eager pass over a prompt is nearly as fast
+(GPT-2 124M, one row and thread: 116.0 against 109.2 ms for 64 positions, 327.9 against 327.3
+for 190, ``bench/results/prompt_pass.*``), and loading a second package would hold a second
+copy of the weights.
 Greedy search's choice is part of the small-rows package: besides the logits it returns each
 row's best id among those a bias row allows (:func:`~.common.best_allowed`, the token rules
 of :class:`~.common.TokenRules` as 0 / -inf), which the greedy loop takes
