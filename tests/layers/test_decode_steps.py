@@ -538,3 +538,13 @@ def test_packed_inference_weights_follow_the_fused_adam_update(rng):
     after = products.inference_linear(*products.kernels_and_biases(dense))
     assert after is not before
     assert_affine(to_numpy(products.linear(x, after)), x.numpy(), dense)
+
+
+def test_the_twins_weights_on_another_backend_are_a_clear_error(monkeypatch):
+    """``step_weights`` (what every inference twin reads) names the backend it needs and
+    what to call instead, rather than failing deep inside a product on a missing module."""
+    model = GPT(30, num_layers=1, d_model=8, num_heads=2, d_ff=16, dropout=0.0, max_length=8)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(RuntimeError, match=r"GPT\.step_weights: .* PyTorch backend only; "
+                                           r"this process runs Keras on 'jax'.*generate_ids"):
+        model.step_weights("float32")

@@ -265,7 +265,15 @@ class TransformerBase(keras.Model):
         The dict is kept per ``(precision, packed)`` while no weight has changed (their
         tensors' in-place version counters, :func:`weight_versions`): gathering it walks
         every layer (milliseconds, as much as decoding a short sentence). Callers must not
-        change it."""
+        change it. Raises ``RuntimeError`` on another Keras backend (the twins are PyTorch
+        code; ``transformerkit.decoding`` runs the plain cached decoder there)."""
+        if keras.backend.backend() != "torch":
+            raise RuntimeError(
+                f"{type(self).__name__}.step_weights: the inference twins (decode_step, "
+                f"decode_prefill, inference_encode) run on the PyTorch backend only; this "
+                f"process runs Keras on {keras.backend.backend()!r}. Decode with "
+                f"transformerkit.decoding (greedy_translate, beam_translate, "
+                f"generate_ids), which takes each backend's own path")
         self._ensure_built()
         versions = weight_versions(self)
         kept = _STEP_WEIGHTS.setdefault(self, {})
