@@ -45,40 +45,25 @@ def load_worker(path):
     return {"seconds": time.perf_counter() - started}
 
 
-def fill_ways(model, prefill_package, step_package):
+def fill_ways(eager_steps, packaged_steps):
     """``{way: fill(tokens) -> caches}`` for :data:`WAYS`: ``tokens`` ``(rows, length)``
-    int64 written into new caches of ``length + 1`` positions by the eager pass
-    (``decode_prefill``), by ``prefill_package`` (``(tokens, caches)``, the caches' first
-    ``length`` positions handed to it, as the stand-in does) and by ``step_package``
-    (``(tokens, index, caches, memories, bias) -> (logits, best)``, one position a call)."""
-    import torch
-
-    from transformerkit.decoding.aot_step import CompiledSteps
-    from transformerkit.decoding.eager_steps import EagerSteps
-
-    steps = EagerSteps(model)
-    weights = model.step_weights("float32")
-    no_bias = torch.zeros(1, model.vocab_size)
-
-    def empty(tokens):
-        return steps._empty_caches(tokens.shape[0], tokens.shape[1] + 1, torch.empty(0))
+    written into new caches of ``length + 1`` positions by the engine's own code: the loaded
+    model's :class:`~transformerkit.decoding.eager_steps.EagerSteps` (``eager_steps``: its
+    one pass) and the stand-in's :class:`~transformerkit.decoding.aot_files.PackagedSteps`
+    (``packaged_steps``, its packages looked up: the prompt package's one call, and the step
+    package one position a call)."""
+    from transformerkit.decoding.aot_step import PREFILL
 
     def eager(tokens):
-        caches = empty(tokens)
-        model.decode_prefill(tokens, caches, weights)
-        return caches
+        return eager_steps._start_language_model(tokens, tokens.shape[1],
+                                                 tokens.shape[1] + 1)[0]
 
     def packaged(tokens):
-        caches = empty(tokens)
-        prefill_package(tokens, [tuple(t[:tokens.shape[1]] for t in pair) for pair in caches])
-        return caches
+        return packaged_steps._fill_prompt(packaged_steps._run.get(PREFILL), tokens,
+                                           tokens.shape[1], tokens.shape[1] + 1)[0]
 
     def stepped(tokens):
-        caches = empty(tokens)
-        for index in range(tokens.shape[1]):
-            step_package(tokens[:, index], CompiledSteps._index_tensor(index), caches, None,
-                         no_bias)
-        return caches
+        return packaged_steps._step_prompt(tokens, tokens.shape[1], tokens.shape[1] + 1)[0]
 
     return dict(zip(WAYS, (eager, packaged, stepped), strict=True))
 
@@ -162,27 +147,30 @@ def main():
 
     torch.set_num_threads(args.threads)
     import transformerkit
-    from transformerkit.decoding import aot_step
+    from transformerkit.decoding import aot_files, aot_step
+    from transformerkit.decoding.eager_steps import EagerSteps
 
     model = transformerkit.load(args.run).model
     lengths = [int(n) for n in args.lengths.split(",")]
     with tempfile.TemporaryDirectory() as cache:
-        packages = aot_step.Packages(model, cache)
+        # the stand-in the engine makes without Keras, over an empty cache: its first use of
+        # each package builds it from the model (as the engine does where one is missing)
+        aot_files.record("bench", model, cache)
+        packaged = aot_files.PackagedSteps(aot_files.PackagedModel(
+            aot_files.read_record("bench", cache), cache, load=lambda: model))
+        packaged._run = packaged.runner()
         builds = {}
         for way, bucket in zip(WAYS[1:], (aot_step.PREFILL, "small"), strict=True):
             started = time.perf_counter()
-            packages.get(bucket)
+            packaged._run.get(bucket)
             builds[way] = time.perf_counter() - started
-        results = time_ways(fill_ways(model, packages.get(aot_step.PREFILL),
-                                      packages.get("small")),
-                            lengths, args.repeats, model.vocab_size)
-        files = sorted(f for f in os.listdir(cache) if f.endswith(".pt2"))
-        paths = {WAYS[1]: next(f for f in files if f.startswith(aot_step.PREFILL)),
-                 WAYS[2]: next(f for f in files if f.startswith("step"))}
+        results = time_ways(fill_ways(EagerSteps(model), packaged), lengths, args.repeats,
+                            model.vocab_size)
         loads = {}
         for _ in range(args.repeats):
-            for way, name in paths.items():
-                out = common.run_worker(HERE, ["--load-worker", os.path.join(cache, name)],
+            for way, bucket in zip(WAYS[1:], (aot_step.PREFILL, "small"), strict=True):
+                path = packaged.model.package_path(bucket, "float32")
+                out = common.run_worker(HERE, ["--load-worker", path],
                                         {"OMP_NUM_THREADS": str(args.threads)})
                 if "error" in out:
                     raise SystemExit(f"loading the {way} failed: {out['error']}")

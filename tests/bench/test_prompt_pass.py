@@ -8,23 +8,48 @@ from paths import load_bench
 SIZE = dict(num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=0.0, max_length=24)
 
 
-def test_each_way_fills_the_caches_as_the_eager_pass_and_a_wrong_one_is_caught():
+class EagerPackages:
+    """A stand-in's packages (``Packages``' interface) that run the model's eager code."""
+
+    bucket = staticmethod(lambda rows: "small")
+
+    def __init__(self, model, prefill=None):
+        weights = model.step_weights("float32")
+
+        def step(tokens, index, caches, memories, bias):
+            return model.decode_step(tokens, index, caches, weights, memories), None
+
+        self.calls = {"small": step, "prefill": prefill or (
+            lambda tokens, caches: model.decode_prefill(tokens, caches, weights))}
+
+    def get(self, bucket):
+        return self.calls[bucket]
+
+
+def stand_in(model, packages, tmp_path):
+    """The engine's stand-in for ``model`` (its record written to ``tmp_path``), over
+    ``packages``."""
+    from transformerkit.decoding import aot_files
+
+    aot_files.record("test", model, str(tmp_path))
+    steps = aot_files.PackagedSteps(aot_files.PackagedModel(
+        aot_files.read_record("test", str(tmp_path)), str(tmp_path), load=lambda: model))
+    steps._run = packages
+    return steps
+
+
+def test_each_way_fills_the_caches_as_the_eager_pass_and_a_wrong_one_is_caught(tmp_path):
     import torch
 
+    from transformerkit.decoding.eager_steps import EagerSteps
     from transformerkit.models import GPT
 
     bench = load_bench("prompt_pass")
     keras.utils.set_random_seed(3)
     model = GPT(30, **SIZE)
     weights = model.step_weights("float32")
-
-    def prefill(tokens, caches):  # stands in for the prompt package: the eager code
-        model.decode_prefill(tokens, caches, weights)
-
-    def step(tokens, index, caches, memories, bias):  # the step, one position a call
-        return model.decode_step(tokens, index, caches, weights, memories), None
-
-    ways = bench.fill_ways(model, prefill, step)
+    eager = EagerSteps(model)
+    ways = bench.fill_ways(eager, stand_in(model, EagerPackages(model), tmp_path))
     assert list(ways) == list(bench.WAYS)
     results = bench.time_ways(ways, [1, 7], repeats=2, vocab=30)
     assert [row["length"] for row in results] == [1, 7]
@@ -39,9 +64,10 @@ def test_each_way_fills_the_caches_as_the_eager_pass_and_a_wrong_one_is_caught()
             for t in pair:
                 t.zero_()
         model.decode_prefill(tokens[:, :1], [tuple(t[:1] for t in pair) for pair in caches],
-                            weights)
+                             weights)
 
-    wrong = bench.fill_ways(model, first_position_only, step)
+    wrong = bench.fill_ways(eager, stand_in(model, EagerPackages(model, first_position_only),
+                                            tmp_path))
     row, = bench.time_ways(wrong, [7], repeats=1, vocab=30)
     assert row["max_difference"]["prompt package"] > 1e-2
     with torch.inference_mode():

@@ -54,7 +54,7 @@ RECORDS = "files"  # the folder of the records, in the packages' folder
 NEEDED = {"Transformer": (ENCODER, "small"), "GPT": ("small",)}
 # the shortest prompt prefix a GPT's stand-in fills with its prompt package (a shorter one goes
 # through the step package a position a call): loading the package (GPT-2 124M in float32:
-# 0.27 s) costs about as much as stepping 17 positions (bench/results/prompt_pass.*); below 32
+# 0.28 s) costs about as much as stepping 18 positions (bench/results/prompt_pass.*); below 32
 # the time it saves is small beside the memory its copy of the weights takes
 PROMPT_PACKAGE_FROM = 32
 
@@ -248,13 +248,18 @@ class PackagedSteps(CompiledSteps):
         """Empty caches, the prompt's shared prefix ``buffer[:, :prefill]`` written into them
         by the step's package one position a call, or from :data:`PROMPT_PACKAGE_FROM`
         positions on by the prompt package (the module docstring); no weights."""
-        import torch
-
         if prefill >= PROMPT_PACKAGE_FROM:
             fill = self._run.get(PREFILL)  # its file, else built from the loaded model
             if fill is None:  # it cannot be built: the loaded model's eager pass
                 return self._eager()._start_language_model(buffer, prefill, max_len)
             return self._fill_prompt(fill, buffer, prefill, max_len)
+        return self._step_prompt(buffer, prefill, max_len)
+
+    def _step_prompt(self, buffer, prefill, max_len):
+        """Empty caches with ``buffer[:, :prefill]`` written into them by the step's package,
+        one position a call; no weights."""
+        import torch
+
         buffer = torch.as_tensor(buffer).long()
         state = self._empty_caches(buffer.shape[0], max_len, torch.empty(0))
         static = (None, None, 1)

@@ -51,7 +51,7 @@ A GPT's prompt has one too (:data:`PREFILL`): its shared prefix in one pass
 which writes its keys and values in place into the caches' first positions, handed to it as
 contiguous views of that length. Only a model's stand-in runs it (:mod:`.aot_files`: a long
 prompt without Keras): with the model loaded, its eager pass over a prompt is nearly as fast
-(GPT-2 124M, one row and thread: 116.0 against 109.2 ms for 64 positions, 327.9 against 327.3
+(GPT-2 124M, one row and thread: 120.3 against 110.5 ms for 64 positions, 334.7 against 329.7
 for 190, ``bench/results/prompt_pass.*``), and loading a second package would hold a second
 copy of the weights.
 Greedy search's choice is part of the small-rows package: besides the logits it returns each
