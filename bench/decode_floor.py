@@ -17,8 +17,8 @@ For each search (greedy, beam 4; at most 64 tokens, stopping at EOS) over the fi
   the matrix products (the projections, the output layer, the attention's where it is a
   product). Element-wise work, softmax and the search's own work are not counted, so the
   count is a lower bound of the arithmetic. CTranslate2 decodes the same sentences with
-  the same model and, to EOS, the same live rows (``decode_precision.py --rows``), so the
-  count is taken as its too;
+  the same model (in greedy search with the same live rows each step:
+  ``decode_precision.py --rows``), so the count is taken as its too;
 - **peak**: float32 ``torch.mm`` of 1024- and 2048-square matrices on the same threads, the
   faster kept (this CPU's FMA rate as its best library kernel reaches it).
 
