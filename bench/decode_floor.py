@@ -259,6 +259,10 @@ def main():
 
     import transformerkit
 
+    try:  # a clear error before any round: the model counts the products at the end
+        model = transformerkit.load(args.run).model
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"decode_floor.py: {error}") from None
     env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
     best, failed = {}, []
     for round_index in range(args.repeats):
@@ -280,7 +284,6 @@ def main():
             raise SystemExit("the compiled engine's search made no package call the recorder "
                              "saw: it decoded eagerly (see its warning) or its packages are "
                              "no longer made by aot_step.package_call")
-    model = transformerkit.load(args.run).model
     torch.set_num_threads(args.threads)
     flops = {search: search_flops(model, best[("tk-compiled", search)]["calls"])
              for search in SEARCHES if ("tk-compiled", search) in best}
