@@ -27,12 +27,20 @@ this one does what they share:
   that a rebuilt package never runs an old library), and runs from there
   (``torch._C._aoti.AOTIModelContainerRunnerCpu``). The cache then holds each library
   twice; deleting a ``.so`` only costs its next load the extraction.
+- :func:`prune`: the cache kept under a size (:func:`cache_limit_bytes`:
+  ``$TRANSFORMERKIT_COMPILED_CACHE_GB``, default :data:`DEFAULT_CACHE_LIMIT_GB`, 0 for no
+  limit): after each build the packages used least recently (a load marks a package used,
+  in its access time) are removed, never one this process has loaded or built. Every
+  retrained or fine-tuned checkpoint has packages of its own (one float32 step package of
+  GPT-2 124M: 656 MB, and as much again for its extracted library), which would otherwise
+  pile up in the cache for good.
 
 The PyTorch functions used are listed in :mod:`transformerkit.internals`.
 """
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -41,6 +49,17 @@ import warnings
 
 from transformerkit import internals
 from transformerkit.files import user_cache_directory
+
+CACHE_LIMIT_VARIABLE = "TRANSFORMERKIT_COMPILED_CACHE_GB"
+DEFAULT_CACHE_LIMIT_GB = 20.0
+# a package (``KIND-DIGEST.pt2``) and its extracted library (``KIND-DIGEST-CRC.so``): what
+# :func:`prune` may remove, grouped by ``KIND-DIGEST``; a build's or an extraction's
+# temporary file (``tempfile.mkstemp``'s ``tmp*``) left by a killed process, once a day old
+_PACKAGE_FILE = re.compile(r"^((?:step|encoder|prefill|search)-[0-9a-f]{16,64})"
+                           r"(?:\.pt2|-[0-9a-f]{8}\.so)$")
+_TEMPORARY_FILE = re.compile(r"^tmp[A-Za-z0-9_]+\.(?:pt2|so)$")
+_STALE_TEMPORARY_SECONDS = 86400
+_IN_USE = set()  # the package paths this process has loaded: never pruned by it
 
 
 def cache_directory():
@@ -89,7 +108,10 @@ def load_or_build(path, build, name, building, eager):
     to load, ``build(path)`` writes it first. ``name`` names the package in the rebuilding
     line and the warning ("the compiled step"), ``building`` what is compiled in the lines
     around a build ("the decoder step (small steps)"), ``eager`` what runs instead where it
-    cannot be had ("decoding with the eager step"): one warning then, and None."""
+    cannot be had ("decoding with the eager step"): one warning then, and None. After a
+    build the cache is pruned to its limit (:func:`prune`); a limit that is not a number
+    raises ``ValueError`` here, before anything is loaded or built."""
+    limit = cache_limit_bytes()
     if os.path.exists(path):
         try:
             return load(path)
@@ -103,6 +125,8 @@ def load_or_build(path, build, name, building, eager):
         started = time.perf_counter()
         build(path)
         seconds = time.perf_counter() - started
+        _IN_USE.add(os.path.abspath(path))
+        prune(os.path.dirname(path), limit)
         run = load(path)
     except Exception as error:  # no compiler, or code torch.export cannot capture
         reason = str(error).strip().splitlines()
@@ -116,7 +140,15 @@ def load_or_build(path, build, name, building, eager):
 def load(path):
     """The package at ``path`` as its call over a flat list of tensors, giving its flat
     outputs (the loader's ``boxed_run``). Raises where the file is not a package this
-    PyTorch loads, or where neither loader is there (:mod:`transformerkit.internals`)."""
+    PyTorch loads, or where neither loader is there (:mod:`transformerkit.internals`).
+    The package is marked used (its access time, set here; its modification time stays its
+    build's: :func:`prune` removes the least recently used first) and kept from this
+    process' pruning. A cache limit that is not a number raises ``ValueError``
+    (:func:`cache_limit_bytes`) at the first load, not only at the next build."""
+    cache_limit_bytes()
+    _IN_USE.add(os.path.abspath(path))
+    with contextlib.suppress(OSError):  # a read-only cache: nothing is pruned there either
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))  # build time kept
     library = _extracted_library(os.fspath(path))
     if library is not None:
         try:
@@ -188,6 +220,81 @@ def _write_library(archive, library, target):
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def cache_limit_bytes():
+    """The most bytes the compiled packages' folder may hold: ``$TRANSFORMERKIT_COMPILED_CACHE_GB``
+    gigabytes (10^9 bytes; unset or empty: :data:`DEFAULT_CACHE_LIMIT_GB`; 0: no limit, None
+    returned). Raises ``ValueError`` naming the variable where it is not a number >= 0."""
+    text = os.environ.get(CACHE_LIMIT_VARIABLE, "").strip()
+    try:
+        gigabytes = float(text) if text else DEFAULT_CACHE_LIMIT_GB
+    except ValueError:
+        gigabytes = float("nan")
+    if not gigabytes >= 0 or gigabytes == float("inf"):
+        raise ValueError(f"{CACHE_LIMIT_VARIABLE} is the compiled packages' cache size in GB, "
+                         f"a number >= 0 (0: no limit); got {text!r}")
+    return int(gigabytes * 1e9) or None
+
+
+def prune(directory, limit=None, now=None):
+    """Remove the least recently used packages of ``directory`` (each ``.pt2`` with its
+    extracted libraries) until it holds at most ``limit`` bytes of them (None: no limit),
+    never one this process has loaded or built (:func:`load`);
+    and the temporary files of builds a killed process left, a day old. Says on stderr what
+    it removed; removes nothing else (other files, folders, a package it cannot stat).
+    Returns the paths removed."""
+    now = time.time() if now is None else now
+    groups, removed = {}, []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            status = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        match = _PACKAGE_FILE.match(name)
+        if match:
+            group = groups.setdefault(match.group(1), {"paths": [], "bytes": 0, "used": 0.0})
+            group["paths"].append(path)
+            group["bytes"] += status.st_size
+            group["used"] = max(group["used"], status.st_atime, status.st_mtime)
+        elif _TEMPORARY_FILE.match(name) and now - status.st_mtime > _STALE_TEMPORARY_SECONDS:
+            removed += _removed([path])
+    total = sum(group["bytes"] for group in groups.values())
+    freed, packages, latest = 0, 0, None
+    if limit:
+        for stem, group in sorted(groups.items(), key=lambda item: item[1]["used"]):
+            if total - freed <= limit:
+                break
+            if os.path.abspath(os.path.join(directory, stem + ".pt2")) in _IN_USE:
+                continue
+            gone = _removed(group["paths"])
+            removed += gone
+            if gone:
+                freed += group["bytes"]
+                packages += 1
+                latest = group["used"]
+    if packages:
+        size = f"{freed / 1e9:.1f} GB" if freed >= 1e8 else f"{freed / 1e6:.1f} MB"
+        print(f"transformerkit: removed {packages} compiled package(s) of {size} "
+              f"not used since {time.strftime('%Y-%m-%d %H:%M', time.localtime(latest))}, "
+              f"to keep {directory} under {limit / 1e9:g} GB "
+              f"(${CACHE_LIMIT_VARIABLE})", file=sys.stderr, flush=True)
+    return removed
+
+
+def _removed(paths):
+    """``paths`` removed (those that could be: another process may have taken one)."""
+    gone = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            gone.append(path)
+    return gone
 
 
 def _unavailable(name, reason, eager):
