@@ -84,7 +84,7 @@ def call_shape(bucket, inputs):
 
     if bucket == ENCODER:
         return "encoder", tuple(inputs[0].shape)
-    tokens, index, _, memories = inputs[:4]
+    tokens, index, _, _, memories = inputs[:5]  # (tokens, index, caches, cache_rows, memories)
     sentences, source_len = ((0, 0) if not memories
                              else (memories[0][0].shape[0], memories[0][0].shape[2]))
     return "step", (tokens.shape[0], int(index), sentences, source_len)

@@ -80,10 +80,11 @@ def prepare(run, folder, rows_list, position, source_len, threads):
 def write_inputs(model, folder, rows_list, position, source_len):
     """``folder/inputs-ROWS.npz`` for each of ``rows_list``: the step's inputs in
     ``torch.export``'s flattening order (``input_0`` ...: tokens, index, each block's cache
-    keys and values, each block's memory ``(keys, values, bias, keep)``, the choice's bias
-    row; see the module docstring) and the eager float32 step's logits (``reference``, with
-    the unpacked weights, whose products PyTorch's ``FlopCounterMode`` counts). Returns ``{rows: the
-    step's floating-point operations}`` (its matrix products: the projections, the
+    keys and values, the caches' row table (each row its own), each block's memory ``(keys,
+    values, bias, keep)``, the choice's bias row; see the module docstring) and the eager
+    float32 step's logits (``reference``, with the unpacked weights, whose products
+    PyTorch's ``FlopCounterMode`` counts). Returns ``{rows: the step's floating-point
+    operations}`` (its matrix products: the projections, the
     attention, the output layer)."""
     import numpy as np
     import torch
@@ -105,6 +106,7 @@ def write_inputs(model, folder, rows_list, position, source_len):
         caches = [tuple(torch.randn((2 * position + 1, rows, model.num_heads, dim),
                                     generator=generator)
                         for dim in (model.key_dim, model.value_dim)) for _ in range(layers)]
+        table = torch.arange(rows).expand(2 * position + 1, rows).contiguous()
         memories = None
         if seq2seq:
             source = rng.integers(4, model.source_vocab_size, (rows, source_len))
@@ -114,7 +116,7 @@ def write_inputs(model, folder, rows_list, position, source_len):
                             for memory in source_memories(model, torch.as_tensor(source),
                                                           weights)]
         bias = torch.zeros(1, vocab)  # the choice's bias row (every id allowed)
-        flat, _ = tree_flatten((tokens, index, caches, memories, bias))  # torch.export's order
+        flat, _ = tree_flatten((tokens, index, caches, table, memories, bias))  # export's order
         # the eager float32 step, on copies of the caches
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             reference = model.decode_step(tokens, position,
@@ -127,8 +129,8 @@ def write_inputs(model, folder, rows_list, position, source_len):
 
 
 def inputs_of(folder, rows, layers):
-    """The step's inputs (tokens, index, caches, memories, the choice's bias row) and
-    reference logits of ``rows`` rows, as ``prepare`` saved them."""
+    """The step's inputs (tokens, index, caches, the caches' row table, memories, the
+    choice's bias row) and reference logits of ``rows`` rows, as ``prepare`` saved them."""
     import numpy as np
     import torch
 
@@ -136,9 +138,9 @@ def inputs_of(folder, rows, layers):
         flat = [torch.from_numpy(found[f"input_{i}"]) for i in range(len(found.files) - 1)]
         reference = found["reference"]
     caches = [(flat[2 + 2 * i], flat[3 + 2 * i]) for i in range(layers)]
-    rest = flat[2 + 2 * layers:-1]
+    rest = flat[3 + 2 * layers:-1]
     memories = [tuple(rest[i:i + 4]) for i in range(0, len(rest), 4)] or None
-    return (flat[0], flat[1], caches, memories, flat[-1]), reference
+    return (flat[0], flat[1], caches, flat[2 + 2 * layers], memories, flat[-1]), reference
 
 
 class OpenVINOSteps:
@@ -249,7 +251,8 @@ def main():
         raise SystemExit(f"the model takes {model.max_length} positions: --position at most "
                          f"{model.max_length // 2} (its caches hold 2 * position + 1), "
                          f"--source-len at most {model.max_length}")
-    folder = os.path.join(os.fspath(run.run_dir), "openvino", "step")
+    # one folder a form of the step's inputs (a new form is converted again)
+    folder = os.path.join(os.fspath(run.run_dir), "openvino", f"step-{aot_step.FORMAT}")
     conversion, flops = prepare(run, folder, rows_list, args.position, args.source_len,
                                 args.threads)
     peaks = {dtype: common.matmul_peak(3.0, dtype=dtype) for dtype in ("float32", "bfloat16")}

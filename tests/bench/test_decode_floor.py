@@ -80,14 +80,15 @@ def test_the_recorder_sees_the_calls_of_the_packages_the_engine_loads(tmp_path, 
               for _ in range(LAYERS)]
     memories = [(torch.zeros(4, HEADS, 7, D // HEADS), torch.zeros(4, HEADS, 7, D // HEADS),
                  torch.zeros(4, 1, 1, 7), torch.ones(4, 1, 1, 1)) for _ in range(LAYERS)]
-    step(torch.zeros(4, dtype=torch.long), torch.tensor(5), caches, memories,
+    table = torch.arange(4).expand(6, 4).contiguous()  # each row its own cache row
+    step(torch.zeros(4, dtype=torch.long), torch.tensor(5), caches, table, memories,
          torch.zeros(1, VOCAB))
     assert len(flat_inputs) == 1  # the package ran, through the recorder
     (kind, shape, seconds), = calls
     assert (kind, shape) == ("step", (4, 5, 4, 7)) and seconds >= 0
     # a package loaded outside the recorder is not recorded
     aot_step.Packages(model, str(tmp_path)).get("small")(
-        torch.zeros(4, dtype=torch.long), torch.tensor(5), caches, memories,
+        torch.zeros(4, dtype=torch.long), torch.tensor(5), caches, table, memories,
         torch.zeros(1, VOCAB))
     assert len(calls) == 1
 

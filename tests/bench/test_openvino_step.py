@@ -29,25 +29,27 @@ def test_saved_inputs_are_the_exported_steps_flat_inputs_and_give_its_logits(tmp
     program = aot_step.export_step(model, "small")
     for rows in (1, 3):
         inputs, reference = bench.inputs_of(str(tmp_path), rows, model.num_decoder_layers)
-        tokens, index, caches, memories, bias = inputs
+        tokens, index, caches, table, memories, bias = inputs
         assert tokens.shape == (rows,) and int(index) == 4
         assert caches[0][0].shape == (9, rows, 2, 8) and memories[0][2].shape == (rows, 1, 1, 5)
+        np.testing.assert_array_equal(table.numpy(), np.tile(np.arange(rows), (9, 1)))
         leaves, _ = tree_flatten(inputs)
         with np.load(tmp_path / f"inputs-{rows}.npz") as saved:
-            assert len(saved.files) - 1 == len(leaves) == 2 + 2 * 2 + 2 * 4 + 1  # 2 blocks
+            assert len(saved.files) - 1 == len(leaves) == 2 + 2 * 2 + 1 + 2 * 4 + 1  # 2 blocks
             for i, leaf in enumerate(leaves):  # the file's order is the flattening order
                 np.testing.assert_array_equal(saved[f"input_{i}"], leaf.numpy())
         with torch.no_grad():
             # the exported step on those inputs: the eager float32 step's logits
             got, best = program.module()(tokens, index, [tuple(t.clone() for t in pair)
-                                                         for pair in caches], memories, bias)
+                                                         for pair in caches], table, memories,
+                                         bias)
             assert np.abs(reference).max() > 0.1
             np.testing.assert_allclose(got.numpy(), reference, rtol=0, atol=1e-5)
             np.testing.assert_array_equal(best.numpy(), got.argmax(1).numpy())
             # a different position's logits are not these: the index is read
             other, _ = program.module()(tokens, torch.tensor(2),
                                         [tuple(t.clone() for t in pair) for pair in caches],
-                                        memories, bias)
+                                        table, memories, bias)
             assert np.abs(other.numpy() - reference).max() > 1e-3
 
 

@@ -106,7 +106,7 @@ def test_compiled_steps_equal_the_eager_steps(transformer, monkeypatch):
         b = b.numpy()
         tol.assert_within(a.numpy(), b, tol.chain_atol(roundings, b, paths=2),
                           f"the first step, {copies} a sentence")
-        for pair_c, pair_e in zip(state_c, state_e, strict=True):
+        for pair_c, pair_e in zip(state_c.caches, state_e, strict=True):
             for t_c, t_e in zip(pair_c, pair_e, strict=True):
                 t_e = t_e[0].numpy()
                 tol.assert_within(t_c[0].numpy(), t_e, tol.chain_atol(roundings, t_e, paths=2),

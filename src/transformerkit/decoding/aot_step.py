@@ -62,7 +62,17 @@ about ten eager calls a step (the rules, the arg-max over the vocabulary, the ca
 many-rows package leaves the choice to the loop: there its eager calls cost little beside the
 step, and an arg-max over every row inside the graph (one pass over all the logits that
 beam search and sampling, whose steps have many rows, would not use) cost more (about
-0.25 ms a 64-row step). The beam's cache reordering stays eager.
+0.25 ms a 64-row step).
+
+A search that reorders its rows (a beam search's beams, the sentences or prompts it drops
+when they finish) reorders no cache: the state is a :class:`TabledCaches`, the caches and a
+table naming the cache row that holds each row's key and value at each position
+(``decode_step``'s ``cache_rows``), and :meth:`CompiledSteps.reorder` gathers the table's
+rows (a few kilobytes) where the eager step copies every filled position of every cache
+(``EagerSteps.reorder``: megabytes a step at 64 sentences of beam 4). A row's new position
+is written into the cache row it owns from then on (the table's identity from the filled
+positions on); the attention reads each key and value through the table in the compiled
+loop that reads it.
 
 At ``precision="int8"`` the products' weights are int8, quantized per output channel
 (:func:`~transformerkit.kernels.lowprec.plain_int8`), and every package quantizes each input
@@ -90,6 +100,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import typing
 import weakref
 
 from transformerkit import precisions
@@ -122,8 +133,8 @@ PREFILL_CONFIGS = {"freezing": True}
 WHOLE_PASSES = {ENCODER: ENCODER_CONFIGS, PREFILL: PREFILL_CONFIGS}
 _BUILDING = {ENCODER: "the encoder pass", PREFILL: "the prompt's pass"}  # in the build lines
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
-FORMAT = 7  # the layout of a package's inputs and outputs, or the form of its captured code
-# (7: the attention's products as sums); a change makes every cached package stale
+FORMAT = 8  # the layout of a package's inputs and outputs, or the form of its captured code
+# (8: the caches' rows read through a table); a change makes every cached package stale
 INT8_FORM = 3  # int8 packages' products (3: every package quantizes each input row); a change
 # makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on
@@ -236,10 +247,11 @@ def _step_module(model, precision="float32", chooses=False):
     memory for the ``rows // sentences`` adjacent rows of each sentence; where ``chooses``,
     followed by greedy search's choice: ``(logits, best_allowed(logits, bias))``."""
 
-    def step(weights, tokens, index, caches, memories, bias=None):
+    def step(weights, tokens, index, caches, cache_rows, memories, bias=None):
         # a symbolic int: the beams of a sentence, from the rows and the sentences
         copies = 1 if memories is None else tokens.shape[0] // memories[0][0].shape[0]
-        logits = model.decode_step(tokens, index, caches, weights, memories, copies)
+        logits = model.decode_step(tokens, index, caches, weights, memories, copies,
+                                   cache_rows)
         return (logits, best_allowed(logits, bias)) if chooses else (logits,)
 
     return _weights_module(model, precision, step)
@@ -299,29 +311,32 @@ def _encoder_inputs(model):
 
 def _example_inputs(model, seq2seq, rows=2, copies=1, chooses=False):
     """Inputs of the step's signature (``rows`` rows, ``copies`` a sentence, 5 cache
-    positions, 3 source positions, where ``chooses`` the choice's bias row) and their
-    dynamic dimensions (``copies`` 1: the sentences are the rows; else a dimension of their
-    own)."""
+    positions of ``rows + 1`` cache rows and their table, 3 source positions, where
+    ``chooses`` the choice's bias row) and their dynamic dimensions (``copies`` 1: the
+    sentences are the rows; else a dimension of their own)."""
     import torch
 
-    length, source_len, batch = 5, 3, rows // copies
+    length, source_len, batch, slots = 5, 3, rows // copies, rows + 1
     heads = model.num_heads
     layers = model.num_decoder_layers if seq2seq else model.num_layers
     row_dim = torch.export.Dim("rows", min=1, max=4096)
+    slot_dim = torch.export.Dim("slots", min=1, max=4096)
     sentences = (row_dim if copies == 1
                  else torch.export.Dim("sentences", min=1, max=4096))
     cache_len = torch.export.Dim("cache_len", min=2, max=model.max_length + 1)
     tokens = torch.full((rows,), 3, dtype=torch.long)
     index = torch.tensor(1, dtype=torch.long)
-    caches = [(torch.zeros(length, rows, heads, model.key_dim),
-               torch.zeros(length, rows, heads, model.value_dim)) for _ in range(layers)]
-    cache_dims = [({0: cache_len, 1: row_dim}, {0: cache_len, 1: row_dim})
+    caches = [(torch.zeros(length, slots, heads, model.key_dim),
+               torch.zeros(length, slots, heads, model.value_dim)) for _ in range(layers)]
+    cache_dims = [({0: cache_len, 1: slot_dim}, {0: cache_len, 1: slot_dim})
                   for _ in range(layers)]
+    table = torch.arange(rows).flip(0).expand(length, rows).contiguous()
+    table_dims = {0: cache_len, 1: row_dim}
     bias = ((torch.zeros(1, model.target_vocab_size if seq2seq else model.vocab_size),)
             if chooses else ())
     if not seq2seq:
-        return ((tokens, index, caches, None, *bias),
-                ({0: row_dim}, None, cache_dims, None, *(None for _ in bias)))
+        return ((tokens, index, caches, table, None, *bias),
+                ({0: row_dim}, None, cache_dims, table_dims, None, *(None for _ in bias)))
     source = torch.export.Dim("source_len", min=1, max=model.max_length)
     memories = [(torch.zeros(batch, heads, source_len, model.key_dim),
                  torch.zeros(batch, heads, source_len, model.value_dim),
@@ -329,8 +344,8 @@ def _example_inputs(model, seq2seq, rows=2, copies=1, chooses=False):
                 for _ in range(layers)]
     memory_dims = [({0: sentences, 2: source}, {0: sentences, 2: source},
                     {0: sentences, 3: source}, {0: sentences}) for _ in range(layers)]
-    return ((tokens, index, caches, memories, *bias),
-            ({0: row_dim}, None, cache_dims, memory_dims, *(None for _ in bias)))
+    return ((tokens, index, caches, table, memories, *bias),
+            ({0: row_dim}, None, cache_dims, table_dims, memory_dims, *(None for _ in bias)))
 
 
 def export_step(model, bucket, precision="float32"):
@@ -363,6 +378,18 @@ def build_package(model, bucket, path, precision="float32"):
     program = export_step(model, bucket, precision)
     with torch.no_grad():
         aot_packages.compile_program(program, path, configs)
+
+
+class TabledCaches(typing.NamedTuple):
+    """The compiled engine's decoding state: the caches and where each row's positions are
+    in them. A beam search that reorders its beams, or drops finished sentences, gathers the
+    table (a few kilobytes) in place of the caches' filled positions (megabytes a step at
+    64 sentences); a step reads each key and value through it in the loop that reads them
+    (``MultiHeadAttention.step``'s ``cache_rows``; a tenth of a beam 4 search's time had been
+    the caches' copies: ``docs/decoding.md``)."""
+
+    caches: list  # one (keys, values) per block, (max_len, slots, heads, dim), slots >= rows
+    rows: object  # (max_len, rows) int64: the caches' row of each row's position
 
 
 class CompiledSteps(EagerSteps):
@@ -404,7 +431,37 @@ class CompiledSteps(EagerSteps):
                         else (*memory[:3], memory[0].new_ones((memory[0].shape[0], 1, 1, 1)))
                         for memory in memories]
         self._memories = self._row_memories = None
-        return state, (weights, memories, copies)
+        return TabledCaches(state, self._identity(state, state[0][0].shape[1])), \
+            (weights, memories, copies)
+
+    @staticmethod
+    def _identity(caches, rows):
+        """The table of ``caches`` whose ``rows`` rows each own their row:
+        ``(max_len, rows)`` int64, ``table[p, r] = r`` (contiguous, as a package reads it)."""
+        import torch
+
+        keys = caches[0][0]
+        return torch.arange(rows, device=keys.device).expand(keys.shape[0], rows).contiguous()
+
+    def first_step_of_copies(self, buffer, state, static):
+        """:meth:`EagerSteps.first_step_of_copies` on the caches of ``state``, whose rows
+        then own their rows (a search's first step)."""
+        logits, _ = super().first_step_of_copies(buffer, state.caches, static)
+        return logits, state
+
+    def reorder(self, state, rows, filled):
+        """Beam search (and a search dropping finished rows): the new rows ``rows`` take
+        their positions ``0..filled-1`` from those rows of the table; the caches stay as they
+        are. From ``filled`` on, row ``r`` owns the caches' row ``r``: the next step writes
+        its position ``filled`` there (no row reads that position of any other row)."""
+        import torch
+
+        table = state.rows
+        rows = torch.as_tensor(rows, device=table.device).long()
+        new = table.new_empty((table.shape[0], rows.shape[0]))
+        torch.index_select(table[:filled], 1, rows, out=new[:filled])
+        new[filled:] = torch.arange(rows.shape[0], device=table.device)
+        return TabledCaches(state.caches, new)
 
     def _start_seq2seq(self, source_ids, max_len, copies=1):
         """:meth:`EagerSteps._start_seq2seq` with the encoder pass and the memories computed
@@ -440,23 +497,29 @@ class CompiledSteps(EagerSteps):
 
     def _decode(self, tokens, index, caches, static, bias=None):
         """The package's step (the eager one where there is none): every step of a
-        search, the first of a beam search's copies included. Returns the logits; with a
-        ``bias`` row, ``(logits, best_allowed(logits, bias) or None)``: None where the
+        search, the first of a beam search's copies included. ``caches``: a
+        :class:`TabledCaches`, or caches whose rows own their rows. Returns the logits; with
+        a ``bias`` row, ``(logits, best_allowed(logits, bias) or None)``: None where the
         bucket's package does not choose (or the step runs eagerly)."""
+        if isinstance(caches, TabledCaches):
+            caches, table = caches
+        else:
+            table = self._identity(caches, tokens.shape[0])
         package = None
         if self._run is not None:
             bucket = self._run.bucket(tokens.shape[0])
             package = self._run.get(bucket)
         if package is None:
-            logits = self._eager_decode(tokens, index, caches, static)
+            logits = self._eager_decode(tokens, index, caches, static, table)
             return logits if bias is None else (logits, None)
         _, memories, copies = static
         if BUCKETS[bucket][2] == 1:  # a package that takes one memory per row
             memories = self._per_row(memories, copies)
         position = self._index_tensor(index)
         if bias is None:
-            return package(tokens, position, caches, memories, self._no_bias(tokens.device))[0]
-        return package(tokens, position, caches, memories, bias)
+            return package(tokens, position, caches, table, memories,
+                           self._no_bias(tokens.device))[0]
+        return package(tokens, position, caches, table, memories, bias)
 
     @staticmethod
     def _index_tensor(index):
@@ -480,14 +543,14 @@ class CompiledSteps(EagerSteps):
             zeros = self._zeros = torch.zeros(1, self.vocab_size, device=device)
         return zeros
 
-    def _eager_decode(self, tokens, index, caches, static):
+    def _eager_decode(self, tokens, index, caches, static, table):
         """The eager step, where this batch's row bucket has no package (the weights
-        fetched here where the batch started without them)."""
+        fetched here where the batch started without them), through the caches' ``table``."""
         weights, memories, copies = static
         model = self._eager_model()
         if weights is None:
             weights = model.step_weights(self.precision)
-        return model.decode_step(tokens, index, caches, weights, memories, copies)
+        return model.decode_step(tokens, index, caches, weights, memories, copies, table)
 
     def _eager_model(self):
         """The model whose eager step stands in for a missing package."""
@@ -545,7 +608,8 @@ class Packages:
 
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
-    row ``bucket`` (``(tokens, index, caches, memories, bias) -> (logits, best or None)``),
+    row ``bucket`` (``(tokens, index, caches, cache_rows, memories, bias) -> (logits, best or
+    None)``),
     as the encoder pass (``source_ids -> memories``) or as a GPT's prompt pass
     (``(tokens, caches) -> None``, the caches written in place)."""
     if bucket == ENCODER:
@@ -556,14 +620,14 @@ def package_call(bucket, run):
 
 
 def _flat_call(run, chooses):
-    """``package(tokens, index, caches, memories, bias)``, its ``(logits, best)`` (``best``
-    None where the package does not ``chooses``: ``bias`` is not passed), without the
-    package's own call's per-step work (parsing its input and output specs, flattening and
-    unflattening them: about a third of a one-row step): the tensors handed to its loader's
-    ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
+    """``package(tokens, index, caches, cache_rows, memories, bias)``, its ``(logits, best)``
+    (``best`` None where the package does not ``chooses``: ``bias`` is not passed), without
+    the package's own call's per-step work (parsing its input and output specs, flattening
+    and unflattening them: about a third of a one-row step): the tensors handed to its
+    loader's ``boxed_run`` (``run``) in ``torch.export``'s flattening order."""
 
-    def step(tokens, index, caches, memories, bias):
-        flat = [tokens, index, *_flat_caches(caches)]
+    def step(tokens, index, caches, cache_rows, memories, bias):
+        flat = [tokens, index, *_flat_caches(caches), cache_rows]
         for memory in memories or ():
             flat.extend(memory)
         if chooses:

@@ -11,10 +11,12 @@ The search loops (:mod:`.greedy`, :mod:`.beam`, :mod:`.sampling`) see a model th
   chosen). With the cache only ``buffer[:, index]`` is fed (one new position per step);
   without it the whole prefix is run again (the baseline of ``bench/decode.py``).
 
-State is a list of per-layer self-attention ``(keys, values)``; beam search reorders its
-rows with ``reorder``. The eager (PyTorch) loops also drop the rows of finished sentences:
-``reorder`` with fewer rows shrinks the caches, and ``select_sources(static, rows)`` keeps the
-encoder memory of the sentences those rows belong to.
+State is a list of per-layer self-attention ``(keys, values)`` (the compiled engine's: those
+and a table of where each row's positions are, :class:`~.aot_step.TabledCaches`); beam
+search reorders its rows with ``reorder``. The eager (PyTorch) loops also drop the rows of
+finished sentences: ``reorder`` with fewer rows shrinks the caches (the table), and
+``select_sources(static, rows)`` keeps the encoder memory of the sentences those rows belong
+to.
 
 :func:`make_steps` picks the adapter: the model's Keras cache API (``Transformer.decode`` /
 ``GPT.__call__`` with ``caches``, caches ``(rows, max_len, heads, dim)``) on every backend,

@@ -334,7 +334,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return linear(out.reshape(rows, length, self.num_heads * self.value_dim),
                       weights["output"], low_output=True)
 
-    def step(self, x, weights, cache, index):
+    def step(self, x, weights, cache, index, cache_rows=None):
         """Self-attention of one new position per row: ``call(x, cache=..., cache_index=index,
         use_causal_mask=True)`` for a single query, computed with torch kernels.
 
@@ -345,6 +345,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 the new key and value are written in place at ``index``.
             index: int, the position of ``x`` (a symbolic one in a step captured by
                 ``torch.export``: ``TransformerBase.decode_step``).
+            cache_rows: None (row ``r`` of ``x`` owns row ``r`` of the caches), or
+                ``(max_len, rows)`` int64: position ``p`` of row ``r`` is the caches' row
+                ``cache_rows[p, r]`` (their rows then ``(max_len, slots)``, ``slots >=
+                rows``), the new key and value written at ``cache_rows[index]``. A beam
+                search reorders this table in place of the caches' rows (the compiled engine:
+                ``transformerkit.decoding.aot_step``); the attention reads each key through
+                it, which its compiled loops do as they read the key.
 
         Returns ``(rows, output_dim)``, float32 (bfloat16 from a bfloat16 product: the
         residual sum widens it). The query attends over positions ``0..index`` only,
@@ -361,14 +368,27 @@ class MultiHeadAttention(keras.layers.Layer):
         new_values = qkv[:, 2 * width:].view(rows, heads, self.value_dim)
         q = qkv[:, :width].float()  # (rows, h d_k)
         scale = 1.0 / math.sqrt(self.key_dim)
-        keys[index] = new_keys
-        values[index] = new_values
-        if _one_query_products_as_sums():  # on the filled cache prefix (t, rows, h, dim)
-            scores = (keys[: index + 1] * q.view(rows, heads, self.key_dim)).sum(-1) * scale
-            out = (scores.softmax(0).unsqueeze(-1) * values[: index + 1]).sum(0)  # (rows, h, dv)
+        if cache_rows is None:  # the filled cache prefix (t, rows, h, dim): views
+            keys[index] = new_keys
+            values[index] = new_values
+            k, v = keys[: index + 1], values[: index + 1]
+        else:  # each row's keys and values gathered through the table: (t, rows, h, dim)
+            # one (position, row) pair a row: indexing the caches themselves, which the
+            # compiler writes in place (a write into the view ``keys[index]`` it copied
+            # twice, the whole position of every cache row)
+            written = cache_rows[index]
+            position = torch.full_like(written, index)
+            keys[position, written] = new_keys
+            values[position, written] = new_values
+            positions = torch.arange(index + 1, device=x.device).unsqueeze(1)
+            k = keys[positions, cache_rows[: index + 1]]
+            v = values[positions, cache_rows[: index + 1]]
+        if _one_query_products_as_sums():
+            scores = (k * q.view(rows, heads, self.key_dim)).sum(-1) * scale
+            out = (scores.softmax(0).unsqueeze(-1) * v).sum(0)  # (rows, h, dv)
         else:  # batched over rows * heads, on strided views of the prefix (no copies)
-            k = keys[: index + 1].view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
-            v = values[: index + 1].view(index + 1, rows * heads, self.value_dim)
+            k = k.view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
+            v = v.view(index + 1, rows * heads, self.value_dim)
             scores = torch.bmm(q.reshape(rows * heads, 1, self.key_dim), k.permute(1, 2, 0))
             out = torch.bmm(kernel_softmax.softmax(scores * scale), v.transpose(0, 1))
         return linear(out.reshape(rows, heads * self.value_dim), weights["output"],

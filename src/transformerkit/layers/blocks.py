@@ -261,7 +261,7 @@ class DecoderBlock(_Block):
             weights["cross_attention_norm"] = norm_weights(self.cross_attention_norm)
         return weights
 
-    def step(self, x, weights, cache, index, memory=None, copies=1):
+    def step(self, x, weights, cache, index, memory=None, copies=1, cache_rows=None):
         """``call(x, cache=..., cache_index=index)`` at inference for one position per row.
 
         Args:
@@ -272,12 +272,14 @@ class DecoderBlock(_Block):
             index: int position of ``x``.
             memory: the source from ``cross_attention_layer.step_memory`` (with
                 ``cross_attention``), ``copies`` rows per source (beams).
+            cache_rows: where each row's positions are in ``cache`` (None: its own row),
+                as in ``MultiHeadAttention.step``.
 
         Returns ``(rows, d_model)``.
         """
         x = self._step_sublayer(x, weights["self_attention_norm"],
                                 lambda h: self.self_attention.step(
-                                    h, weights["self_attention"], cache, index))
+                                    h, weights["self_attention"], cache, index, cache_rows))
         if self.cross_attention:
             x = self._step_sublayer(x, weights["cross_attention_norm"],
                                     lambda h: self.cross_attention_layer.cross_step(

@@ -312,7 +312,8 @@ class TransformerBase(keras.Model):
                 for block, block_weights in zip(self._decoder_parts()[2], weights["blocks"],
                                                 strict=True)]
 
-    def decode_step(self, tokens, index, caches, weights, memories=None, copies=1):
+    def decode_step(self, tokens, index, caches, weights, memories=None, copies=1,
+                    cache_rows=None):
         """Logits ``(rows, vocab)`` predicting position ``index + 1`` from the ids ``tokens``
         ``(rows,)`` at position ``index``: the decoder with caches (``Transformer.decode`` /
         ``GPT.call`` with ``caches`` and ``cache_index=index``) for one position, computed by
@@ -324,7 +325,10 @@ class TransformerBase(keras.Model):
         ``caches``: one position-major ``(keys, values)`` pair per block, ``(max_len, rows,
         heads, dim)``, updated in place; ``weights`` from :meth:`step_weights`;
         ``memories`` from :meth:`decode_step_memory` (encoder-decoder models), with
-        ``copies`` adjacent rows per source (beams).
+        ``copies`` adjacent rows per source (beams); ``cache_rows``: None, or ``(max_len,
+        rows)`` int64, the caches' row holding each row's position (the caches then ``(max_len,
+        slots, heads, dim)``): a beam search that reorders this table instead of the caches
+        (``MultiHeadAttention.step``).
         """
         blocks = self._decoder_parts()[2]
         if not isinstance(index, int):  # a 0-d tensor: the step captured by torch.export
@@ -334,7 +338,7 @@ class TransformerBase(keras.Model):
         memories = memories or [None] * len(blocks)
         for block, block_weights, cache, memory in zip(blocks, weights["blocks"], caches,
                                                        memories, strict=True):
-            x = block.step(x, block_weights, cache, index, memory, copies)
+            x = block.step(x, block_weights, cache, index, memory, copies, cache_rows)
         if weights["final_norm"] is not None:
             x = normalize(x, weights["final_norm"])
         logits = linear(x, weights["projection"])
