@@ -16,8 +16,9 @@ class EagerPackages:
     def __init__(self, model, prefill=None):
         weights = model.step_weights("float32")
 
-        def step(tokens, index, caches, memories, bias):
-            return model.decode_step(tokens, index, caches, weights, memories), None
+        def step(tokens, index, caches, cache_rows, memories, bias):
+            return model.decode_step(tokens, index, caches, weights, memories, 1,
+                                     cache_rows), None
 
         self.calls = {"small": step, "prefill": prefill or (
             lambda tokens, caches: model.decode_prefill(tokens, caches, weights))}

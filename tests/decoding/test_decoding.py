@@ -142,8 +142,8 @@ def test_tolerances_still_catch_a_cache_that_stores_the_wrong_position(monkeypat
         pytest.skip("the one-position step is the PyTorch-eager shortcut")
     step = MultiHeadAttention.step
 
-    def overwriting(self, x, weights, cache, index):
-        out = step(self, x, weights, cache, index)
+    def overwriting(self, x, weights, cache, index, cache_rows=None):
+        out = step(self, x, weights, cache, index, cache_rows)
         if index > 0:
             for t in cache:
                 t[index - 1] = t[index]
