@@ -10,6 +10,7 @@ the same layout as the reordered caches' prefix, so the same kernels run on them
 import keras
 import numpy as np
 import pytest
+from nan_caches import fill_new_caches_with_nan
 
 from transformerkit import fastpath
 from transformerkit.decoding.eager_steps import EagerSteps
@@ -20,21 +21,6 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "torch",
                                 reason="the one-position step is the PyTorch-eager shortcut")
 
 SMALL = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32, max_length=12, dropout=0.0)
-
-
-def nan_caches(monkeypatch):
-    """Every step's caches start as NaN (they are ``new_empty``): a position read before it
-    is written, or a cache row no table names, makes the logits NaN."""
-    unfilled = EagerSteps._empty_caches
-
-    def nan_filled(self, rows, max_len, like):
-        caches = unfilled(self, rows, max_len, like)
-        for keys, values in caches:
-            keys.fill_(float("nan"))
-            values.fill_(float("nan"))
-        return caches
-
-    monkeypatch.setattr(EagerSteps, "_empty_caches", nan_filled)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "gpt"])
@@ -130,7 +116,7 @@ def test_a_search_reordering_the_table_equals_the_search_reordering_the_caches(
                 [[(h.ids, h.score, h.log_prob) for h in found] for found in hyps])
 
     if nan:
-        nan_caches(monkeypatch)
+        fill_new_caches_with_nan(monkeypatch)
     with torch.no_grad():
         expected = decode(True)
         got = decode("compiled")
@@ -158,7 +144,7 @@ def test_a_gpt_generates_through_the_table_as_through_reordered_caches(eager_com
 
     monkeypatch.setattr(GPT, "decode_step", counted)
     prompts = [[5, 6], [7, 8, 9], [4]]
-    nan_caches(monkeypatch)
+    fill_new_caches_with_nan(monkeypatch)
 
     def decode(use_cache):
         return (generate_ids(model, prompts, max_new_tokens=5, temperature=0,

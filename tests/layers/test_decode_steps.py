@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tolerances as tol
 from cpu_families import FAMILIES, inject
+from nan_caches import fill_new_caches_with_nan
 from near_ties import (
     assert_same_hypotheses_or_near_tie,
     assert_same_ids_or_near_tie,
@@ -274,16 +275,7 @@ def test_no_step_reads_a_cache_position_before_writing_it(monkeypatch, kind):
                     generate_ids(model, [[5, 6], [7, 8, 9]], max_new_tokens=8, top_k=5, seed=1))
 
     expected = decode()
-    unfilled = EagerSteps._empty_caches
-
-    def nan_filled(self, rows, max_len, like):
-        caches = unfilled(self, rows, max_len, like)
-        for keys, values in caches:
-            keys.fill_(float("nan"))
-            values.fill_(float("nan"))
-        return caches
-
-    monkeypatch.setattr(EagerSteps, "_empty_caches", nan_filled)
+    fill_new_caches_with_nan(monkeypatch)
     with torch.no_grad():
         assert decode() == expected
 
