@@ -608,9 +608,8 @@ class Packages:
 
 def package_call(bucket, run):
     """A loaded package's flat call ``run`` (:func:`~.aot_packages.load`) as the step of a
-    row ``bucket`` (``(tokens, index, caches, cache_rows, memories, bias) -> (logits, best or
-    None)``),
-    as the encoder pass (``source_ids -> memories``) or as a GPT's prompt pass
+    row ``bucket`` (``(tokens, index, caches, cache_rows, memories, bias) -> (logits, best
+    or None)``), as the encoder pass (``source_ids -> memories``) or as a GPT's prompt pass
     (``(tokens, caches) -> None``, the caches written in place)."""
     if bucket == ENCODER:
         return _encoder_call(run)
