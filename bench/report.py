@@ -225,6 +225,14 @@ def row_decode_compiled_2threads():
     return row_decode_compiled("decode_compiled_2threads.epyc-avx512bf16")
 
 
+def row_decode_compiled_vnni():
+    return row_decode_compiled("decode_compiled_search.xeon-avx512vnni")
+
+
+def row_decode_compiled_vnni_2threads():
+    return row_decode_compiled("decode_compiled_2threads.xeon-avx512vnni")
+
+
 def row_decode_precision():
     stems = ["decode_precision.epyc-avx512bf16", "decode_precision.xeon-amx"]
     ours, peers, ratios = [], [], []
@@ -271,14 +279,12 @@ def row_gpt2():
             f"{'; '.join(peers)}", "; ".join(ratios), "1", [stem])
 
 
-def row_one_sentence():
-    stem = "compiled_step.epyc-avx512bf16"
+def row_one_sentence(stem="compiled_step.epyc-avx512bf16"):
     found = result(stem)
     engines = ("compiled", "keras", "ctranslate2")
-    one = [pick(found["results"], engine=e, precision="float32") for e in engines]
-    gen = [pick(found["generations"], engine=e, precision="float32") for e in engines]
-    one8, gen8 = (pick(found[k], engine="compiled", precision="int8")
-                  for k in ("results", "generations"))
+    kinds = [k for k in ("results", "generations") if found.get(k)]  # no GPT: one sentence
+    best = {k: [pick(found[k], engine=e, precision="float32") for e in engines] for k in kinds}
+    int8 = {k: pick(found[k], engine="compiled", precision="int8") for k in kinds}
 
     def pair(r):
         return f"{r['seconds']} / {r['peak_mb']}"
@@ -286,15 +292,20 @@ def row_one_sentence():
     def share(r, keras):
         return f"{r['seconds'] / keras['seconds']:.2f}"
 
+    what = {"results": "`translate RUN TEXT` (one sentence)",
+            "generations": "`generate` (GPT-2 124M, 64 tokens)"}
     return ("from a shell with `--engine compiled`, packages built (no Keras imported): "
-            "`translate RUN TEXT` (one sentence); `generate` (GPT-2 124M, 64 tokens), wall s "
-            "/ peak MB",
-            f"float32 {pair(one[0])}, int8 {pair(one8)}; float32 {pair(gen[0])}, "
-            f"int8 {pair(gen8)}",
-            f"`--engine keras`: {pair(one[1])}; {pair(gen[1])}. `--engine ctranslate2`, "
-            f"export current: {pair(one[2])}; {pair(gen[2])}",
-            f"{share(one[0], one[1])}, {share(one8, one[1])}; {share(gen[0], gen[1])}, "
-            f"{share(gen8, gen[1])} of the keras engine's time", "2", [stem])
+            + "; ".join(what[k] for k in kinds) + ", wall s / peak MB",
+            "; ".join(f"float32 {pair(best[k][0])}, int8 {pair(int8[k])}" for k in kinds),
+            "`--engine keras`: " + "; ".join(pair(best[k][1]) for k in kinds)
+            + ". `--engine ctranslate2`, export current: "
+            + "; ".join(pair(best[k][2]) for k in kinds),
+            "; ".join(f"{share(best[k][0], best[k][1])}, {share(int8[k], best[k][1])}"
+                      for k in kinds) + " of the keras engine's time", "2", [stem])
+
+
+def row_one_sentence_vnni():
+    return row_one_sentence("compiled_step.xeon-avx512vnni")
 
 
 def row_serve_latency():
@@ -369,8 +380,9 @@ def row_data_scale():
 
 ROWS = [row_multi30k_hour, row_budgeted_training, row_train_step, row_train_step_bfloat16,
         row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled,
-        row_decode_compiled_2threads, row_gpt2,
-        row_one_sentence, row_serve_latency, row_nanogpt, row_data_scale]
+        row_decode_compiled_2threads, row_decode_compiled_vnni, row_decode_compiled_vnni_2threads,
+        row_gpt2,
+        row_one_sentence, row_one_sentence_vnni, row_serve_latency, row_nanogpt, row_data_scale]
 
 
 def family_line(family, machine):
