@@ -203,6 +203,52 @@ def run_worker(script, args, env_extra=None, timeout=1800, python=None, stdin=No
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+ANSWER = "@answer "  # how a kept worker's answer line starts (any other line is its own)
+
+
+class KeptWorker:
+    """A worker process kept running for a whole measurement, so that systems can take
+    turns pass by pass (one process each: two systems' OpenMP runtimes must not share
+    one) while the machine's speed drifts: ``ask(message)`` writes ``message`` as one JSON
+    line to its standard input and returns the JSON of the first line it prints that
+    starts with :data:`ANSWER` (its other output is ignored), or ``{"error": ...}`` (the
+    last line of its standard error) once it has ended. ``script args`` run with this
+    interpreter and this environment, ``env_extra`` added."""
+
+    def __init__(self, script, args, env_extra=None):
+        import tempfile
+
+        self._errors = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen([sys.executable, script, *args],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self._errors, text=True,
+                                        env=dict(os.environ, **(env_extra or {})))
+
+    def ask(self, message):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps(message) + "\n")
+                self.process.stdin.flush()
+                for line in self.process.stdout:
+                    if line.startswith(ANSWER):
+                        return json.loads(line[len(ANSWER):])
+            except BrokenPipeError:
+                pass
+        self.process.wait()
+        self._errors.seek(0)
+        lines = self._errors.read().strip().splitlines()
+        return {"error": lines[-1] if lines else f"ended (exit {self.process.returncode})"}
+
+    def close(self):
+        """End the worker (its standard input closed: it returns) and wait for it."""
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.process.wait()
+        self._errors.close()
+
+
 # (flag, label): the widest vector feature names a CPU family, first match wins
 _FAMILY_FEATURES = (("amx_bf16", "amx"), ("avx512_bf16", "avx512bf16"),
                     ("avx512_vnni", "avx512vnni"), ("avx512f", "avx512"), ("avx2", "avx2"))

@@ -14,10 +14,14 @@ Two workloads on Multi30k test2016 (German -> English), sorted by length, batche
   that every system does the same work whatever the weights (a briefly trained run may end
   its sentences at once).
 
-Every system runs in processes of its own, one per system and round, in the reverse order
-every other round (``bench/decode.py``'s protocol: CTranslate2's OpenMP pool and PyTorch's
-must not share a process); each configuration keeps its best of ``--repeats`` rounds; every
-system uses ``--threads`` CPU threads (1).
+Every system runs in a process of its own (CTranslate2's OpenMP pool and PyTorch's must not
+share one), kept running for the whole measurement; the systems take turns pass by pass:
+for each workload, ``--repeats`` rounds of one timed pass per system, in the reverse order
+every other round (a workload's first pass in each process follows an untimed warm-up
+batch). A system's passes are thus seconds, not minutes, apart from its peers', and a
+drift of the machine's speed reaches them alike. Each configuration keeps its best pass;
+every system uses ``--threads`` CPU threads (1). The ``ov-*`` systems run a process a round
+(all workloads), after the others.
 
     python bench/decode_precision.py RUN   # -> bench/results/decode_precision.FAMILY.{json,md}
 
@@ -63,6 +67,7 @@ fixed cost (the calls a step makes whatever its rows) decides the speed.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -77,6 +82,8 @@ HERE = os.path.abspath(__file__)
 SYSTEMS = ("tk-float32", "tk-bfloat16", "tk-int8", "tk-compiled", "tk-compiled-bfloat16",
            "tk-compiled-int8", "ct2-float32", "ct2-int8", "ov-float32", "ov-int8")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if not s.startswith("ov-")]  # ov-*: a venv of its own
+PAUSE = 0.25  # seconds between two systems' passes: an OpenMP pool that has just
+# finished spins its threads a moment before it sleeps
 # (search, output tokens, forced)
 WORKLOADS = [("greedy", 64, False), ("beam4", 64, False), ("greedy", 32, True),
              ("beam4", 32, True)]
@@ -119,28 +126,43 @@ def workload_inputs(spec, forced):
     return batches, references, target_tok, sum(len(chunk) for chunk, _ in batches)
 
 
-def worker(spec):
-    """Every workload of one system once, after a warm-up batch each."""
+def timed_pass(system, workload, prepared):
+    """One timed pass of ``workload`` by ``system`` over its batches (``prepared``:
+    ``(decode, batches, references, target tokenizer, count)``): its :func:`job_result`."""
+    run, batches, references, target_tok, count = prepared
+    outputs = [None] * count
+    started = time.perf_counter()
+    for chunk, ids in batches:
+        for i, out in zip(chunk, run(ids), strict=True):
+            outputs[i] = [int(t) for t in out]
+    return job_result(system, workload, count, time.perf_counter() - started, outputs,
+                      references, target_tok)
+
+
+def pass_worker(spec):
+    """A system's worker, kept running for the whole measurement (``--pass-worker``): each
+    line on its standard input names a workload (its index in :data:`WORKLOADS`), and it
+    answers with one timed pass of it (:func:`timed_pass`, on a line starting with
+    ``common.ANSWER``), or ``{"error": ...}``. A workload's first request makes its decoder
+    and runs the warm-up batch (packs the weights, loads or builds the kernels) untimed."""
     import transformerkit
 
     transformerkit.keep_freed_memory()  # the CLI's malloc setting, for every system alike
-    results = []
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    for search, tokens, forced in WORKLOADS:
-        batches, references, target_tok, count = workload_inputs(spec, forced)
-        run = decoder(spec["run"], spec["system"], search, tokens, forced, threads)
-        run(batches[-1][1])  # warm-up: packs the weights, builds the kernels
-        outputs = [None] * count
-        started = time.perf_counter()
-        for chunk, ids in batches:
-            for i, out in zip(chunk, run(ids), strict=True):
-                outputs[i] = [int(t) for t in out]
-        job = job_result(spec["system"], (search, tokens, forced), count,
-                         time.perf_counter() - started, outputs, references, target_tok)
-        print(f"    {spec['system']} {search} {tokens}{' forced' if forced else ''}: "
-              f"{job['seconds']} s", file=sys.stderr, flush=True)
-        results.append(job)
-    return results
+    prepared = {}
+    for line in sys.stdin:
+        workload = WORKLOADS[json.loads(line)]
+        try:
+            if workload not in prepared:
+                search, tokens, forced = workload
+                batches, references, target_tok, count = workload_inputs(spec, forced)
+                run = decoder(spec["run"], spec["system"], search, tokens, forced, threads)
+                run(batches[-1][1])
+                prepared[workload] = (run, batches, references, target_tok, count)
+            answer = timed_pass(spec["system"], workload, prepared[workload])
+        except Exception as error:  # noqa: BLE001 - reported to the controller, which goes on
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        print(common.ANSWER + json.dumps(answer), flush=True)
 
 
 def openvino_round(spec, threads):
@@ -171,12 +193,14 @@ def openvino_round(spec, threads):
     return results
 
 
-def worker_rounds(args, flag, spec, failed):
-    """Yield what each system's worker (``flag``) prints, every system in a process of its
-    own, ``args.repeats`` rounds in alternating order; a failed worker goes to ``failed``."""
+def worker_rounds(args, flag, spec, failed, systems=None):
+    """Yield what each system's worker (``flag``) prints, every system (``systems``, default
+    ``args.systems``) in a process of its own, ``args.repeats`` rounds in alternating order;
+    a failed worker goes to ``failed``."""
     env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
+    chosen = list(args.systems if systems is None else systems)
     for round_index in range(args.repeats):
-        systems = list(args.systems) if round_index % 2 == 0 else list(reversed(args.systems))
+        systems = chosen if round_index % 2 == 0 else chosen[::-1]
         for system in systems:
             job = dict(spec, system=system, run=os.path.abspath(args.run), batch=args.batch)
             print(f"... round {round_index + 1}/{args.repeats}: {system}", flush=True)
@@ -194,12 +218,48 @@ def worker_rounds(args, flag, spec, failed):
             yield out
 
 
+def interleaved_passes(args, systems, spec, failed):
+    """Yield each timed pass of ``systems`` (no ``ov-*`` one) as a one-result list: every
+    system in a :class:`common.KeptWorker` of its own (:func:`pass_worker`), kept running
+    for the whole measurement; for each workload, ``args.repeats`` rounds of one pass per
+    system, in reverse order every other round, :data:`PAUSE` seconds apart. So the systems
+    take turns every few seconds, and a drift of the machine's speed reaches them alike. A
+    system whose pass fails goes to ``failed`` and takes no further turn."""
+    env = {"KERAS_BACKEND": "torch", "OMP_NUM_THREADS": str(args.threads)}
+    workers = {system: common.KeptWorker(HERE, ["--pass-worker", json.dumps(
+        dict(spec, system=system, run=os.path.abspath(args.run), batch=args.batch))], env)
+        for system in systems}
+    try:
+        for index, (search, tokens, forced) in enumerate(WORKLOADS):
+            for round_index in range(args.repeats):
+                order = systems if round_index % 2 == 0 else systems[::-1]
+                for system in (s for s in order if s in workers):
+                    time.sleep(PAUSE)
+                    out = workers[system].ask(index)
+                    label = f"{system} {search} {tokens}{' forced' if forced else ''}"
+                    if "error" in out:
+                        print(f"    {label} failed: {out['error']}", flush=True)
+                        failed.append(dict(system=system, **out))
+                        workers.pop(system).close()
+                        continue
+                    print(f"... round {round_index + 1}/{args.repeats}: {label}: "
+                          f"{out['seconds']} s", flush=True)
+                    yield [out]
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
 def run_all(args):
     import torch
 
     timings, failed, openvino = {}, [], {}
     spec = dict(sentences=args.sentences, forced_sentences=args.forced_sentences)
-    for out in worker_rounds(args, "--worker", spec, failed):
+    kept = [s for s in args.systems if not s.startswith("ov-")]
+    passes = interleaved_passes(args, kept, spec, failed)
+    rounds = worker_rounds(args, None, spec, failed,
+                           [s for s in args.systems if s.startswith("ov-")])
+    for out in itertools.chain(passes, rounds):
         for r in out:
             if "openvino" in r:  # per ov-* system: its IR, packages, CPU name, settings
                 openvino[r["system"]] = r.pop("openvino")
@@ -228,6 +288,7 @@ def run_all(args):
                                torch_version=torch.__version__),
                "cpu_flags_all": flags, "auto": precisions.choose("auto"),
                "run": os.path.abspath(args.run), "batch": args.batch, "repeats": args.repeats,
+               "protocol": "passes interleaved across kept worker processes",
                "results": results, "failed": failed}
     if openvino:
         payload["openvino"] = openvino
@@ -430,7 +491,8 @@ def main():
                         help="test2016 sentences decoded to 32 forced tokens (256)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2,
-                        help="rounds (one process per system each); best is kept")
+                        help="rounds: timed passes of each system per workload, "
+                             "interleaved (--rows: a process per system each); best kept")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per process, the same for every system (1)")
     parser.add_argument("--name", default="decode_precision",
@@ -444,7 +506,7 @@ def main():
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help="comma-separated systems to run, of " + ", ".join(SYSTEMS)
                              + " (default: all but the ov-* ones, which need .venv-openvino)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--pass-worker", help=argparse.SUPPRESS)
     parser.add_argument("--rows-worker", help=argparse.SUPPRESS)
     parser.add_argument("--kernel-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -456,7 +518,7 @@ def main():
     openvino = [s for s in args.systems if s.startswith("ov-")]
     if openvino and (args.rows or args.kernels):
         parser.error(f"--rows and --kernels do not cover {', '.join(openvino)}")
-    if openvino and not (args.worker or args.rows_worker or args.kernel_worker):
+    if openvino and not (args.pass_worker or args.rows_worker or args.kernel_worker):
         openvino_peer.require_venv()
     if args.kernel_worker:
         print(json.dumps(kernel_timings(int(args.kernel_worker), capped=True)))
@@ -464,14 +526,14 @@ def main():
     if args.kernels:
         run_kernels(args)
         return
-    if args.worker or args.rows_worker:
+    if args.pass_worker or args.rows_worker:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         if args.rows_worker:
             print(json.dumps(rows_worker(json.loads(args.rows_worker))))
         else:
-            print(json.dumps(worker(json.loads(args.worker))))
+            pass_worker(json.loads(args.pass_worker))
         return
     if args.run is None:
         parser.error("the run directory (RUN) is required")
