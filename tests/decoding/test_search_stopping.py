@@ -99,6 +99,44 @@ def test_dropping_finished_rows_changes_no_result(use_cache):
                         beam_translate(model, SOURCES, drop_finished=False, **options))
 
 
+def test_finished_rows_leave_the_batch_once_they_are_its_drop_share(monkeypatch):
+    """Greedy search takes a finished row's output at once and drops the finished rows once
+    they are ``DROP_SHARE`` of the batch: the ids and every step's logits are the same
+    whatever the share (the same kernels on fewer or more rows: near-ties allowed for the
+    ids, the logits within their rounding bound), and a larger share drops less often
+    (1: never before the batch is done)."""
+    from transformerkit.decoding import greedy
+    from transformerkit.decoding.eager_steps import EagerSteps
+
+    model = mixed_length_model(0, 2.0)
+    next_logits = next_logits_after(model, SOURCES)
+    drops = []
+    reorder = EagerSteps.reorder
+
+    def counted(self, state, rows, filled):
+        drops[-1] += 1
+        return reorder(self, state, rows, filled)
+
+    monkeypatch.setattr(EagerSteps, "reorder", counted)
+    found = {}
+    for share in (0.0, 0.25, 1.0):
+        monkeypatch.setattr(greedy, "DROP_SHARE", share)
+        drops.append(0)
+        found[share] = greedy_translate(model, SOURCES, return_logits=True)
+    ids, logits = found[0.0]
+    assert len({len(x) for x in ids}) > 2  # the sentences end at different steps
+    assert drops[0] > drops[1] > drops[2] == 0
+    atol = tol.chain_atol(tol.model_roundings(model, SOURCES.shape[1], logits.shape[1]),
+                          logits, paths=2)
+    for share in (0.25, 1.0):
+        assert_same_ids_or_near_tie(found[share][0], ids, next_logits)
+        same = [row for row, out in enumerate(ids) if found[share][0][row] == out]
+        assert same  # the logits of the rows whose ids agree (after a near-tie they part)
+        tol.assert_within(found[share][1][same], logits[same], atol, f"share {share}")
+    for row, out in enumerate(ids):  # a row's steps after its end token are zeros
+        assert not found[1.0][1][row, len(out) + 1:].any()
+
+
 def test_dropping_finished_rows_on_a_trained_model(trained_model):
     """As above on a trained model (near-ties allowed), and the logits of the steps each row
     ran agree within two paths' bound."""

@@ -6,7 +6,8 @@ one compiled function per shape bucket on JAX and TensorFlow (:mod:`.compiled`).
 
 Live rows: in the eager PyTorch loop a sentence that has finished leaves the batch (its
 rows are dropped from the key/value caches and the encoder memory), so each step runs on
-the sentences still being decoded, as CTranslate2 does. The compiled JAX/TensorFlow loops
+the sentences still being decoded, as CTranslate2 does; finished rows leave together, once
+they are :data:`DROP_SHARE` of the batch. The compiled JAX/TensorFlow loops
 keep fixed shapes (``lax.while_loop`` / ``tf.while_loop`` need loop-invariant shapes; a
 shrinking batch would mean one compiled function per batch size and a loop outside XLA),
 so there a finished row keeps running and its output is padding. Both give the same
@@ -36,6 +37,8 @@ from transformerkit.decoding.loop_ops import loop_ops
 from transformerkit.decoding.options import SearchOptions, resolve
 from transformerkit.decoding.steps import make_steps, token_at
 from transformerkit.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+DROP_SHARE = 1 / 8  # finished rows leave the batch once they are this share of its rows
 
 
 def argmax_choice(logits, index):
@@ -170,7 +173,12 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
                       no_repeat_ngram_size=0):
     """:func:`token_search` in the eager loop where finished rows leave the batch: the same
     steps on the live rows only (which rows are live is known on the host every step, as
-    the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``."""
+    the fixed-shape loop's stop test knows it). Returns NumPy ``(buffer, logits or None)``.
+
+    A finished row's output is taken at once, and the row leaves the batch once the
+    finished rows still in it make up :data:`DROP_SHARE` of it: dropping gathers the
+    caches' rows (or their table) and the encoder memory of the rows kept, which costs more
+    than running a few finished rows a few steps more (their tokens are not used)."""
     xp = loop_ops()  # keras.ops; torch's kernels on eager PyTorch
     rows, width = buffer.shape
     rules = TokenRules.shared(steps.vocab_size, eos_id)
@@ -186,21 +194,22 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
     in_place = fastpath.applies(buf)  # PyTorch: the token written into the loop's own copy
     if in_place:
         buf = buf.clone()
-    live = np.arange(rows)
+    live = np.arange(rows)  # the batch's rows (finished ones among them until dropped)
+    done = np.zeros(rows, bool)  # which of them have finished (their output taken)
     index = first_index
-    # the live rows' prompt lengths, and the position of the last token each one's cap
-    # allows (a row's ``made + 1 >= cap`` is ``position >= prompt + cap - 1``); before the
-    # first of those positions no row is capped (no array test a step)
+    # the rows' prompt lengths, and the position of the last token each one's cap allows
+    # (a row's ``made + 1 >= cap`` is ``position >= prompt + cap - 1``); before the first of
+    # those positions no row is capped (no array test a step)
     live_prompts, last_positions = prompts, prompts + limits - 1
     first_cap = int(last_positions.min())
 
     def keep_only(keep):
-        nonlocal buf, state, static, live, live_prompts, last_positions, first_cap
+        nonlocal buf, state, static, live, done, live_prompts, last_positions, first_cap
         kept = xp.convert_to_tensor(keep, "int32")
         buf = xp.take(buf, kept, axis=0)
         state = steps.reorder(state, kept, index)  # positions 0..index-1 are filled
         static = steps.select_sources(static, kept)
-        live = live[keep]
+        live, done = live[keep], done[keep]
         live_prompts, last_positions = prompts[live], prompts[live] + limits[live] - 1
         first_cap = int(last_positions.min())
 
@@ -230,7 +239,8 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
         else:
             buf = xp.slice_update(buf, [0, position], xp.expand_dims(token, 1))
         if collect_logits:
-            logits_out[live, index] = to_numpy(logits)
+            running = ~done
+            logits_out[live[running], index] = to_numpy(logits)[running]
         ends = to_numpy(token) == eos_id
         if capped is not None:
             ends |= capped
@@ -238,15 +248,18 @@ def _live_rows_search(steps, static, state, buffer, first_index, prompt_lengths,
             ends &= ~in_prompt
         elif in_prompt:
             ends[:] = False
+        ends &= ~done
         index = position
         if ends.any():
             out[live[ends]] = to_numpy(buf)[ends]
-            if ends.all():  # the batch is done: nothing to keep
-                live = live[:0]
-            else:
-                keep_only(np.flatnonzero(~ends))
-    if live.size:
-        out[live] = to_numpy(buf)
+            done |= ends
+            if done.all():  # the batch is done: nothing to keep
+                live, done = live[:0], done[:0]
+            elif done.sum() >= DROP_SHARE * live.size:
+                keep_only(np.flatnonzero(~done))
+    running = live[~done]
+    if running.size:
+        out[running] = to_numpy(buf)[~done]
     return out, logits_out
 
 
