@@ -106,23 +106,23 @@ def test_finished_rows_leave_the_batch_once_they_are_its_drop_share(monkeypatch)
     ids, the logits within their rounding bound), and a larger share drops less often
     (1: never before the batch is done)."""
     from transformerkit.decoding import greedy
-    from transformerkit.decoding.eager_steps import EagerSteps
 
     model = mixed_length_model(0, 2.0)
     next_logits = next_logits_after(model, SOURCES)
-    drops = []
-    reorder = EagerSteps.reorder
+    step_and_choose = greedy.step_and_choose
+    rows = []  # the rows of each step of the search under way
 
-    def counted(self, state, rows, filled):
-        drops[-1] += 1
-        return reorder(self, state, rows, filled)
+    def counted(steps, rules, choose, buffer, *args, **kwargs):
+        rows[-1].append(buffer.shape[0])
+        return step_and_choose(steps, rules, choose, buffer, *args, **kwargs)
 
-    monkeypatch.setattr(EagerSteps, "reorder", counted)
+    monkeypatch.setattr(greedy, "step_and_choose", counted)
     found = {}
     for share in (0.0, 0.25, 1.0):
         monkeypatch.setattr(greedy, "DROP_SHARE", share)
-        drops.append(0)
+        rows.append([])
         found[share] = greedy_translate(model, SOURCES, return_logits=True)
+    drops = [sum(b < a for a, b in zip(steps, steps[1:], strict=False)) for steps in rows]
     ids, logits = found[0.0]
     assert len({len(x) for x in ids}) > 2  # the sentences end at different steps
     assert drops[0] > drops[1] > drops[2] == 0
