@@ -165,6 +165,29 @@ def test_a_time_budget_fits_the_cooldown_to_its_end(seconds_per_update):
     assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == 0.0
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_rank_0_checks_the_time_budget(rank):
+    """Several processes: the budget is rank 0's clock. Rank 0 stops at the update that
+    spends it (``time_budget``); another rank, whose clock started at another moment, never
+    stops on its own (:class:`StopTogether` brings it rank 0's stop on the same update), so
+    rank 0, which writes metrics.json, always has the reason."""
+    from transformerkit.training.callbacks import StopConditions
+    from transformerkit.training.processes import ProcessGroup
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    clock = Clock(1.0)
+    stop = StopConditions(time_budget=10, clock=clock,
+                          group=ProcessGroup(rank=rank, size=2, kind="torch"))
+    x = np.zeros((64, 3), "float32")
+    model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[Tick(clock), stop])
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    if rank == 0:
+        assert stop.stopped_by == "time_budget" and steps == 10
+    else:
+        assert stop.stopped_by is None and steps == 16
+
+
 def test_a_budget_that_outlasts_the_run_leaves_the_cooldown_at_the_runs_end():
     """A 10,000-second budget over a run of 1024 updates (its epochs): every estimate is
     capped at the run's length, so the window stays where the epochs end it (the schedule

@@ -309,7 +309,8 @@ class StopConditions(keras.callbacks.Callback):
     this ``fit``, which pays for building the step, over their seconds; evaluation pauses
     included) as ``step + rate * seconds left``, and the cooldown retargeted to end there
     (where that moves its end by more than 1% or 2 updates; several processes use rank 0's
-    estimate, so they keep one schedule). A run whose cooldown has ended before the budget
+    estimate, so they keep one schedule, and only rank 0 checks the budget: its stop reaches
+    the others through :class:`StopTogether`). A run whose cooldown has ended before the budget
     stops there (``stopped_by`` ``cooldown_end``: the rate is zero). A train function that
     was compiled with the old window (JAX and TensorFlow graphs, ``torch.compile``) is
     rebuilt after a retarget.
@@ -359,13 +360,13 @@ class StopConditions(keras.callbacks.Callback):
         return self.stopped_by is not None
 
     def _rule(self, step, elapsed):
-        """The stop rule that fires at update ``step`` after ``elapsed`` budget seconds, or
-        None."""
+        """The stop rule that fires at update ``step`` after ``elapsed`` budget seconds (None:
+        the budget is not this process's to check), or None."""
         if self.max_steps is not None and step >= self.max_steps:
             return "max_steps"
         if self._budget_ends(step):
             return "cooldown_end"
-        if self.time_budget is not None and elapsed >= self.time_budget:
+        if self.time_budget is not None and elapsed is not None and elapsed >= self.time_budget:
             return "time_budget"
         return None
 
@@ -389,7 +390,10 @@ class StopConditions(keras.callbacks.Callback):
             self._first = (step, self.elapsed())
         if self._fitted is not None and is_retarget_point(step, self._first[0]):
             self._retarget(step)  # before the rules: every process reaches the broadcast
-        self.stopped_by = self._rule(step, self.elapsed())
+        # the budget is rank 0's clock: another rank's clock started at another moment, and
+        # its stop, reached alone, would leave rank 0 without a reason (StopTogether carries
+        # rank 0's stop to every rank, on the same update)
+        self.stopped_by = self._rule(step, self.elapsed() if self.group.is_main else None)
         if self.stopped_by:
             steps = (self.params or {}).get("steps")
             if steps is not None and batch + 1 >= steps:
