@@ -253,30 +253,47 @@ def row_decode_precision():
             f"CTranslate2 float32 / int8: {'; '.join(peers)}", "; ".join(ratios), "1", stems)
 
 
-def row_gpt2():
-    stem = "gpt2_generate_openvino.epyc-avx512bf16"
+def row_gpt2(stem="gpt2_generate_openvino.epyc-avx512bf16"):
     rows = result(stem)["results"]
+    systems = {r["system"] for r in rows}
+    # ours: the compiled step at each precision the file has; OpenVINO where it ran
+    ours_systems = [(name, system) for name, system in (("int8", "tk-compiled-int8"),
+                                                        ("bfloat16", "tk-compiled-bfloat16"),
+                                                        ("float32", "tk-compiled"))
+                    if system in systems]
+    openvino = {"ov-float32", "ov-int8"} <= systems
 
     def ms(system, batch):
         return pick(rows, system=system, batch=batch)["ms_per_token"]
 
     ours, peers, ratios = [], [], []
     for batch in (1, 8):
-        i8, bf16, f32, hf = (ms(s, batch) for s in ("tk-compiled-int8", "tk-compiled-bfloat16",
-                                                    "tk-compiled", "hf"))
-        c32, c8 = ms("ct2-float32", batch), ms("ct2-int8", batch)
-        o32, o8 = ms("ov-float32", batch), ms("ov-int8", batch)
-        ours.append(f"{i8} / {bf16} / {f32}")
-        peers.append(f"{hf}, {c32} / {c8}, {o32} / {o8}")
-        ratios.append(f"{ratio(hf, i8)} / {ratio(hf, bf16)} / {ratio(hf, f32)} `transformers`, "
-                      f"int8 {ratio(c8, i8)} CT2 int8 and {ratio(o8, i8)} OpenVINO int8, "
-                      f"float32 {ratio(c32, f32)} CT2 float32 and {ratio(o32, f32)} OpenVINO "
-                      "float32")
+        mine = {name: ms(system, batch) for name, system in ours_systems}
+        hf, c32, c8 = ms("hf", batch), ms("ct2-float32", batch), ms("ct2-int8", batch)
+        ours.append(" / ".join(str(v) for v in mine.values()))
+        peers.append(f"{hf}, {c32} / {c8}"
+                     + (f", {ms('ov-float32', batch)} / {ms('ov-int8', batch)}"
+                        if openvino else ""))
+        int8_peers = [f"{ratio(c8, mine['int8'])} CT2 int8"]
+        float32_peers = [f"{ratio(c32, mine['float32'])} CT2 float32"]
+        if openvino:
+            int8_peers.append(f"{ratio(ms('ov-int8', batch), mine['int8'])} OpenVINO int8")
+            float32_peers.append(f"{ratio(ms('ov-float32', batch), mine['float32'])} "
+                                 "OpenVINO float32")
+        ratios.append(" / ".join(ratio(hf, v) for v in mine.values()) + " `transformers`, "
+                      f"int8 {' and '.join(int8_peers)}, "
+                      f"float32 {' and '.join(float32_peers)}")
     return ("GPT-2 124M (random weights), 16-token prompt + 64 new tokens, greedy, ms per new "
-            "token, batch 1; batch 8: `--engine compiled` int8 / bfloat16 / float32",
+            "token, batch 1; batch 8: `--engine compiled` "
+            + " / ".join(name for name, _ in ours_systems),
             "; ".join(ours),
-            "`transformers` generate, CTranslate2 float32 / int8, OpenVINO float32 / int8: "
-            f"{'; '.join(peers)}", "; ".join(ratios), "1", [stem])
+            "`transformers` generate, CTranslate2 float32 / int8"
+            + (", OpenVINO float32 / int8" if openvino else "") + f": {'; '.join(peers)}",
+            "; ".join(ratios), "1", [stem])
+
+
+def row_gpt2_vnni():
+    return row_gpt2("gpt2_generate.xeon-avx512vnni")
 
 
 def row_one_sentence(stem="compiled_step.epyc-avx512bf16"):
@@ -308,15 +325,19 @@ def row_one_sentence_vnni():
     return row_one_sentence("compiled_step.xeon-avx512vnni")
 
 
-def row_serve_latency():
-    stems = [f"serve_latency_{e}.epyc-avx512bf16"
-             for e in ("compiled_float32", "compiled_bfloat16", "keras_float32")]
+def row_serve_latency(family="epyc-avx512bf16", compiled=("float32", "bfloat16")):
+    stems = [f"serve_latency_{e}.{family}"
+             for e in (*(f"compiled_{p}" for p in compiled), "keras_float32")]
     p50 = [result(s)["levels"][0]["p50_ms"] for s in stems]
     return ("`transformerkit serve`, one client, one test2016 sentence per request, beam 4, "
-            "p50 latency, ms: `--engine compiled` float32 / bfloat16", f"{p50[0]} / {p50[1]}",
-            f"`--engine keras`: {p50[2]}",
-            f"{p50[0] / p50[2]:.2f} / {p50[1] / p50[2]:.2f} of the time", "2 (shared with "
-            "the client)", stems)
+            "p50 latency, ms: `--engine compiled` " + " / ".join(compiled),
+            " / ".join(str(p) for p in p50[:-1]), f"`--engine keras`: {p50[-1]}",
+            " / ".join(f"{p / p50[-1]:.2f}" for p in p50[:-1]) + " of the time",
+            "2 (shared with the client)", stems)
+
+
+def row_serve_latency_vnni():
+    return row_serve_latency("xeon-avx512vnni", ("float32", "int8"))
 
 
 def row_decode():
@@ -381,8 +402,9 @@ def row_data_scale():
 ROWS = [row_multi30k_hour, row_budgeted_training, row_train_step, row_train_step_bfloat16,
         row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled,
         row_decode_compiled_2threads, row_decode_compiled_vnni, row_decode_compiled_vnni_2threads,
-        row_gpt2,
-        row_one_sentence, row_one_sentence_vnni, row_serve_latency, row_nanogpt, row_data_scale]
+        row_gpt2, row_gpt2_vnni,
+        row_one_sentence, row_one_sentence_vnni, row_serve_latency,
+        row_serve_latency_vnni, row_nanogpt, row_data_scale]
 
 
 def family_line(family, machine):
