@@ -233,26 +233,6 @@ def row_decode_compiled_vnni_2threads():
     return row_decode_compiled("decode_compiled_2threads.xeon-avx512vnni")
 
 
-def row_decode_precision():
-    stems = ["decode_precision.epyc-avx512bf16", "decode_precision.xeon-amx"]
-    ours, peers, ratios = [], [], []
-    for stem in stems:
-        bf16, int8 = (_decoding(stem, s, "greedy") for s in ("tk-bfloat16", "tk-int8"))
-        c32, c8 = (_decoding(stem, s, "greedy") for s in ("ct2-float32", "ct2-int8"))
-        ours.append(f"{bf16['sentences_per_second']:.1f} / {int8['sentences_per_second']:.1f}")
-        peers.append(f"{c32['sentences_per_second']:.1f} / {c8['sentences_per_second']:.1f}")
-        ratios.append(f"{ratio(bf16['sentences_per_second'], c32['sentences_per_second'])} / "
-                      f"{ratio(int8['sentences_per_second'], c8['sentences_per_second'])}")
-    drift = max(abs(_decoding(stem, s, search)["bleu"] - _decoding(stem, "tk-float32",
-                                                                    search)["bleu"])
-                for stem in stems for s in ("tk-bfloat16", "tk-int8")
-                for search in ("greedy", "beam4"))
-    return ("decoding to the end token with the keras engine in bfloat16 / int8 (one scale "
-            "per input row), greedy, sentences/s: epyc-avx512bf16; xeon-amx (test2016 BLEU, "
-            f"greedy and beam 4, within {drift:.2f} of float32's)", "; ".join(ours),
-            f"CTranslate2 float32 / int8: {'; '.join(peers)}", "; ".join(ratios), "1", stems)
-
-
 def row_gpt2(stem="gpt2_generate_openvino.epyc-avx512bf16"):
     rows = result(stem)["results"]
     systems = {r["system"] for r in rows}
@@ -293,7 +273,7 @@ def row_gpt2(stem="gpt2_generate_openvino.epyc-avx512bf16"):
 
 
 def row_gpt2_vnni():
-    return row_gpt2("gpt2_generate.xeon-avx512vnni")
+    return row_gpt2("gpt2_generate_openvino.xeon-avx512vnni")
 
 
 def row_one_sentence(stem="compiled_step.epyc-avx512bf16"):
@@ -400,7 +380,7 @@ def row_data_scale():
 
 
 ROWS = [row_multi30k_hour, row_budgeted_training, row_train_step, row_train_step_bfloat16,
-        row_decode, row_decode_to_eos, row_decode_precision, row_decode_compiled,
+        row_decode, row_decode_to_eos, row_decode_compiled,
         row_decode_compiled_2threads, row_decode_compiled_vnni, row_decode_compiled_vnni_2threads,
         row_gpt2, row_gpt2_vnni,
         row_one_sentence, row_one_sentence_vnni, row_serve_latency,

@@ -25,6 +25,8 @@ from manual import DOCS, DOCUMENTS, MANUAL_PAGES, README, ROOT, blocks, commands
 # The docs pages whose blocks this test does not run, and why.
 NOT_MANUAL_PAGES = {
     "layout.md": "the source tree as a listing: no commands",
+    "testing.md": "the test suite itself, described: no commands but `make test` and "
+                  "`make test-slow`, which run this suite",
     "pretrained_marian.md": "its block reads a downloaded OPUS-MT folder; "
                             "tests/models/test_marian_import.py builds such folders with "
                             "transformers and checks what the page says on them",
