@@ -286,19 +286,36 @@ def test_the_encoder_pass_runs_as_its_package(transformer, monkeypatch):
 @pytest.mark.parametrize("settings", [
     dict(beam_size=3),
     dict(beam_size=2, n_best=2, alpha=1.0, penalty="power", stopping="heuristic",
-         forced_eos=True, renormalize=True, no_repeat_ngram_size=4)],
-    ids=["defaults", "transformers-rules"])
+         forced_eos=True, renormalize=True, no_repeat_ngram_size=4),
+    dict(beam_size=3, score_chunk=4),
+    dict(beam_size=2, n_best=2, alpha=1.0, penalty="power", stopping="heuristic",
+         forced_eos=True, renormalize=True, score_chunk=4),
+    dict(beam_size=2, forced_eos=True, score_chunk=4)],
+    ids=["defaults", "transformers-rules", "defaults-unwritten", "rules-unwritten",
+         "forced-unwritten"])
 def test_a_beam_search_runs_its_step_work_compiled_as_the_eager_work(transformer,
                                                                     package_directory,
                                                                     monkeypatch, settings):
     """A compiled-engine beam search runs its search's work of every step (the candidates,
     the finished hypotheses, the next beams, whose search is over) through its package:
     at each step of a real search, from the same state and logits, the package gives the
-    eager function's result: the same ids, rows and flags, scores within float32 rounding.
+    eager function's result: the same ids, rows and flags, scores within float32 rounding
+    (of the beams and finished slots whose score is finite: which of several tied -inf
+    candidates fills a slot, the selection leaves open).
     The hypotheses equal the eager engine's. With ``min_new_tokens`` (a rule the package
-    cannot hold) the work runs eagerly, without a warning."""
-    from transformerkit.decoding import aot_search, beam_translate
+    cannot hold) the work runs eagerly, without a warning. ``score_chunk``: chunks narrow
+    enough for the 30-word vocabulary to take the captured graph's selection that never
+    writes the scores (``beam.SCORE_CHUNK``; leftover columns at 4)."""
+    from transformerkit.decoding import aot_search, beam, beam_translate
     from transformerkit.decoding.aot_step import CompiledSteps
+
+    settings = dict(settings)
+    unwritten = "score_chunk" in settings
+    monkeypatch.setattr(beam, "SCORE_CHUNK", settings.pop("score_chunk", beam.SCORE_CHUNK))
+    captured = []
+    grouped_top_k = beam.grouped_top_k
+    monkeypatch.setattr(beam, "grouped_top_k",
+                        lambda *a, **k: captured.append(1) or grouped_top_k(*a, **k))
 
     calls = []
     original = CompiledSteps.search_work
@@ -312,13 +329,23 @@ def test_a_beam_search_runs_its_step_work_compiled_as_the_eager_work(transformer
             want_new, want_rows, want_done = work(logits.clone(), s, index)
             calls.append(index)
             assert new["index"] == want_new["index"] == index + 1
+            # a beam or a finished slot at -inf holds nothing (which of the tied -inf
+            # candidates fills it is left open, as top_k leaves ties): compared where finite
+            live, kept = (np.isfinite(want_new[name].numpy().reshape(-1))
+                          for name in ("alive_logp", "finished_score"))
+            for name in ("alive_logp", "finished_score"):
+                np.testing.assert_array_equal(np.isfinite(new[name].numpy().reshape(-1)),
+                                              live if name == "alive_logp" else kept)
             for name in aot_search.CHANGED:
                 got, want = new[name].numpy(), want_new[name].numpy()
+                rows_of = live if name.startswith("alive") else kept
+                got, want = got.reshape(len(rows_of), -1), want.reshape(len(rows_of), -1)
+                got, want = got[rows_of], want[rows_of]
                 if got.dtype.kind == "f":
                     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
                 else:
                     np.testing.assert_array_equal(got, want, err_msg=name)
-            np.testing.assert_array_equal(rows.numpy(), want_rows.numpy())
+            np.testing.assert_array_equal(rows.numpy()[live], want_rows.numpy()[live])
             np.testing.assert_array_equal(done.numpy(), want_done.numpy())
             return new, rows, done
 
@@ -335,6 +362,7 @@ def test_a_beam_search_runs_its_step_work_compiled_as_the_eager_work(transformer
         np.testing.assert_allclose([h.score for h in got], [h.score for h in want],
                                    rtol=1e-5)
     assert len(list(package_directory.glob("search-*.pt2"))) >= 1
+    assert bool(captured) == unwritten  # the package's selection: captured once, when built
 
     used = []
     with monkeypatch.context() as patch:

@@ -44,6 +44,7 @@ from transformerkit.decoding.common import (
     TokenRules,
     argmax_ids,
     chunked_top_k,
+    grouped_top_k,
     length_penalty,
     log_softmax_plus,
 )
@@ -314,6 +315,43 @@ def test_chunked_top_k_equals_top_k(monkeypatch, shortcuts):
         np.testing.assert_array_equal(np.take_along_axis(x, indices, 1), values)
         assert (np.sort(indices, 1)[:, 1:] != np.sort(indices, 1)[:, :-1]).all()  # distinct
 
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a PyTorch function")
+def test_grouped_top_k_equals_the_top_k_of_the_written_scores():
+    """The compiled beam search's selection (scores computed inside the chunk maxima, never
+    written) picks what ``chunked_top_k`` of the written scores picks: the same values,
+    ids whose scores are those values, distinct; widths with and without leftover columns,
+    dead beams (a row's offset -inf), ruled-out columns, ties across rows and chunks."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    for n, group, vocab, k, chunk in [(3, 4, 1000, 8, 16), (2, 2, 643, 4, 32),
+                                      (1, 3, 90, 6, 4), (4, 1, 300, 2, 8)]:
+        x = torch.as_tensor(rng.normal(size=(n * group, vocab)).astype("float32"))
+        x[-1, 5::7] = 4.0  # ties within the row, across its chunks and its leftover columns
+        offset = torch.as_tensor(rng.normal(size=(n * group, 1)).astype("float32"))
+        offset[1] = -np.inf  # a dead beam
+        ruled = torch.zeros(1, vocab)
+        ruled[0, [0, 1, vocab - 1]] = -np.inf
+        if n > 1 and group > 1:
+            x[group : 2 * group] = x[group]  # a sentence whose beams tie row for row
+            offset[group : 2 * group] = offset[group]
+
+        def score(values, rows, columns, offset=offset, ruled=ruled):
+            of_row = offset if rows is None else offset[rows, 0]
+            of_column = ruled if columns is None else ruled[0, columns]
+            return (values - 0.5) * 2.0 + of_row + of_column
+
+        written = score(x, None, None)
+        want_values, _ = chunked_top_k(written.reshape(n, group * vocab), k, chunk=chunk)
+        values, ids = grouped_top_k(x, score, k, group, chunk=chunk)
+        assert ids.dtype == torch.int32 and values.shape == ids.shape == (n, k)
+        np.testing.assert_array_equal(values.numpy(), want_values.numpy())
+        np.testing.assert_array_equal(
+            torch.gather(written.reshape(n, group * vocab), 1, ids.long()).numpy(),
+            values.numpy())
+        assert (ids.sort(1).values[:, 1:] != ids.sort(1).values[:, :-1]).all()
 
 def argmax_ids_equal_numpy():
     """``argmax_ids`` (on PyTorch: ``torch.max`` for few rows, chunk maxima for many) =

@@ -21,7 +21,11 @@ search's settings constants) and compiles it with AOTInductor into a package:
   function comes from (a changed search is a new package); built on first use (a line on
   stderr with its time), cached in :func:`~.aot_packages.cache_directory`, rebuilt when it fails
   to load;
-- **weights-free**: any model of that vocabulary shares it.
+- **weights-free**: any model of that vocabulary shares it;
+- **scores not written**: the captured function takes its best candidates without writing
+  the ``(rows, vocab)`` scores (``top_candidates`` in :mod:`.beam`,
+  :func:`~.common.grouped_top_k`: the same numbers, about two thirds of the time at 64
+  sentences of beam 4; ``bench/search_work.py``).
 
 Where it cannot be built (no AOTInductor or compiler, a setting the capture cannot read
 statically such as ``min_new_tokens`` > 0, which :mod:`.beam` never asks for) the eager

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transformerkit import fastpath
 from transformerkit.decoding.common import (
     NEG_INF,
     TokenRules,
@@ -46,6 +47,7 @@ from transformerkit.decoding.common import (
     check_max_new_tokens,
     chunked_top_k,
     cut_at_eos,
+    grouped_top_k,
     length_caps,
     length_penalty,
     log_softmax_plus,
@@ -86,6 +88,7 @@ def _flat_rows(xp, indices, group):
 _SENTENCE_FIELDS = ("alive_logp", "finished_score", "finished_logp", "finished_length",
                     "max_penalty", "cap", "active")  # (batch, ...) arrays of the loop state
 _ROW_FIELDS = ("alive", "finished")  # (batch * beam, width) arrays
+SCORE_CHUNK = 64  # the chunk width of a captured search's top-k (grouped_top_k)
 
 
 def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, active, caps,
@@ -145,14 +148,66 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
                 scores = rules.force_eos(scores, prefix, xp.repeat(at_cap, beam, axis=0))
         return scores
 
+    def scores_of(logits, s, index):
+        """``score(values, rows, columns)`` of :func:`~.common.grouped_top_k`: the scores
+        :func:`candidates_of` gives (without n-gram bans), element by element, in its order
+        of operations: each row's log-softmax normalizer computed once as the captured
+        log-softmax computes it (the row's maximum, the log of the sum of the exponentials
+        of the row less it), the prefix's log-probability and the token rules."""
+        import torch
+
+        prefix = xp.reshape(s["alive_logp"], (-1, 1))
+        zeros = xp.zeros((1, vocab), "float32")
+        ruled = rules.apply(zeros, False)  # (1, vocab): 0, or -inf where ruled out
+        only_eos = rules.force_eos(zeros, xp.zeros((1,), "float32"), xp.full((1,), True, "bool"))
+        normalized = logits + ruled if options.renormalize else logits
+        peak = normalized.amax(1, keepdim=True)
+        log_sum = torch.log(torch.exp(normalized - peak).sum(1, keepdim=True))
+        at_cap = None
+        if options.forced_eos:
+            at_cap = xp.reshape(xp.repeat(xp.greater_equal(index + 1, s["cap"]), beam, axis=0),
+                                (-1, 1))
+
+        def score(values, rows, columns):
+            def of_row(t):
+                return t if rows is None else t[rows, 0]
+
+            def of_column(t):
+                return t if columns is None else t[0, columns]
+
+            if options.renormalize:
+                out = (values + of_column(ruled) - of_row(peak) - of_row(log_sum)) + of_row(prefix)
+            else:
+                out = ((values - of_row(peak)) - of_row(log_sum)) + of_row(prefix) \
+                    + of_column(ruled)
+            if at_cap is not None:
+                out = torch.where(of_row(at_cap), of_row(prefix) + of_column(only_eos), out)
+            return out
+
+        return score
+
+    def top_candidates(logits, s, index):
+        """The best ``2 * beam`` extensions of each of the ``n`` sentences of ``s``:
+        ``(log-probabilities (n, 2 * beam), ids (n, 2 * beam) int32 into beam * vocab)``, the
+        :func:`~.common.chunked_top_k` of :func:`candidates_of`'s scores. A captured graph
+        (the compiled engine's step work: ``fastpath.exporting``) without n-gram bans
+        takes the same best of the same scores without writing them
+        (:func:`~.common.grouped_top_k`; the package's call at 256 rows of 8,000 words took
+        0.63x the time of the one that writes them: ``bench/results/search_work.*``)."""
+        n, k = s["alive_logp"].shape[0], 2 * beam
+        if fastpath.exporting() and not options.no_repeat_ngram_size and int(min_new) == 0 \
+                and beam * (vocab // SCORE_CHUNK) >= 2 * k:
+            return grouped_top_k(logits, scores_of(logits, s, index), k, beam, SCORE_CHUNK)
+        candidates = candidates_of(logits, s, index)
+        return chunked_top_k(xp.reshape(candidates, (n, beam * vocab)), k)
+
     def choose(logits, s, index):
         """The search's work of one step of the ``n`` sentences of ``s`` after the model's:
         from the logits ``(n * beam, vocab)`` of the step at ``index``, the new fields and
         the parent row of each new live beam ``(n * beam,)``."""
         n = s["alive_logp"].shape[0]
         position = index + 1
-        candidates = candidates_of(xp.cast(logits, "float32"), s, index)
-        top_logp, top_ids = chunked_top_k(xp.reshape(candidates, (n, beam * vocab)), 2 * beam)
+        top_logp, top_ids = top_candidates(xp.cast(logits, "float32"), s, index)
         parent, token = xp.floor_divide(top_ids, vocab), xp.mod(top_ids, vocab)
         # (n * 2beam, width): the parents' sequences with the new token written in
         grown = xp.take(s["alive"], _flat_rows(xp, parent, beam), axis=0)
@@ -236,7 +291,8 @@ def beam_search_loop(steps, static, state, batch, options, min_new, eos_id, acti
                 "search": "beam", "vocab": vocab, "eos_id": eos_id, "beam": beam,
                 "alpha": alpha, "penalty": form, "stopping": stopping,
                 "forced_eos": options.forced_eos, "renormalize": options.renormalize,
-                "no_repeat_ngram_size": options.no_repeat_ngram_size})
+                "no_repeat_ngram_size": options.no_repeat_ngram_size,
+                "score_chunk": SCORE_CHUNK})
         return _live_sentences_loop(xp, steps, static, init, beam, width, step, work)
 
     def cond(s):

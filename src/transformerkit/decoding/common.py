@@ -323,3 +323,44 @@ def chunked_top_k(x, k, chunk=64):
         columns = ops.concatenate([columns, tail], axis=1)
     values, picked = ops.top_k(ops.take_along_axis(x, columns, axis=1), k)
     return values, ops.take_along_axis(columns, ops.cast(picked, "int32"), axis=1)
+
+
+def grouped_top_k(x, score, k, group, chunk=64):
+    """:func:`chunked_top_k` of scores that are never written: the best ``k`` of
+    ``score(x)`` over each ``group`` adjacent rows of ``x`` ``(n * group, vocab)`` taken as
+    one row of ``group * vocab`` (a sentence's beams), for a ``score`` computed element by
+    element. The scores' chunk maxima (chunks of ``chunk`` columns within each row) are
+    reduced from ``score`` as it is computed, which a captured graph fuses into one pass
+    over ``x``; then only the ``k`` best chunks of each group and every row's leftover
+    columns are gathered from ``x`` and scored again (the same operations on the same
+    numbers: the same values). Where ``chunked_top_k`` is given the scores written out,
+    this saves writing ``(n * group, vocab)`` floats and reading them back: what a beam
+    search's compiled step work spends most of its time on (:mod:`.aot_search`).
+
+    ``score(values, rows, columns)``: the scores of ``values`` ``x[rows, columns]``, where
+    ``rows`` and ``columns`` are int64 index tensors of ``values``' shape, or ``None`` for
+    all of them in order (``values`` is ``x``). PyTorch only (the eager loop and its
+    captured graphs).
+
+    Returns ``(values (n, k), ids (n, k) int32)`` as :func:`chunked_top_k` of the scores
+    reshaped to ``(n, group * vocab)``: ids ``beam_row * vocab + column``, largest first
+    (ties in any order)."""
+    import torch
+
+    rows, vocab = x.shape
+    n, chunks = rows // group, vocab // chunk
+    maxima = score(x, None, None)[:, : chunks * chunk].reshape(rows, chunks, chunk).amax(2)
+    best = maxima.reshape(n, group * chunks).topk(k, 1).indices  # (n, k), in the group's chunks
+    first_row = torch.arange(n, device=x.device).unsqueeze(1) * group  # (n, 1)
+    offsets = torch.arange(chunk, device=x.device)
+    row = (first_row + best // chunks).unsqueeze(2).expand(n, k, chunk).reshape(n, k * chunk)
+    column = ((best % chunks).unsqueeze(2) * chunk + offsets).reshape(n, k * chunk)
+    if vocab > chunks * chunk:  # every row's leftover columns are always looked at
+        tail = vocab - chunks * chunk
+        tail_rows = (first_row + torch.arange(group, device=x.device)).unsqueeze(2)
+        row = torch.cat([row, tail_rows.expand(n, group, tail).reshape(n, group * tail)], 1)
+        tail_columns = torch.arange(chunks * chunk, vocab, device=x.device)
+        column = torch.cat([column, tail_columns.repeat(group).expand(n, group * tail)], 1)
+    values, picked = score(x[row, column], row, column).topk(k, 1)
+    ids = (torch.gather(row, 1, picked) - first_row) * vocab + torch.gather(column, 1, picked)
+    return values, ids.int()
