@@ -119,8 +119,8 @@ def time_ways(packages, sentences_list, beam_size, vocab, repeats, calls):
     return results
 
 
-def table(results, builds, beam_size, vocab, repeats, calls):
-    """The Markdown table of :func:`time_ways`' ``results``."""
+def table(results, builds, beam_size, vocab, repeats, calls, threads=1):
+    """The Markdown table of :func:`time_ways`' ``results`` on ``threads`` threads."""
     lines = ["| sentences | rows | written, ms a call | unwritten, ms a call | "
              "unwritten / written |", "|---:|---:|---:|---:|---:|"]
     for row in results:
@@ -129,7 +129,8 @@ def table(results, builds, beam_size, vocab, repeats, calls):
                      f"{unwritten:.3f} | {unwritten / written:.2f} |")
     lines.append("")
     lines.append(f"Beam {beam_size}, {vocab} words, the step at index {INDEX}; median of "
-                 f"{repeats} interleaved rounds of {calls} calls, one thread; both ways give "
+                 f"{repeats} interleaved rounds of {calls} calls, {threads} "
+                 f"thread{'s' if threads > 1 else ''}; both ways give "
                  f"identical outputs. Built in {builds['written']:.0f} s (written) and "
                  f"{builds['unwritten']:.0f} s (unwritten).")
     return "\n".join(lines)
@@ -165,7 +166,7 @@ def main():
                "threads": args.threads, "results": results, "builds": builds}
     common.write_results(args.name, payload, table(results, builds, args.beam,
                                                    settings["vocab"], args.repeats,
-                                                   args.calls))
+                                                   args.calls, args.threads))
 
 
 if __name__ == "__main__":

@@ -51,3 +51,6 @@ def test_table_shows_each_count_and_the_ratio():
     assert lines[-1].startswith("Beam 4, 8000 words, the step at index 5; median of 25 "
                                 "interleaved rounds of 30 calls")
     assert lines[-1].endswith("Built in 17 s (written) and 16 s (unwritten).")
+    assert "30 calls, 1 thread;" in lines[-1]
+    two = bench.table(results, {"written": 17.0, "unwritten": 16.4}, 4, 8000, 25, 30, 2)
+    assert "30 calls, 2 threads;" in two.splitlines()[-1]
