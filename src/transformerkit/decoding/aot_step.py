@@ -133,8 +133,9 @@ PREFILL_CONFIGS = {"freezing": True}
 WHOLE_PASSES = {ENCODER: ENCODER_CONFIGS, PREFILL: PREFILL_CONFIGS}
 _BUILDING = {ENCODER: "the encoder pass", PREFILL: "the prompt's pass"}  # in the build lines
 PRECISIONS = ("float32", "bfloat16", "int8")  # the products' precisions a package can have
-FORMAT = 8  # the layout of a package's inputs and outputs, or the form of its captured code
-# (8: the caches' rows read through a table); a change makes every cached package stale
+FORMAT = 9  # the layout of a package's inputs and outputs, or the form of its captured code
+# (8: the caches' rows read through a table; 9: the self-attention's query scaled before its
+# products); a change makes every cached package stale
 INT8_FORM = 3  # int8 packages' products (3: every package quantizes each input row); a change
 # makes the cached int8 packages stale
 KERNEL_CAPS = precisions.KERNEL_CAPS  # the environment's caps a package's code depends on

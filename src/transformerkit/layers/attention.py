@@ -384,7 +384,10 @@ class MultiHeadAttention(keras.layers.Layer):
             k = keys[positions, cache_rows[: index + 1]]
             v = values[positions, cache_rows[: index + 1]]
         if _one_query_products_as_sums():
-            scores = (k * q.view(rows, heads, self.key_dim)).sum(-1) * scale
+            # the query scaled, not the scores: the compiler lowers ``softmax(scores * scale)``
+            # with a pass for non-finite scores and a second maximum (a 64-row float32 step
+            # about 4 % slower: docs/decoding.md); (t, rows, h)
+            scores = (k * (q * scale).view(rows, heads, self.key_dim)).sum(-1)
             out = (scores.softmax(0).unsqueeze(-1) * v).sum(0)  # (rows, h, dv)
         else:  # batched over rows * heads, on strided views of the prefix (no copies)
             k = k.view(index + 1, rows * heads, self.key_dim)  # (t, rows h, dk)
