@@ -221,27 +221,33 @@ def cut_at_eos(ids, eos_id):
     return out
 
 
-# Chunks of the vocabulary that :func:`argmax_ids` takes maxima of on eager PyTorch, and the
-# fewest rows for which that beats one ``torch.max`` (below it the few extra calls cost more).
+# Chunks of the vocabulary that :func:`argmax_ids` takes maxima of on eager PyTorch where
+# NumPy cannot read the tensor (another device, bfloat16), and the fewest rows for which that
+# beats one ``torch.max`` (below it the few extra calls cost more).
 ARGMAX_CHUNK = 64
 CHUNKED_ARGMAX_MIN_ROWS = 8
+_NUMPY_ARGMAX_DTYPES = ("float32", "float64", "float16")  # torch dtypes NumPy reads as is
 
 
 def argmax_ids(x):
     """``(rows,)`` int32: the column of each row's largest value in ``(rows, n)`` ``x``, the
     first one on ties (as ``ops.argmax``; a NaN counts as the largest). On eager PyTorch (a
-    :mod:`transformerkit.fastpath` shortcut) the same by torch's kernels: greedy decoding
-    takes one per step over the vocabulary, where ``torch.argmax`` and ``torch.max(x,
-    -1)`` (value and index) are slow on CPU. With at least
-    :data:`CHUNKED_ARGMAX_MIN_ROWS` rows, as :func:`chunked_top_k` for ``k = 1``: each
-    row's largest chunk maximum (``amax``, one vectorised pass), then the first largest
-    column inside that chunk, against the ``n % chunk`` leftover columns (64 rows of 8000:
-    92 against 450 us, measured with the commit that added it); fewer rows take
-    ``torch.max``."""
+    :mod:`transformerkit.fastpath` shortcut) greedy decoding takes one per step over the
+    vocabulary, where ``torch.argmax`` and ``torch.max(x, -1)`` are slow on CPU: a CPU
+    tensor NumPy can read is given to NumPy's arg-max (vectorised, the same first-on-ties
+    and first-NaN rule; one thread, 64 rows of 8000: 297 against 497 us for the chunk
+    maxima below and 662 for ``torch.max``, 6.6 against 13.7 us at one row,
+    ``bench/argmax_ids.py``); other tensors with at least :data:`CHUNKED_ARGMAX_MIN_ROWS`
+    rows go as :func:`chunked_top_k` for ``k = 1`` (each row's largest chunk maximum by
+    ``amax``, then the first largest column inside that chunk, against the ``n % chunk``
+    leftover columns), fewer rows to ``torch.max``."""
     if fastpath.applies(x):
         import torch
 
         rows, n = x.shape
+        if x.device.type == "cpu" and str(x.dtype).removeprefix("torch.") \
+                in _NUMPY_ARGMAX_DTYPES:
+            return torch.from_numpy(np.argmax(x.detach().numpy(), axis=-1).astype(np.int32))
         chunks = n // ARGMAX_CHUNK
         if rows < CHUNKED_ARGMAX_MIN_ROWS or chunks < 4:
             return torch.max(x, dim=-1).indices.int()
