@@ -226,7 +226,6 @@ def cut_at_eos(ids, eos_id):
 # beats one ``torch.max`` (below it the few extra calls cost more).
 ARGMAX_CHUNK = 64
 CHUNKED_ARGMAX_MIN_ROWS = 8
-_NUMPY_ARGMAX_DTYPES = ("float32", "float64", "float16")  # torch dtypes NumPy reads as is
 
 
 def argmax_ids(x):
@@ -245,8 +244,7 @@ def argmax_ids(x):
         import torch
 
         rows, n = x.shape
-        if x.device.type == "cpu" and str(x.dtype).removeprefix("torch.") \
-                in _NUMPY_ARGMAX_DTYPES:
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.float16):
             return torch.from_numpy(np.argmax(x.detach().numpy(), axis=-1).astype(np.int32))
         chunks = n // ARGMAX_CHUNK
         if rows < CHUNKED_ARGMAX_MIN_ROWS or chunks < 4:
