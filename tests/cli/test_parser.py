@@ -10,6 +10,7 @@ whatever the order of its arguments.
 
 import importlib.metadata
 import re
+import warnings
 
 import pytest
 import yaml
@@ -312,3 +313,41 @@ def test_export_huggingface_refusals_are_one_line(runs, capsys, tmp_path):
         assert err.startswith("transformerkit export: error: ") and message in err
         assert err.count("\n") == 1
     assert not (tmp_path / "hf").exists()
+
+
+# -- warnings: the library's as one line naming the command -----------------------------------
+
+def test_the_librarys_warnings_are_one_line_naming_the_command(runs, capsys):
+    """A text over the model's max_length, a prompt over a GPT's: each warning one line on
+    stderr, as the command's errors are, without Python's file, line and source line; the
+    setting ends with the command."""
+    shown = warnings.showwarning
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert cli.main(["translate", str(runs["translation"]), " ".join([TEXT] * 4), "--beam",
+                         "1"]) == 0
+        assert cli.main(["generate", str(runs["gpt"]), "--prompt", "one two three four five",
+                         "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        r"transformerkit translate: warning: text 0 has \d+ tokens, more than the model's "
+        r"max_length=40; only the first 39 tokens of each are used to translate\n"
+        r"transformerkit generate: warning: prompt 0 has \d+ tokens; the model reads at most "
+        r"16, so only its last 15 are used\n", err), err
+    assert warnings.showwarning is shown
+
+
+def test_other_packages_warnings_keep_pythons_form(monkeypatch, capsys):
+    """A warning whose place is outside the library goes to the handler that was there
+    before the command (here pytest's, which records it)."""
+
+    def command(args):
+        warnings.warn("from elsewhere", FutureWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "config", command)
+    with pytest.warns(FutureWarning, match="from elsewhere") as caught:
+        assert cli.main(["config"]) == 0
+    assert caught[0].filename == __file__
+    assert "warning:" not in capsys.readouterr().err

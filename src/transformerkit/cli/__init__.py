@@ -7,11 +7,19 @@ classify | embed | attention | export | plot | average | serve | import`` and
 generate, evaluate, attention, export, serve), ``encoders.py`` (classify, embed, a
 classifier's evaluate) or ``checkpoints.py`` (import), sharing ``common.py``. Keras is
 imported only after ``--backend`` is read, because the backend is fixed at import.
+
+While a command runs, a warning of the library's (one whose place is in ``transformerkit``'s
+code: its ``stacklevel`` points at the library's caller, here the command) is one line on
+stderr, ``transformerkit COMMAND: warning: MESSAGE``, as the command's errors are, without
+the file, line and source line Python shows a programmer; other packages' warnings keep
+Python's form. The filters (``python -W``, ``PYTHONWARNINGS``) apply as usual, and the
+setting ends with the command (``main`` called in a Python process leaves it as it was).
 """
 
 import logging
 import os
 import sys
+import warnings
 
 from transformerkit.cli.checkpoints import import_command
 from transformerkit.cli.encoders import classify_command, embed_command
@@ -53,13 +61,35 @@ def main(argv=None):
     from transformerkit.config import ConfigError
     from transformerkit.extras import MissingExtra
 
-    try:
-        if args.command in _HEAVY_COMMANDS:
-            from transformerkit.allocator import keep_freed_memory
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_printer(args.command, warnings.showwarning)
+        try:
+            if args.command in _HEAVY_COMMANDS:
+                from transformerkit.allocator import keep_freed_memory
 
-            keep_freed_memory()
-        return COMMANDS[args.command](args)
-    except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError, OSError,
-            FloatingPointError, MissingExtra) as err:
-        print(f"transformerkit {args.command}: error: {err}", file=sys.stderr)
-        return 2
+                keep_freed_memory()
+            return COMMANDS[args.command](args)
+        except (ConfigError, ValueError, TypeError, FileNotFoundError, FileExistsError,
+                OSError, FloatingPointError, MissingExtra) as err:
+            print(f"transformerkit {args.command}: error: {err}", file=sys.stderr)
+            return 2
+
+
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # transformerkit/
+
+
+def _warning_printer(command, show_otherwise):
+    """A ``warnings.showwarning`` for ``command``: the library's warnings (their place in
+    :data:`_LIBRARY`, or their text starting ``transformerkit:``) as one line on stderr,
+    ``transformerkit COMMAND: warning: MESSAGE``; any other through ``show_otherwise``."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if not (text.startswith("transformerkit:")
+                or os.path.abspath(filename).startswith(_LIBRARY + os.sep)):
+            return show_otherwise(message, category, filename, lineno, file, line)
+        text = text.removeprefix("transformerkit:").strip()
+        print(f"transformerkit {command}: warning: {text}", file=file or sys.stderr,
+              flush=True)
+
+    return show
