@@ -80,7 +80,12 @@ AOTInductor                ``decoding/aot_packages.py`` (the packages of ``aot_s
                            CPU package's library where ``aot_packages`` extracted it
                            once (the package loader copies the whole library out of the
                            archive at every load: 0.3 to 0.9 s a process for a GPT-2
-                           124M float32 package; without it, the package loader)
+                           124M float32 package; without it, the package loader);
+                           ``aot_packages.quiet_configs`` sets Inductor's options
+                           ``max_autotune_report_choices_stats`` (False) and
+                           ``autotune_num_choices_displayed`` (0) where
+                           ``torch._inductor.config`` has them (without them, a JSON line
+                           and a table per tuned product on stderr while a package compiles)
 ``Layer._flatten_layers``  ``models/base.py: compute_in_float32``: every layer of a model
                            trained in ``mixed_bfloat16``, to set it to compute in float32
                            for decoding (without it the model decodes at its training

@@ -501,6 +501,46 @@ def test_a_package_runs_from_its_library_extracted_once(tmp_path):
     assert not list(tmp_path.glob("other-*.so"))
 
 
+def test_a_package_compiles_with_the_library_s_two_lines_and_nothing_of_inductor_s(
+        tmp_path, capfd, monkeypatch):
+    """A build whose products are autotuned (the large-rows bucket's options) prints its
+    "compiling" and "compiled" lines and nothing else on stderr: Inductor's report of each
+    autotuning (a JSON line of its choices' statistics and a table of their times, on by
+    default) is turned off in the options the compiler gets, which stay the caller's. A
+    fresh Inductor cache: a cached tuning prints no table."""
+    import torch
+
+    from transformerkit import internals
+    from transformerkit.decoding import aot_packages
+
+    if internals.get("aoti_compile_and_package") is None:
+        pytest.skip("this PyTorch has no AOTInductor")
+    linear = torch.nn.Linear(64, 128).eval()
+    options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
+    given = dict(options)
+
+    def build(path):
+        with torch.no_grad():
+            program = torch.export.export(linear, (torch.randn(8, 64),))
+        aot_packages.compile_program(program, path, options)
+
+    path = str(tmp_path / f"step-{'e' * 32}.pt2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    capfd.readouterr()
+    run = aot_packages.load_or_build(path, build, "the test package", "a product",
+                                     "running eagerly")
+    rows = torch.randn(8, 64, generator=torch.manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(run([rows])[0], linear(rows), rtol=1e-5, atol=1e-5)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0] == "transformerkit: compiling a product ..."
+    assert lines[1].startswith("transformerkit: compiled a product in ") and len(lines) == 2
+    assert options == given
+    assert aot_packages.quiet_configs(options) == {**options,
+                                                   "max_autotune_report_choices_stats": False,
+                                                   "autotune_num_choices_displayed": 0}
+
+
 def test_a_gpt_prompt_package_fills_the_caches_as_the_eager_pass(package_directory):
     """The prompt package (``decode_prefill`` captured, its rows and length dynamic) writes
     into the caches' first positions what the eager pass writes there, within two float32

@@ -60,6 +60,9 @@ _PACKAGE_FILE = re.compile(r"^((?:step|encoder|prefill|search)-[0-9a-f]{16,64})"
 _TEMPORARY_FILE = re.compile(r"^tmp[A-Za-z0-9_]+\.(?:pt2|so)$")
 _STALE_TEMPORARY_SECONDS = 86400
 _IN_USE = set()  # the package paths this process has loaded: never pruned by it
+# Inductor's options that keep its autotuning reports off stderr while a package compiles:
+# the JSON line of each product's choices and the table of their times (both on by default)
+QUIET_OPTIONS = {"max_autotune_report_choices_stats": False, "autotune_num_choices_displayed": 0}
 
 
 def cache_directory():
@@ -90,17 +93,33 @@ def compile_program(program, path, configs=None):
         with warnings.catch_warnings():  # Inductor's own, from its int8 lowering's code
             warnings.filterwarnings("ignore", "To copy construct from a tensor",
                                     UserWarning)
+            # from its autotuning's output buffers (PyTorch's deprecation, not our call)
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             # and from unpickling its pytree specs (PyTorch's deprecation, not our call)
             warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.. is deprecated",
                                     FutureWarning)
             internals.get("aoti_compile_and_package")(
                 program, package_path=partial,
-                inductor_configs=dict(configs or {}))  # a copy: the compiler adds to it
+                inductor_configs=quiet_configs(configs))
         os.chmod(partial, 0o644)  # mkstemp's file is the owner's only
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def quiet_configs(configs=None):
+    """A copy of ``configs`` (the compiler adds to what it is given) with Inductor's reports
+    of each autotuning (:data:`QUIET_OPTIONS`: by default a JSON line and a table of times per
+    tuned product on stderr, in the middle of a command's own output) turned off, each where
+    this PyTorch has the option."""
+    configs = dict(configs or {})
+    from torch._inductor import config
+
+    for option, value in QUIET_OPTIONS.items():
+        if hasattr(config, option):
+            configs.setdefault(option, value)
+    return configs
 
 
 def load_or_build(path, build, name, building, eager):
