@@ -374,10 +374,12 @@ class Run:
     def generate(self, prompt, options=None, engine=None, precision=None, **keywords):
         """Continue ``prompt`` (str) with a GPT run; returns prompt + continuation.
 
-        ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: its
-        defaults), or its fields as keywords: ``max_new_tokens`` (200), ``temperature`` (1.0;
-        0 is greedy), ``top_k`` / ``top_p`` (restrict the draw), ``seed`` (the same seed gives
-        the same text), ``no_repeat_ngram_size`` (no token n-gram twice, the prompt's
+        ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: the run's
+        own, :attr:`generation`), or its fields as keywords replacing the run's:
+        ``max_new_tokens`` (200), ``temperature`` (1.0; 0 is greedy; an imported GPT-2's
+        default is its generation config's: greedy unless ``do_sample``), ``top_k`` /
+        ``top_p`` (restrict the draw), ``seed`` (the same seed gives the same text),
+        ``no_repeat_ngram_size`` (no token n-gram twice, the prompt's
         counted), ``stop_at_eos``. An empty prompt raises ``ValueError``; a prompt longer
         than the model's ``max_length`` keeps its end, with a warning. ``engine``: as in
         :meth:`translate` (CTranslate2 generates within ``max_length`` tokens only, and
@@ -436,11 +438,20 @@ class Run:
                              no_repeat_ngram_size=options.no_repeat_ngram_size)
         return text_pieces(self.source_tokenizer, new_ids)
 
+    @property
+    def generation(self):
+        """How this GPT run continues a prompt unless a call says otherwise: its config's
+        ``generation:`` section (:class:`~transformerkit.decoding.options.GenerationOptions`):
+        the declared defaults for a trained run, the checkpoint's generation settings for an
+        imported one (``converters/generation.py``)."""
+        return self.config.generation
+
     def _generation_options(self, options, keywords, method):
         from transformerkit.decoding.options import GenerationOptions, resolve
 
         self._require("gpt", method)
-        return resolve(GenerationOptions, options, keywords, f"{method}()")
+        return resolve(GenerationOptions, self.generation if options is None else options,
+                       keywords, f"{method}()")
 
     def _prompt_ids(self, prompt):
         """The ids of a generation's ``prompt`` (a non-empty str)."""

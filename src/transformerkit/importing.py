@@ -18,7 +18,8 @@ GPT run. A Marian (OPUS-MT) folder becomes a translation run: the ``Transformer`
 renumbered to the model's ids (``converters/marian.py``), with ``data.tokenizer: marian``,
 and a ``search:`` section that makes ``translate`` search as ``transformers``' ``generate``
 does with the folder's ``generation_config.json`` (``converters/generation.py``; what it
-has no counterpart to is named in one warning line).
+has no counterpart to is named in one warning line); a GPT-2 run's ``generation:`` section
+does the same for ``generate``.
 
 The run directory is an ordinary one (:mod:`transformerkit.run_directory`): ``config.yaml``
 with the imported model options, the tokenizer file(s) and ``model.keras``, which
@@ -65,7 +66,8 @@ def _import_gpt2(folder, config):
     options = {k: v for k, v in gpt2.convert_backbone_config(config).items()
                if k != "vocab_size"}
     sections = {"model": {"type": "gpt", **options},
-                "data": {"dataset": "text", "vocab_size": tokenizer.vocab_size}}
+                "data": {"dataset": "text", "vocab_size": tokenizer.vocab_size},
+                "generation": gpt2.convert_generation_config(folder, config)}
     return model, sections, {"tokenizer.json": tokenizer}
 
 

@@ -239,6 +239,31 @@ def test_the_search_section_is_the_runs_search_options(tmp_path):
     assert load_config().replace(search={"beam_size": 2}).search.beam_size == 2
 
 
+def test_the_generation_section_is_a_gpt_runs_generation_options(tmp_path):
+    """``generation:`` holds the fields of ``GenerationOptions``: how a GPT run continues a
+    prompt unless told otherwise, kept like ``search:`` (no section where it is the declared
+    defaults; every key where it is not); its keys are checked and named."""
+    import yaml
+
+    from transformerkit.config import save_config
+    from transformerkit.decoding.options import GenerationOptions
+
+    config = load_config(None, ["model.type=gpt"])
+    assert config.generation == GenerationOptions() and "generation" not in config.to_dict()
+    config = load_config(None, ["model.type=gpt", "generation.temperature=0",
+                                "generation.max_new_tokens=30"])
+    assert config.generation == GenerationOptions(temperature=0.0, max_new_tokens=30)
+    save_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(saved) == ["model", "data", "train", "generation"]
+    assert saved["generation"] == dataclasses.asdict(config.generation)
+    assert load_config(str(tmp_path / "config.yaml")) == config
+    with pytest.raises(ConfigError, match=r"generation\.temperature"):
+        load_config(None, ["generation.temperature=-1"])
+    with pytest.raises(ConfigError, match=r"unknown key generation\.beam_size"):
+        load_config(None, ["generation.beam_size=4"])
+
+
 def test_a_config_yaml_of_an_earlier_run_loads(tmp_path):
     """Runs saved their config as plain YAML sections; one without the keys added since
     (``data.data_dir`` not recorded) loads with the defaults."""

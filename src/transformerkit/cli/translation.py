@@ -68,8 +68,9 @@ def _translate_chunk(run, texts, offset, options, scores=False):
 def generate_command(args):
     from transformerkit.decoding.options import GenerationOptions
 
-    options = options_of(args, GenerationOptions)
+    options_of(args, GenerationOptions)  # the flags checked before the run is loaded
     run = load_run(args)
+    options = options_of(args, GenerationOptions, run.generation)  # from the run's own
     echo(run.generate(valid_text(args.prompt, "--prompt"), options))
     return 0
 

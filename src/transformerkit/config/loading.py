@@ -4,7 +4,9 @@ The ``data:`` and ``train:`` keys are the fields of :class:`~transformerkit.conf
 DataOptions` and :class:`~transformerkit.config.sections.TrainOptions`, the ``model:`` keys
 the models' option dataclasses (:mod:`transformerkit.models.options`), the ``search:`` keys
 the fields of :class:`~transformerkit.decoding.options.SearchOptions` (the run's own default
-search); :func:`schema` lists them all with their default, types and meaning. Unknown keys,
+search) and the ``generation:`` keys those of
+:class:`~transformerkit.decoding.options.GenerationOptions` (a GPT run's own default
+generation); :func:`schema` lists them all with their default, types and meaning. Unknown keys,
 wrong types, values out of range are errors naming the key; the checks that involve several
 keys are written here.
 """
@@ -30,7 +32,7 @@ from transformerkit.config.sections import (
 )
 from transformerkit.config.sections import check_value as check_key
 from transformerkit.declared import check_value, value_types
-from transformerkit.decoding.options import SearchOptions
+from transformerkit.decoding.options import GenerationOptions, SearchOptions
 
 MODEL_TYPES = ("transformer", "gpt", "encoder")
 
@@ -57,6 +59,9 @@ SECTIONS = {
     "search": "how translate, evaluate and serve search unless told otherwise (an imported "
               "run: as its checkpoint's generation config says); flags and keywords "
               "override it",
+    "generation": "how a GPT run's generate and serve continue a prompt unless told otherwise "
+                  "(an imported run: as its checkpoint's generation config says); flags and "
+                  "keywords override it",
 }
 
 
@@ -120,7 +125,8 @@ def schema():
                                          "vocabulary; docs/pretrained.md)")
     return {"model": model, **{name: _section_keys(options_class)
                                for name, options_class in SECTION_OPTIONS.items()},
-            "search": _section_keys(SearchOptions)}
+            "search": _section_keys(SearchOptions),
+            "generation": _section_keys(GenerationOptions)}
 
 
 def defaults():
@@ -187,10 +193,12 @@ def model_section(values):
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A resolved run config: ``model`` (the ``model:`` keys, a :class:`ModelSection`),
-    ``data`` (:class:`DataOptions`), ``train`` (:class:`TrainOptions`) and ``search`` (a
+    ``data`` (:class:`DataOptions`), ``train`` (:class:`TrainOptions`), ``search`` (a
     :class:`~transformerkit.decoding.options.SearchOptions`: how the run translates unless
-    a call says otherwise; the declared defaults for a trained run, an imported run's
-    generation settings).
+    a call says otherwise) and ``generation`` (a
+    :class:`~transformerkit.decoding.options.GenerationOptions`: how a GPT run continues a
+    prompt unless a call says otherwise); each the declared defaults for a trained run, an
+    imported run's generation settings.
 
     The ``model:`` section (:class:`ModelSection`) holds the constructor arguments of the
     model ``model.type`` names, each model with its own defaults (None: the model's own),
@@ -206,21 +214,26 @@ class RunConfig:
     data: DataOptions
     train: TrainOptions
     search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
+    generation: GenerationOptions = dataclasses.field(default_factory=GenerationOptions)
 
     def to_dict(self):
         """``{"model": {...}, "data": {...}, "train": {...}}`` of plain values (YAML), and
-        ``"search": {...}`` (every key) where it is not the declared defaults: a trained
-        run's ``config.yaml`` keeps no ``search:`` section, so it follows the defaults of
-        the version that reads it, while an imported run pins its checkpoint's settings."""
+        ``"search": {...}`` / ``"generation": {...}`` (every key) where they are not the
+        declared defaults: a trained run's ``config.yaml`` keeps neither section, so it
+        follows the defaults of the version that reads it, while an imported run pins its
+        checkpoint's settings."""
         sections = self._sections()
         if self.search == SearchOptions():
             del sections["search"]
+        if self.generation == GenerationOptions():
+            del sections["generation"]
         return sections
 
     def _sections(self):
-        """Every section, ``search`` included."""
+        """Every section, ``search`` and ``generation`` included."""
         return {"model": copy.deepcopy(dict(self.model)), "data": self.data.to_dict(),
-                "train": self.train.to_dict(), "search": dataclasses.asdict(self.search)}
+                "train": self.train.to_dict(), "search": dataclasses.asdict(self.search),
+                "generation": dataclasses.asdict(self.generation)}
 
     @classmethod
     def from_dict(cls, raw, source="config"):
@@ -353,24 +366,28 @@ def resolve(raw, source="config"):
         model[key] = _check_model_key(key, value, sections["model"][key], source)
     try:
         config = RunConfig(model_section(model), DataOptions(**given["data"]),
-                           TrainOptions(**given["train"]), _search_section(given["search"]))
+                           TrainOptions(**given["train"]),
+                           _options_section(SearchOptions, "search", given["search"]),
+                           _options_section(GenerationOptions, "generation",
+                                            given["generation"]))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     _check_values(config, source)
     return config
 
 
-def _search_section(values):
-    """The ``search:`` section's :class:`SearchOptions`: each value checked against its
-    field (a :class:`ConfigError` naming ``search.KEY``), then the options as a whole (keys
-    that contradict each other: ``search.n_best`` with ``search.temperature``)."""
-    declared = {f.name: f for f in fields(SearchOptions)}
-    checked = {key: check_key(f"search.{key}", declared[key], value)
+def _options_section(options_class, section, values):
+    """The ``search:`` (:class:`SearchOptions`) or ``generation:`` (:class:`GenerationOptions`)
+    section's options: each value checked against its field (a :class:`ConfigError` naming
+    ``SECTION.KEY``), then the options as a whole (keys that contradict each other:
+    ``search.n_best`` with ``search.temperature``)."""
+    declared = {f.name: f for f in fields(options_class)}
+    checked = {key: check_key(f"{section}.{key}", declared[key], value)
                for key, value in values.items()}
     try:
-        return SearchOptions(**checked)
+        return options_class(**checked)
     except ValueError as err:
-        raise ConfigError(f"search: {err}") from None
+        raise ConfigError(f"{section}: {err}") from None
 
 
 def _check_model_key(key, value, declared, source):

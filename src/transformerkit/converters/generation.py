@@ -27,6 +27,19 @@ do_sample (False), temperature (1.0),  temperature, top_k (0: none), top_p (1.0:
 top_k (50), top_p (1.0)                sampling, with one beam
 =====================================  ==================================================
 
+A GPT-2 run's ``generation:`` section (the fields of
+:class:`~transformerkit.decoding.options.GenerationOptions`) is made the same way by
+:func:`generation_section`, so that ``generate`` with no options continues a prompt as
+``generate`` does: greedy (``temperature: 0``) unless ``do_sample``, then ``temperature``,
+``top_k`` (``transformers``' default 50) and ``top_p``; ``max_new_tokens``,
+``min_new_tokens`` and ``no_repeat_ngram_size`` as they are. A decoder-only model's
+``max_length`` and ``min_length`` count the prompt's tokens, which no option here does: an
+explicit one is named as unsupported and the run keeps its declared ``max_new_tokens``
+(200), as it does where the file sets neither (``transformers`` would then stop at 20
+tokens, prompt included, with a warning that this default is not the model's). Beam
+search (``num_beams`` > 1) has no counterpart in a GPT run's generation: named, and the
+run generates greedily.
+
 What else would change the tokens ``generate`` picks (``repetition_penalty``,
 ``min_length``, beam sampling, other bad words, ...) has no counterpart in our search:
 :func:`search_section` returns it as ``key=value`` texts, which the import logs in one
@@ -120,8 +133,43 @@ def search_section(settings, special_ids, max_positions, path="generation_config
 
 
 NUMBERS = {"num_beams": int, "max_length": int, "max_new_tokens": int, "top_k": int,
-           "no_repeat_ngram_size": int,
+           "no_repeat_ngram_size": int, "min_new_tokens": int, "min_length": int,
            "length_penalty": float, "temperature": float, "top_p": float}
+
+
+def generation_section(settings, eos_id, path="generation_config.json"):
+    """``(generation, unsupported)`` of a decoder-only model's generation ``settings``: the
+    ``generation:`` keys that continue a prompt as ``generate`` does (see the module's
+    docstring), and ``key=value`` texts for what has no counterpart. ``eos_id`` is
+    ``config.json``'s ``eos_token_id`` (the model's end token)."""
+    _check_numbers(settings, path)
+    value = {**DEFAULTS, **{key: v for key, v in settings.items() if v is not None}}.get
+    beams = value("num_beams")
+    sampling = bool(value("do_sample")) and beams == 1
+    special = {"eos_token_id": eos_id, "pad_token_id": None, "decoder_start_token_id": None}
+    unsupported = [text for text in _unsupported(settings, special, sampling)
+                   if not text.startswith(("min_length=", "min_new_tokens="))]
+    if beams > 1:
+        unsupported.append(f"num_beams={beams} (a GPT run generates with one beam: "
+                           f"{'greedy' if not value('do_sample') else 'greedy, not sampling'})")
+    generation = dict(temperature=float(value("temperature")) if sampling else 0.0,
+                      top_k=(value("top_k") or None) if sampling else None,
+                      top_p=(None if value("top_p") >= 1.0 else float(value("top_p")))
+                      if sampling else None,
+                      no_repeat_ngram_size=value("no_repeat_ngram_size"))
+    if settings.get("max_new_tokens") is not None:
+        generation["max_new_tokens"] = max(1, int(settings["max_new_tokens"]))
+    elif settings.get("max_length") is not None:
+        unsupported.append(f"max_length={settings['max_length']} (it counts the prompt; "
+                           "the run generates up to max_new_tokens new tokens)")
+    if settings.get("min_new_tokens") is not None:
+        generation["min_new_tokens"] = max(0, int(settings["min_new_tokens"]))
+    if settings.get("min_length") not in (None, 0):
+        unsupported.append(f"min_length={settings['min_length']} (it counts the prompt; "
+                           "min_new_tokens does not)")
+    if settings.get("forced_eos_token_id") is not None:
+        unsupported.append(f"forced_eos_token_id={json.dumps(settings['forced_eos_token_id'])}")
+    return generation, unsupported
 
 
 def _check_numbers(settings, path):
@@ -202,4 +250,4 @@ def _as_list(value):
     return value if isinstance(value, list) else [value]
 
 
-__all__ = ["read_generation_config", "search_section"]
+__all__ = ["generation_section", "read_generation_config", "search_section"]

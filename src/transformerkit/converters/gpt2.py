@@ -73,6 +73,7 @@ import logging
 
 import numpy as np
 
+from transformerkit.converters.generation import generation_section, read_generation_config
 from transformerkit.converters.hf_io import (
     CheckpointError,
     float32_array,
@@ -130,6 +131,20 @@ def load_config(folder):
         raise CheckpointError(f"{path}: n_inner must be an integer or null, got "
                               f"{config['n_inner']!r}")
     return config
+
+
+def convert_generation_config(folder, config):
+    """The ``generation:`` section of a run imported from the GPT-2 ``folder`` (its checked
+    ``config``): how ``transformers``' ``generate`` continues a prompt with the folder's
+    generation settings (:func:`~transformerkit.converters.generation.generation_section`);
+    the settings it has no counterpart to are named in one warning line."""
+    settings, path = read_generation_config(folder, config)
+    generation, unsupported = generation_section(settings, config.get("eos_token_id", 50256),
+                                                 path)
+    if unsupported:
+        log.warning("%s: not reproduced by transformerkit's generate, which runs without "
+                    "them: %s", path, ", ".join(unsupported))
+    return generation
 
 
 def folder_offset(folder):

@@ -257,7 +257,8 @@ class CTranslate2Engine:
 
     def _generation(self, prompt, options, keywords):
         """``(session, prompt tokens, arguments)`` of a generation, every option checked."""
-        options = resolve(GenerationOptions, options, keywords, "generate")
+        options = resolve(GenerationOptions, self.run.generation if options is None else options,
+                          keywords, "generate")
         max_new_tokens, seed = options.max_new_tokens, options.seed
         tok = self.run.source_tokenizer
         if not isinstance(prompt, str):

@@ -45,11 +45,13 @@ def search_options(request, limits, run):
     return options
 
 
-def generation_options(request, limits):
-    """The :class:`GenerationOptions` of a ``GenerateRequest``, within ``limits``."""
+def generation_options(request, limits, run):
+    """The :class:`GenerationOptions` of a ``GenerateRequest`` to ``run``: the run's own
+    (``Run.generation``: its config's ``generation:`` section) with the fields the request
+    sets, within ``limits``."""
     check_max_new_tokens(request.max_new_tokens, limits)
-    return _options(GenerationOptions,
-                    request.model_dump(exclude={"prompt", "model", "stream"}))
+    given = request.model_dump(exclude={"prompt", "model", "stream"}, exclude_unset=True)
+    return _options(GenerationOptions, {**dataclasses.asdict(run.generation), **given})
 
 
 def check_texts(texts, run, limits):

@@ -83,7 +83,7 @@ async def generate(request: GenerateRequest, registry: Registry, batcher: ModelC
                    limits: ServerLimits, metrics: Metrics):
     name, run = registry.pick(request.model, "gpt", "/generate")
     check_text(request.prompt, "the prompt", run, limits)
-    options = generation_options(request, limits)
+    options = generation_options(request, limits, run)
 
     def record(prompt, text):  # on the model's thread, after the generation
         metrics.outputs(name, [text[len(prompt):]], run.source_tokenizer)  # prompt + new

@@ -9,8 +9,9 @@ and infinities are not numbers here. The bounds that depend on the server's opti
 checked by the routes. The translation and
 generation options are the fields of :mod:`transformerkit.decoding.options`, the same as the
 command line's flags and ``Run.translate``'s keywords; a translation option a request leaves
-out is the run's own (its config's ``search:`` section: an imported run searches as its
-checkpoint's generation config says), so the schema's defaults are those of a trained run.
+out is the run's own (its config's ``search:`` or, for a GPT, ``generation:`` section: an
+imported run searches as its checkpoint's generation config says), so the schema's defaults
+are those of a trained run.
 """
 
 from typing import Annotated, Literal
