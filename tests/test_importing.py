@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -71,44 +72,68 @@ def test_generate_equals_transformers(imported, capsys):
         assert capsys.readouterr().out == hf_greedy(model, tokenizer, prompt)[1] + "\n"
 
 
-def test_generate_with_no_options_continues_as_the_generation_config_says(tmp_path, capsys):
+GENERATION_CONFIGS = {"max_new_tokens": {"max_new_tokens": 9, "no_repeat_ngram_size": 2},
+                      "max_length": {"max_length": 14}, "none": {}}
+
+
+@pytest.mark.parametrize("settings", GENERATION_CONFIGS.values(), ids=GENERATION_CONFIGS)
+def test_generate_with_no_options_continues_as_the_generation_config_says(tmp_path, capsys,
+                                                                          settings):
     """``generate RUN --prompt P`` with no other flag, ``Run.generate(P)`` and ``/generate``
-    with only a prompt continue as ``model.generate(ids)`` with no arguments does: here
-    greedy (``transformers``' default), with the folder's ``max_new_tokens`` and
-    ``no_repeat_ngram_size`` (the run's ``generation:`` section; a trained GPT samples)."""
+    with only a prompt continue as ``model.generate(ids)`` with no arguments does: greedy
+    (``transformers``' default), with the folder's ``max_new_tokens`` and
+    ``no_repeat_ngram_size``; its ``max_length``, which counts the prompt; or without
+    either, 20 new tokens (the run's ``generation:`` section; a trained GPT samples). A
+    prompt that fills ``max_length`` is an error for both."""
     from fastapi.testclient import TestClient
 
     from transformerkit.serving.app import create_app
     from transformerkit.serving.server import load_runs
 
     model, tokenizer = tiny_gpt2(tmp_path / "gpt2", seed=3)
-    model.generation_config.update(max_new_tokens=9, no_repeat_ngram_size=2)
+    model.generation_config.update(**settings)
     model.generation_config.save_pretrained(tmp_path / "gpt2")
     assert main(["import", str(tmp_path / "gpt2"), "--out", str(tmp_path / "run")]) == 0
     capsys.readouterr()
     run = transformerkit.load(tmp_path / "run")
-    assert (run.generation.temperature, run.generation.max_new_tokens) == (0.0, 9)
-    expected = {}
-    for prompt in PROMPTS:
+    assert run.generation.temperature == 0.0
+    assert (run.generation.max_new_tokens, run.generation.max_length) == (
+        settings.get("max_new_tokens", None if "max_length" in settings else 20),
+        settings.get("max_length"))
+
+    def hf_generate(prompt):
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers' advice to set max_new_tokens
             new = model.generate(ids, attention_mask=torch.ones_like(ids),
                                  pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
-        expected[prompt] = prompt + tokenizer.decode(
-            [i for i in new.tolist() if i != tokenizer.eos_token_id])
+        return prompt + tokenizer.decode([i for i in new.tolist()
+                                          if i != tokenizer.eos_token_id])
+
+    expected = {prompt: hf_generate(prompt) for prompt in PROMPTS}
+    for prompt in PROMPTS:
         assert main(["generate", str(tmp_path / "run"), "--prompt", prompt]) == 0
         assert capsys.readouterr().out == expected[prompt] + "\n"
         assert run.generate(prompt) == expected[prompt]
     assert any(len(text) > len(prompt) for prompt, text in expected.items())
     with TestClient(create_app(load_runs([tmp_path / "run"]))) as client:
         answer = client.post("/generate", json={"prompt": PROMPTS[0]}).json()
-    assert answer == {"model": "run", "text": expected[PROMPTS[0]]}
+        assert answer == {"model": "run", "text": expected[PROMPTS[0]]}
+        if "max_length" in settings:
+            long = "A man in an orange hat starring at something"
+            with pytest.raises(ValueError, match="max_length"):
+                hf_generate(long)
+            with pytest.raises(ValueError, match="max_length is 14"):
+                run.generate(long)
+            answer = client.post("/generate", json={"prompt": long})
+            assert answer.status_code == 422 and "max_length" in answer.text
+            assert run.generate(long, max_new_tokens=3).startswith(long)
 
 
 def test_a_sampling_generation_config_is_the_runs_sampling(tmp_path, caplog):
     """``do_sample`` with ``temperature``, ``top_k`` and ``top_p`` become the run's sampling
     options; what ``generate`` here cannot reproduce (a repetition penalty, beams, a
-    ``max_length`` that counts the prompt) is named in one warning line."""
+    ``max_length`` beyond the model's positions) is named in one warning line."""
     from transformerkit.decoding.options import GenerationOptions
     from transformerkit.importing import import_checkpoint
 
@@ -120,19 +145,20 @@ def test_a_sampling_generation_config_is_the_runs_sampling(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="transformerkit"):
         import_checkpoint(tmp_path / "gpt2", tmp_path / "run")
     assert transformerkit.load(tmp_path / "run").generation == GenerationOptions(
-        temperature=0.7, top_k=5, top_p=0.9)
+        temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=None, max_length=30)
     lines = [r.getMessage() for r in caplog.records if r.name == "transformerkit"]
     assert len(lines) == 1 and "generation_config.json" in lines[0], lines
-    assert "repetition_penalty=1.3" in lines[0] and "max_length=30" in lines[0]
+    assert "repetition_penalty=1.3" in lines[0] and "max_length" not in lines[0]
     assert "temperature" not in lines[0] and "bos_token_id" not in lines[0]
-    settings.update(do_sample=False, num_beams=3, repetition_penalty=1.0)
+    settings.update(do_sample=False, num_beams=3, repetition_penalty=1.0, max_length=50)
     (tmp_path / "gpt2" / "generation_config.json").write_text(json.dumps(settings))
     caplog.clear()
     with caplog.at_level("WARNING", logger="transformerkit"):
         import_checkpoint(tmp_path / "gpt2", tmp_path / "run", force=True)
     assert transformerkit.load(tmp_path / "run").generation == GenerationOptions(
-        temperature=0.0)
+        temperature=0.0, max_new_tokens=None, max_length=40)  # the model's 40 positions
     assert "num_beams=3" in caplog.text and "repetition_penalty" not in caplog.text
+    assert "max_length=50 (the model reads 40 positions" in caplog.text
 
 
 def test_ctranslate2_export_gives_the_same_greedy_ids(imported, tmp_path):

@@ -376,7 +376,8 @@ class Run:
 
         ``options``: a :class:`transformerkit.decoding.GenerationOptions` (None: the run's
         own, :attr:`generation`), or its fields as keywords replacing the run's:
-        ``max_new_tokens`` (200), ``temperature`` (1.0; 0 is greedy; an imported GPT-2's
+        ``max_new_tokens`` (200; None: ``max_length`` less the prompt, else until the
+        context is full), ``temperature`` (1.0; 0 is greedy; an imported GPT-2's
         default is its generation config's: greedy unless ``do_sample``), ``top_k`` /
         ``top_p`` (restrict the draw), ``seed`` (the same seed gives the same text),
         ``no_repeat_ngram_size`` (no token n-gram twice, the prompt's
@@ -392,7 +393,7 @@ class Run:
         from transformerkit.decoding.sampling import generate_ids
 
         ids, eos_id = self._prompt_ids(prompt), self.source_tokenizer.eos_id
-        new = generate_ids(self._decoding_model(engine), ids, options.max_new_tokens,
+        new = generate_ids(self._decoding_model(engine), ids, options.new_tokens(len(ids)),
                            min_new_tokens=options.min_new_tokens,
                            temperature=options.temperature, top_k=options.top_k,
                            top_p=options.top_p, seed=options.seed,
@@ -428,7 +429,7 @@ class Run:
         from transformerkit.decoding.texts import text_pieces
 
         ids = self._prompt_ids(prompt)
-        new_ids = stream_ids(self._decoding_model(engine), ids, options.max_new_tokens,
+        new_ids = stream_ids(self._decoding_model(engine), ids, options.new_tokens(len(ids)),
                              min_new_tokens=options.min_new_tokens,
                              temperature=options.temperature, top_k=options.top_k,
                              top_p=options.top_p, seed=options.seed,

@@ -32,13 +32,14 @@ A GPT-2 run's ``generation:`` section (the fields of
 :func:`generation_section`, so that ``generate`` with no options continues a prompt as
 ``generate`` does: greedy (``temperature: 0``) unless ``do_sample``, then ``temperature``,
 ``top_k`` (``transformers``' default 50) and ``top_p``; ``max_new_tokens``,
-``min_new_tokens`` and ``no_repeat_ngram_size`` as they are. A decoder-only model's
-``max_length`` and ``min_length`` count the prompt's tokens, which no option here does: an
-explicit one is named as unsupported and the run keeps its declared ``max_new_tokens``
-(200), as it does where the file sets neither (``transformers`` would then stop at 20
-tokens, prompt included, with a warning that this default is not the model's). Beam
-search (``num_beams`` > 1) has no counterpart in a GPT run's generation: named, and the
-run generates greedily.
+``min_new_tokens`` and ``no_repeat_ngram_size`` as they are; where there is no
+``max_new_tokens``, ``max_length``, which for a decoder-only model counts the prompt's
+tokens too (``max_new_tokens: null`` then), and where there is neither, ``transformers``
+5's 20 new tokens (``max_new_tokens: 20``; ``generate`` also stops at the last position
+the model reads, where ours slides its window on). ``min_length``, which counts the prompt
+as well, has no counterpart: named. Beam search
+(``num_beams`` > 1) has none in a GPT run's generation either: named, and the run generates
+greedily.
 
 What else would change the tokens ``generate`` picks (``repetition_penalty``,
 ``min_length``, beam sampling, other bad words, ...) has no counterpart in our search:
@@ -137,11 +138,12 @@ NUMBERS = {"num_beams": int, "max_length": int, "max_new_tokens": int, "top_k": 
            "length_penalty": float, "temperature": float, "top_p": float}
 
 
-def generation_section(settings, eos_id, path="generation_config.json"):
+def generation_section(settings, eos_id, max_positions, path="generation_config.json"):
     """``(generation, unsupported)`` of a decoder-only model's generation ``settings``: the
     ``generation:`` keys that continue a prompt as ``generate`` does (see the module's
     docstring), and ``key=value`` texts for what has no counterpart. ``eos_id`` is
-    ``config.json``'s ``eos_token_id`` (the model's end token)."""
+    ``config.json``'s ``eos_token_id`` (the model's end token), ``max_positions`` its
+    ``n_positions``."""
     _check_numbers(settings, path)
     value = {**DEFAULTS, **{key: v for key, v in settings.items() if v is not None}}.get
     beams = value("num_beams")
@@ -159,9 +161,14 @@ def generation_section(settings, eos_id, path="generation_config.json"):
                       no_repeat_ngram_size=value("no_repeat_ngram_size"))
     if settings.get("max_new_tokens") is not None:
         generation["max_new_tokens"] = max(1, int(settings["max_new_tokens"]))
-    elif settings.get("max_length") is not None:
-        unsupported.append(f"max_length={settings['max_length']} (it counts the prompt; "
-                           "the run generates up to max_new_tokens new tokens)")
+    elif settings.get("max_length") is not None:  # it counts the prompt's tokens too
+        length = int(settings["max_length"])
+        if not 1 <= length <= max_positions:
+            unsupported.append(f"max_length={length} (the model reads {max_positions} "
+                               f"positions: at most {max_positions})")
+        generation.update(max_new_tokens=None, max_length=max(1, min(length, max_positions)))
+    else:  # transformers 5: without either, 20 new tokens
+        generation["max_new_tokens"] = min(DEFAULTS["max_length"], max_positions)
     if settings.get("min_new_tokens") is not None:
         generation["min_new_tokens"] = max(0, int(settings["min_new_tokens"]))
     if settings.get("min_length") not in (None, 0):

@@ -140,7 +140,7 @@ def convert_generation_config(folder, config):
     the settings it has no counterpart to are named in one warning line."""
     settings, path = read_generation_config(folder, config)
     generation, unsupported = generation_section(settings, config.get("eos_token_id", 50256),
-                                                 path)
+                                                 config["n_positions"], path)
     if unsupported:
         log.warning("%s: not reproduced by transformerkit's generate, which runs without "
                     "them: %s", path, ", ".join(unsupported))

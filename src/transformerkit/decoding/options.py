@@ -161,8 +161,13 @@ class GenerationOptions(_Checked):
     """How a ``GPT`` continues a prompt: sampling at ``temperature`` (0 = greedy)."""
 
     max_new_tokens: int | None = option(200, minimum=1,
-                                        help="tokens to generate (none: until the context "
-                                             "is full)")
+                                        help="tokens to generate (none: max_length's, else "
+                                             "until the context is full)")
+    max_length: int | None = option(None, minimum=1,
+                                    help="where max_new_tokens is none: the most tokens of "
+                                         "prompt and continuation together (transformers' "
+                                         "max_length of a decoder-only model; a longer "
+                                         "prompt is an error); none: no such cap")
     min_new_tokens: int = option(0, minimum=0,
                                  help="the end-of-text token is not chosen before this many "
                                       "new tokens")
@@ -177,6 +182,19 @@ class GenerationOptions(_Checked):
                                             "context window when generating beyond it)")
     seed: int | None = option(None, help="the same seed gives the same text")
     stop_at_eos: bool = option(True, help="stop at the end-of-text token")
+
+    def new_tokens(self, prompt_length):
+        """The most new tokens after a prompt of ``prompt_length`` tokens: ``max_new_tokens``
+        where it is set, else ``max_length`` less the prompt, else None (until the context
+        is full). A ``ValueError`` where the prompt alone fills ``max_length`` (as
+        ``transformers``' ``generate`` raises)."""
+        if self.max_new_tokens is not None or self.max_length is None:
+            return self.max_new_tokens
+        if prompt_length >= self.max_length:
+            raise ValueError(f"the prompt has {prompt_length} tokens and max_length is "
+                             f"{self.max_length} (prompt and continuation together): leaves "
+                             "no new token; set max_new_tokens or a larger max_length")
+        return self.max_length - prompt_length
 
 
 ENGINES = ("keras", "compiled", "ctranslate2")

@@ -11,7 +11,9 @@ How our decoding options map onto CTranslate2's:
     beam_size             ``beam_size`` (1: greedy search)
     n_best                ``num_hypotheses`` (scores: ``return_scores``)
     max_new_tokens        ``max_decoding_length`` / ``max_length``, within the model's
-                          ``max_length`` (the positional table's end), as ours
+                          ``max_length`` (the positional table's end), as ours; a
+                          generation's ``max_length`` option, less the prompt, where it
+                          is none
     alpha, penalty        ``length_penalty``: CTranslate2 divides a beam's log-probability
                           by ``length ** alpha``: ``penalty="power"`` exactly; with the
                           GNMT form (``((5 + length) / 6) ** alpha``) long and short
@@ -259,7 +261,7 @@ class CTranslate2Engine:
         """``(session, prompt tokens, arguments)`` of a generation, every option checked."""
         options = resolve(GenerationOptions, self.run.generation if options is None else options,
                           keywords, "generate")
-        max_new_tokens, seed = options.max_new_tokens, options.seed
+        seed = options.seed
         tok = self.run.source_tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -271,6 +273,7 @@ class CTranslate2Engine:
             raise ValueError(f"the prompt has {len(ids)} tokens; CTranslate2 reads at most "
                              f"{self.max_length - 1} before generating (the model's "
                              "max_length); shorten it or use engine='keras'")
+        max_new_tokens = options.new_tokens(len(ids))
         if max_new_tokens is None:
             max_new_tokens = self.max_length - len(ids)
         if len(ids) + max_new_tokens > self.max_length:
