@@ -57,7 +57,8 @@ def test_imported_run_round_trip(tmp_path):
     assert main(["export", str(tmp_path / "run"), "--format", "huggingface"]) == 0
     folder = tmp_path / "run" / "huggingface"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json"]
     run = transformerkit.load(tmp_path / "run")
     exported = transformers.GPT2LMHeadModel.from_pretrained(str(folder)).eval()
     ids, mask = padded_ids(run.source_tokenizer, TEXTS)
@@ -72,6 +73,41 @@ def test_imported_run_round_trip(tmp_path):
     for text in TEXTS + ["", "unseen 🙂 ǅ"]:
         assert hf_tokenizer(text)["input_ids"] == run.source_tokenizer.encode(text), text
     assert_imports_back(run, folder, tmp_path / "again", ids)
+
+
+def test_the_generation_settings_go_back_and_forth(tmp_path):
+    """The exported ``generation_config.json`` holds the run's ``generation:`` options:
+    ``generate`` on the folder continues a prompt as the run does (token for token, greedy),
+    and importing it back gives the same section; a sampling run's sampling too."""
+    import json
+
+    from transformerkit.decoding.options import GenerationOptions
+
+    original, _ = tiny_gpt2(tmp_path / "gpt2", seed=3)
+    original.generation_config.update(max_new_tokens=9, no_repeat_ngram_size=2)
+    original.generation_config.save_pretrained(tmp_path / "gpt2")
+    assert main(["import", str(tmp_path / "gpt2"), "--out", str(tmp_path / "run")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--format", "huggingface"]) == 0
+    run, folder = transformerkit.load(tmp_path / "run"), tmp_path / "run" / "huggingface"
+    exported = transformers.GPT2LMHeadModel.from_pretrained(str(folder)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    for prompt in ["A man", "Zwei junge", "The 12 dogs ran"]:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            new = exported.generate(ids, attention_mask=torch.ones_like(ids))[0, ids.shape[1]:]
+        assert prompt + tokenizer.decode(new, skip_special_tokens=True) == \
+            run.generate(prompt), prompt
+    assert main(["import", str(folder), "--out", str(tmp_path / "again")]) == 0
+    assert transformerkit.load(tmp_path / "again").generation == run.generation == \
+        GenerationOptions(temperature=0.0, max_new_tokens=9, no_repeat_ngram_size=2)
+    sampling = GenerationOptions(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=None,
+                                 max_length=30, min_new_tokens=2)
+    export_model(run.model, run.source_tokenizer, tmp_path / "sampling", generation=sampling)
+    settings = json.loads((tmp_path / "sampling" / "generation_config.json").read_text())
+    assert settings["do_sample"] is True and settings["max_length"] == 30
+    transformers.GenerationConfig.from_pretrained(str(tmp_path / "sampling"))  # it loads
+    assert main(["import", str(tmp_path / "sampling"), "--out", str(tmp_path / "s")]) == 0
+    assert transformerkit.load(tmp_path / "s").generation == sampling
 
 
 def assert_imports_back(run, folder, out, ids):

@@ -138,19 +138,26 @@ NUMBERS = {"num_beams": int, "max_length": int, "max_new_tokens": int, "top_k": 
            "length_penalty": float, "temperature": float, "top_p": float}
 
 
-def generation_section(settings, eos_id, max_positions, path="generation_config.json"):
+def generation_section(settings, eos_id, max_positions, never=(),
+                       path="generation_config.json"):
     """``(generation, unsupported)`` of a decoder-only model's generation ``settings``: the
     ``generation:`` keys that continue a prompt as ``generate`` does (see the module's
     docstring), and ``key=value`` texts for what has no counterpart. ``eos_id`` is
     ``config.json``'s ``eos_token_id`` (the model's end token), ``max_positions`` its
-    ``n_positions``."""
+    ``n_positions``, ``never`` the ids our generation never picks (``<pad>`` and ``<s>``
+    of a folder in our ids: ``bad_words_ids`` of those change nothing)."""
     _check_numbers(settings, path)
     value = {**DEFAULTS, **{key: v for key, v in settings.items() if v is not None}}.get
     beams = value("num_beams")
     sampling = bool(value("do_sample")) and beams == 1
     special = {"eos_token_id": eos_id, "pad_token_id": None, "decoder_start_token_id": None}
-    unsupported = [text for text in _unsupported(settings, special, sampling)
+    others = {key: v for key, v in settings.items() if key != "bad_words_ids"}
+    unsupported = [text for text in _unsupported(others, special, sampling)
                    if not text.startswith(("min_length=", "min_new_tokens="))]
+    bad_words = [words for words in settings.get("bad_words_ids") or []
+                 if not (isinstance(words, list) and len(words) == 1 and words[0] in never)]
+    if bad_words:
+        unsupported.append(f"bad_words_ids={json.dumps(bad_words)}")
     if beams > 1:
         unsupported.append(f"num_beams={beams} (a GPT run generates with one beam: "
                            f"{'greedy' if not value('do_sample') else 'greedy, not sampling'})")

@@ -139,8 +139,9 @@ def convert_generation_config(folder, config):
     generation settings (:func:`~transformerkit.converters.generation.generation_section`);
     the settings it has no counterpart to are named in one warning line."""
     settings, path = read_generation_config(folder, config)
+    never = (0, 1) if folder_offset(folder) == 0 else ()  # our <pad> and <s>: never picked
     generation, unsupported = generation_section(settings, config.get("eos_token_id", 50256),
-                                                 config["n_positions"], path)
+                                                 config["n_positions"], never, path)
     if unsupported:
         log.warning("%s: not reproduced by transformerkit's generate, which runs without "
                     "them: %s", path, ", ".join(unsupported))
@@ -337,15 +338,51 @@ def export_tokenizer(tokenizer, max_length):
             "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
 
 
-def export_files(gpt, tokenizer):
+def export_generation_config(generation, tokenizer, max_length):
+    """The ``generation_config.json`` dict with which ``generate`` continues a prompt as the
+    run's ``generation`` options (a
+    :class:`~transformerkit.decoding.options.GenerationOptions`) do: the inverse of
+    :func:`~transformerkit.converters.generation.generation_section` (greedy where
+    ``temperature`` is 0, else ``do_sample`` with ``temperature``, ``top_k`` (0: none) and
+    ``top_p``; ``max_new_tokens``, else ``max_length``, else the model's ``max_length``
+    positions; ``min_new_tokens``, ``no_repeat_ngram_size``; ``bad_words_ids`` of ``<pad>``
+    and ``<s>``, which our generation never picks). A ``seed`` is a call's, and
+    ``stop_at_eos: false`` has no counterpart there (a line in the log says so)."""
+    config = {"bos_token_id": int(tokenizer.bos_id), "eos_token_id": int(tokenizer.eos_id),
+              "pad_token_id": 0, "do_sample": bool(generation.temperature),
+              # ours never picks <pad> or <s>: nor does generate then
+              "bad_words_ids": [[int(tokenizer.pad_id)], [int(tokenizer.bos_id)]]}
+    if generation.temperature:
+        config.update(temperature=generation.temperature, top_k=generation.top_k or 0,
+                      top_p=1.0 if generation.top_p is None else generation.top_p)
+    if generation.max_new_tokens is not None:
+        config["max_new_tokens"] = generation.max_new_tokens
+    else:
+        config["max_length"] = generation.max_length or max_length
+    if generation.min_new_tokens:
+        config["min_new_tokens"] = generation.min_new_tokens
+    if generation.no_repeat_ngram_size:
+        config["no_repeat_ngram_size"] = generation.no_repeat_ngram_size
+    if not generation.stop_at_eos:
+        log.info("generation.stop_at_eos=false has no generation_config.json equivalent: "
+                 "generate stops at the end-of-text token")
+    return config
+
+
+def export_files(gpt, tokenizer, generation=None):
     """``{file name: str or bytes}`` of the ``GPT2LMHeadModel`` folder of ``gpt`` and its
-    ``tokenizer``; a ``ValueError`` naming what has no equivalent, before any is made."""
+    ``tokenizer``, with ``generation_config.json`` from the run's ``generation`` options
+    where given (:func:`export_generation_config`); a ``ValueError`` naming what has no
+    equivalent, before any is made."""
     check_exportable(gpt)
     if tokenizer.vocab_size != gpt.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
                          f"vocabulary has {gpt.vocab_size}")
     files = {"config.json": json_bytes(export_config(gpt, tokenizer)),
              "model.safetensors": safetensors_bytes(export_weights(gpt))}
+    if generation is not None:
+        files["generation_config.json"] = json_bytes(
+            export_generation_config(generation, tokenizer, gpt.max_length))
     tokenizer_texts = export_tokenizer(tokenizer, gpt.max_length)
     if tokenizer_texts is None:
         log.info("the run's %s tokenizer has no Hugging Face GPT-2 equivalent (a "
@@ -354,5 +391,6 @@ def export_files(gpt, tokenizer):
 
 
 __all__ = ["check_exportable", "convert_backbone_config", "convert_tokenizer",
-           "convert_weights", "export_config", "export_files", "export_tokenizer",
+           "convert_weights", "export_config", "export_files", "export_generation_config",
+           "export_tokenizer",
            "export_weights", "folder_offset", "load_config"]
