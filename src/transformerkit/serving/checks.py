@@ -48,10 +48,11 @@ def search_options(request, limits, run):
 def generation_options(request, limits, run):
     """The :class:`GenerationOptions` of a ``GenerateRequest`` to ``run``: the run's own
     (``Run.generation``: its config's ``generation:`` section) with the fields the request
-    sets, within ``limits``."""
-    check_max_new_tokens(request.max_new_tokens, limits)
+    sets, within ``limits`` (its ``max_new_tokens``, the request's or else the run's)."""
     given = request.model_dump(exclude={"prompt", "model", "stream"}, exclude_unset=True)
-    return _options(GenerationOptions, {**dataclasses.asdict(run.generation), **given})
+    options = _options(GenerationOptions, {**dataclasses.asdict(run.generation), **given})
+    check_max_new_tokens(options.max_new_tokens, limits)
+    return options
 
 
 def check_texts(texts, run, limits):
