@@ -97,6 +97,9 @@ def test_generate_equals_run_generate(client, runs):
     answer = client.post("/generate", json=body).json()
     assert answer == {"model": "poet", "text": runs["poet"].generate(
         "ein zwei", max_new_tokens=12, temperature=0.8, top_k=4, seed=3)}
+    del body["model"]  # the first run that generates, though "numbers" comes first
+    assert client.post("/generate", json=body).json() == answer
+    assert client.post("/translate", json={"texts": ["ein"]}).json()["model"] == "numbers"
 
 
 def test_attention_equals_run_attention(client, runs):
@@ -219,7 +222,7 @@ def test_bad_translate_request_is_a_clear_error(client, body, status, message):
     ("/generate", {"prompt": ""}, 422, "prompt"),
     ("/generate", {"prompt": "ein", "model": "poet", "temperature": -1}, 422, "temperature"),
     ("/generate", {"prompt": "ein", "model": "poet", "top_p": 1.5}, 422, "top_p"),
-    ("/generate", {"prompt": "ein"}, 422, "use /translate"),
+    ("/generate", {"prompt": "ein", "model": "numbers"}, 422, "use /translate"),
     ("/generate", {"prompt": "x" * 61, "model": "poet"}, 422, "61 characters"),
     ("/attention", {"source": "ein", "kinds": ["self"]}, 422, "attention kinds"),
     ("/attention", {"source": "ein", "model": "poet", "target": "x"}, 422, "no target"),

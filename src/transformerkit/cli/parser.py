@@ -300,7 +300,7 @@ def _add_use_commands(command):
                              "/attention, /models, /health, /openapi.json) and a page at /")
     serve.add_argument("run_dirs", nargs="+", metavar="RUN",
                        help="run directories; a request names its model by the folder name "
-                            "(default: the first)")
+                            "(default: the first that serves the route)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (8000)")

@@ -48,11 +48,14 @@ def search_options(request, limits, run):
 def generation_options(request, limits, run):
     """The :class:`GenerationOptions` of a ``GenerateRequest`` to ``run``: the run's own
     (``Run.generation``: its config's ``generation:`` section) with the fields the request
-    sets, within ``limits`` (its ``max_new_tokens``, the request's or else the run's)."""
+    sets, within ``limits``: a ``max_new_tokens`` the request asks for above the server's
+    is refused, the run's own (a request that leaves it out) is held to it."""
     given = request.model_dump(exclude={"prompt", "model", "stream"}, exclude_unset=True)
-    options = _options(GenerationOptions, {**dataclasses.asdict(run.generation), **given})
-    check_max_new_tokens(options.max_new_tokens, limits)
-    return options
+    check_max_new_tokens(given.get("max_new_tokens"), limits)
+    fields = {**dataclasses.asdict(run.generation), **given}
+    if "max_new_tokens" not in given and fields["max_new_tokens"] is not None:
+        fields["max_new_tokens"] = min(fields["max_new_tokens"], limits.max_new_tokens)
+    return _options(GenerationOptions, fields)
 
 
 def check_texts(texts, run, limits):

@@ -1,5 +1,6 @@
 """The runs a server serves: :class:`RunRegistry`, looked up by name (``"model"`` in a
-request; none: the first), each with the summary ``GET /models`` shows."""
+request; none: the first that serves the route), each with the summary ``GET /models``
+shows."""
 
 import contextlib
 import json
@@ -51,10 +52,13 @@ class RunRegistry:
         return list(self.runs)
 
     def pick(self, name, kind, route):
-        """``(name, run)`` of the requested model (None: the default); a 404 for an unknown
-        name, a 422 for a run of another kind than ``kind`` (None takes any kind)."""
+        """``(name, run)`` of the requested model (None: the first run of ``kind``, else the
+        default: a server of a translator and a GPT answers ``/generate`` with the GPT); a
+        404 for an unknown name, a 422 for a run of another kind than ``kind`` (None takes
+        any kind)."""
         if name is None:
-            name = self.default
+            name = next((n for n, run in self.runs.items() if kind in (None, run.kind)),
+                        self.default)
         if name not in self.runs:
             raise RequestError(404, f"no model named {name!r}; this server has: "
                                     f"{', '.join(self.runs)} (GET /models)")

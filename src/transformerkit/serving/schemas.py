@@ -27,7 +27,8 @@ from transformerkit.decoding.options import (
 )
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-_MODEL_FIELD = Field(None, description="the model's name (GET /models); default: the first")
+_MODEL_FIELD = Field(None, description="the model's name (GET /models); default: the first "
+                                       "that serves this route")
 
 
 def _integral_number(value):
