@@ -151,13 +151,8 @@ def generation_section(settings, eos_id, max_positions, never=(),
     beams = value("num_beams")
     sampling = bool(value("do_sample")) and beams == 1
     special = {"eos_token_id": eos_id, "pad_token_id": None, "decoder_start_token_id": None}
-    others = {key: v for key, v in settings.items() if key != "bad_words_ids"}
-    unsupported = [text for text in _unsupported(others, special, sampling)
+    unsupported = [text for text in _unsupported(settings, special, sampling, set(never))
                    if not text.startswith(("min_length=", "min_new_tokens="))]
-    bad_words = [words for words in settings.get("bad_words_ids") or []
-                 if not (isinstance(words, list) and len(words) == 1 and words[0] in never)]
-    if bad_words:
-        unsupported.append(f"bad_words_ids={json.dumps(bad_words)}")
     if beams > 1:
         unsupported.append(f"num_beams={beams} (a GPT run generates with one beam: "
                            f"{'greedy' if not value('do_sample') else 'greedy, not sampling'})")
@@ -233,9 +228,11 @@ def _forces_eos(forced, special_ids, unsupported):
     return False
 
 
-def _unsupported(settings, special_ids, sampling):
+def _unsupported(settings, special_ids, sampling, never=None):
     """``key=value`` texts of the ``settings`` that change what ``generate`` picks and have
-    no counterpart in our search: neither mapped nor neutral nor without effect."""
+    no counterpart in our search: neither mapped nor neutral nor without effect. ``never``:
+    the ids our search never picks (default: the pad and the decoder start of
+    ``special_ids``), whose ``bad_words_ids`` change nothing."""
     found = []
     for key, given in settings.items():
         if key in NO_EFFECT or (key in DEFAULTS and key not in SAMPLING):  # mapped
@@ -247,14 +244,15 @@ def _unsupported(settings, special_ids, sampling):
                 found.append(f"{key}={json.dumps(given)}")
         elif key not in NEUTRAL or given != NEUTRAL[key]:
             found.append(f"{key}={json.dumps(given)}")
-    found += _bad_words(settings.get("bad_words_ids"), special_ids)
+    if never is None:
+        never = {special_ids["pad_token_id"], special_ids["decoder_start_token_id"]}
+    found += _bad_words(settings.get("bad_words_ids"), never)
     return found
 
 
-def _bad_words(bad_words, special_ids):
-    """``bad_words_ids`` other than the pad and the decoder start, which the search never
-    picks anyway."""
-    never = {special_ids["pad_token_id"], special_ids["decoder_start_token_id"]}
+def _bad_words(bad_words, never):
+    """``bad_words_ids`` other than single ids in ``never``, which the search never picks
+    anyway."""
     others = [words for words in bad_words or []
               if not (isinstance(words, list) and len(words) == 1 and words[0] in never)]
     return [f"bad_words_ids={json.dumps(others)}"] if others else []
